@@ -1,0 +1,21 @@
+"""The errors edgecap raises for bad input; the CLI turns them into one line and exit code 2."""
+
+
+class EdgecapError(Exception):
+    """Bad input a user can fix: the message names the thing and the fix."""
+
+
+class BundleError(EdgecapError):
+    """A model bundle that fails validation."""
+
+
+class SourceError(EdgecapError):
+    """A video source that cannot be opened or read."""
+
+
+class PlanError(EdgecapError):
+    """A plan.json that is missing, malformed or does not match its bundle."""
+
+
+class ConfigError(EdgecapError):
+    """A malformed configuration file or option."""

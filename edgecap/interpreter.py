@@ -1,0 +1,96 @@
+"""The TFLite interpreter backend: ai-edge-litert, else tflite_runtime.
+
+Coral boards ship tflite_runtime (numpy<2); everywhere else ai-edge-litert is
+the maintained package. Both expose the same ``Interpreter`` and
+``load_delegate``; this module picks one once and hides which.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional
+
+try:  # The maintained successor of tflite_runtime; the default.
+    from ai_edge_litert import interpreter as _tfl
+
+    BACKEND = "ai-edge-litert"
+except ImportError:  # pragma: no cover - exercised on Coral boards
+    try:
+        from tflite_runtime import interpreter as _tfl  # type: ignore[no-redef]
+
+        BACKEND = "tflite_runtime"
+    except ImportError:
+        _tfl = None
+        BACKEND = None
+
+
+def backend_version() -> Optional[str]:
+    """Returns the installed interpreter package's version, or None."""
+    if BACKEND is None:
+        return None
+    from importlib import metadata
+
+    name = "ai-edge-litert" if BACKEND == "ai-edge-litert" else "tflite-runtime"
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:  # pragma: no cover
+        return None
+
+
+def _require_backend() -> Any:
+    if _tfl is None:
+        raise ImportError(
+            "no TFLite interpreter installed: pip install ai-edge-litert "
+            "(or tflite-runtime on a Coral board)"
+        )
+    return _tfl
+
+
+def make_cpu_interpreter(
+    model: "str | os.PathLike[str] | bytes", num_threads: int = 1
+) -> Any:
+    """Creates a CPU interpreter (XNNPACK where the backend applies it) and allocates tensors.
+
+    Args:
+      model: Path to a .tflite file, or the model's bytes.
+      num_threads: Threads the interpreter's kernels may use.
+
+    Returns:
+      An allocated ``Interpreter``.
+
+    Raises:
+      ValueError: If the file is not a valid TFLite model.
+      ImportError: If no interpreter package is installed.
+    """
+    tfl = _require_backend()
+    if isinstance(model, (bytes, bytearray)):
+        interp = tfl.Interpreter(model_content=bytes(model), num_threads=num_threads)
+    else:
+        interp = tfl.Interpreter(model_path=os.fspath(model), num_threads=num_threads)
+    interp.allocate_tensors()
+    return interp
+
+
+def load_delegate(library: str, options: Optional[dict] = None) -> Any:
+    """Loads a TFLite external delegate (libedgetpu) through the active backend.
+
+    Args:
+      library: Shared library name, e.g. ``libedgetpu.so.1``.
+      options: Delegate options, e.g. ``{'device': 'usb:0'}``.
+
+    Returns:
+      The delegate object.
+
+    Raises:
+      ValueError: If the library cannot be loaded.
+    """
+    return _require_backend().load_delegate(library, options or {})
+
+
+def make_delegate_interpreter(model: "str | os.PathLike[str]", delegates: List[Any]) -> Any:
+    """Creates an interpreter that runs ``model`` on the given delegates and allocates tensors."""
+    interp = _require_backend().Interpreter(
+        model_path=os.fspath(model), experimental_delegates=delegates
+    )
+    interp.allocate_tensors()
+    return interp
