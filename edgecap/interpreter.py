@@ -7,8 +7,12 @@ the maintained package. Both expose the same ``Interpreter`` and
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, List, Optional
+import sys
+import tempfile
+import threading
+from typing import Any, Iterator, List, Optional
 
 try:  # The maintained successor of tflite_runtime; the default.
     from ai_edge_litert import interpreter as _tfl
@@ -37,6 +41,30 @@ def backend_version() -> Optional[str]:
         return None
 
 
+_STDERR_LOCK = threading.Lock()
+# TFLite logs this on every interpreter it creates; it is noise to a user and
+# would break the CLI's promise of one line per error.
+_NOISE = ("INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",)
+
+
+@contextlib.contextmanager
+def _filtered_native_stderr() -> Iterator[None]:
+    """Captures what native code writes to fd 2 and passes on all but known noise."""
+    with _STDERR_LOCK, tempfile.TemporaryFile() as capture:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            for line in capture.read().decode(errors="replace").splitlines():
+                if line.strip() and line.strip() not in _NOISE:
+                    print(line, file=sys.stderr)
+
+
 def _require_backend() -> Any:
     if _tfl is None:
         raise ImportError(
@@ -63,11 +91,12 @@ def make_cpu_interpreter(
       ImportError: If no interpreter package is installed.
     """
     tfl = _require_backend()
-    if isinstance(model, (bytes, bytearray)):
-        interp = tfl.Interpreter(model_content=bytes(model), num_threads=num_threads)
-    else:
-        interp = tfl.Interpreter(model_path=os.fspath(model), num_threads=num_threads)
-    interp.allocate_tensors()
+    with _filtered_native_stderr():
+        if isinstance(model, (bytes, bytearray)):
+            interp = tfl.Interpreter(model_content=bytes(model), num_threads=num_threads)
+        else:
+            interp = tfl.Interpreter(model_path=os.fspath(model), num_threads=num_threads)
+        interp.allocate_tensors()
     return interp
 
 

@@ -1,0 +1,295 @@
+"""Devices a plan stage runs on: the CPU, Coral EdgeTPUs, and emulated EdgeTPUs.
+
+Device strings are the ones Coral users write:
+
+* ``cpu`` (``cpu:N`` names a further CPU worker thread),
+* ``tpu:N``, and pycoral's ``:N``, ``usb``, ``usb:N``, ``pci``, ``pci:N``,
+* ``emu-tpu:N``: runs its segment on the CPU (outputs exact) and paces every
+  invoke to the stage's ``predicted_ms``, so a pipeline behaves as on the
+  board; in timing-only mode it computes nothing and outputs zeros.
+
+``open_segment`` returns a ``Segment``: a callable from the tensors named in
+the plan to the tensors the stage outputs. It must be called in the thread
+that will run it, which then owns its interpreter.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgecap import interpreter
+from edgecap.errors import ConfigError, EdgecapError
+
+EDGETPU_LIBRARY = "libedgetpu.so.1"
+# Coral USB Accelerator: Global Unichip before the runtime loads its firmware, Google after.
+CORAL_USB_IDS = (("1a6e", "089a"), ("18d1", "9302"))
+_SYSFS_USB = "/sys/bus/usb/devices"
+_APEX_TEMP = "/sys/class/apex/apex_{}/temp"
+
+_DEVICE_RE = re.compile(r"^(?:(cpu|tpu|emu-tpu|usb|pci)(?::(\d+))?|:(\d+))$")
+
+Tensors = Dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A parsed device string.
+
+    ``kind`` is ``cpu``, ``tpu`` or ``emu-tpu``; ``bus`` is ``usb`` or ``pci``
+    when the user named one; ``index`` is N, or None for "the first".
+    """
+
+    kind: str
+    index: Optional[int] = None
+    bus: Optional[str] = None
+
+    def __str__(self) -> str:
+        name = self.bus or self.kind
+        return name if self.index is None else f"{name}:{self.index}"
+
+    @property
+    def delegate_option(self) -> str:
+        """The ``device`` option libedgetpu's delegate takes for this device."""
+        if self.kind != "tpu":
+            raise ValueError(f"{self} is not an EdgeTPU")
+        if self.bus is not None:
+            return str(self)
+        return "" if self.index is None else f":{self.index}"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device present on this machine, as ``edgecap devices`` lists it."""
+
+    device: str
+    kind: str
+    path: str
+    runtime: str
+    temperature_c: Optional[float] = None
+
+
+def parse_device(text: str) -> DeviceSpec:
+    """Parses a device string as Coral users write it.
+
+    Args:
+      text: E.g. ``cpu``, ``tpu:1``, ``:0``, ``usb``, ``pci:0``, ``emu-tpu:1``.
+
+    Returns:
+      The ``DeviceSpec``.
+
+    Raises:
+      ConfigError: If the string is not a device string.
+    """
+    m = _DEVICE_RE.match(text.strip().lower()) if isinstance(text, str) else None
+    if m is None:
+        raise ConfigError(
+            f"device {text!r} not understood; use cpu, tpu:N, :N, usb[:N], pci[:N] or emu-tpu:N"
+        )
+    name, index, bare_index = m.groups()
+    if bare_index is not None:
+        return DeviceSpec("tpu", int(bare_index))
+    idx = None if index is None else int(index)
+    if name in ("usb", "pci"):
+        return DeviceSpec("tpu", idx, bus=name)
+    if name == "tpu" and idx is None:
+        idx = 0
+    return DeviceSpec(name, idx)
+
+
+class Segment:
+    """A model segment opened on a device: maps input tensors to output tensors.
+
+    Tensors are matched by name: the segment reads the inputs its model
+    declares from the given mapping and returns what its model outputs.
+    """
+
+    def __call__(self, tensors: Tensors) -> Tensors:
+        raise NotImplementedError
+
+
+class InterpreterSegment(Segment):
+    """A segment run by a TFLite interpreter (the CPU, or an EdgeTPU delegate)."""
+
+    def __init__(self, interp: Any) -> None:
+        self._interp = interp
+        self._inputs = [(d["name"], d["index"]) for d in interp.get_input_details()]
+        self._outputs = [(d["name"], d["index"]) for d in interp.get_output_details()]
+
+    @property
+    def input_names(self) -> List[str]:
+        """Names of the tensors the segment reads."""
+        return [name for name, _ in self._inputs]
+
+    def __call__(self, tensors: Tensors) -> Tensors:
+        for name, index in self._inputs:
+            self._interp.set_tensor(index, tensors[name])
+        self._interp.invoke()
+        return {name: self._interp.get_tensor(index) for name, index in self._outputs}
+
+
+class ZeroSegment(Segment):
+    """Timing-only stand-in for a segment: computes nothing, outputs zeros."""
+
+    def __init__(self, outputs: Sequence[Tuple[str, Tuple[int, ...], str]]) -> None:
+        self._zeros = {name: np.zeros(shape, dtype=dtype) for name, shape, dtype in outputs}
+
+    def __call__(self, tensors: Tensors) -> Tensors:
+        return dict(self._zeros)
+
+
+class PacedSegment(Segment):
+    """Runs a segment and then waits out the rest of its predicted time.
+
+    The deadline is taken from the start of the invoke, so an invoke is never
+    faster than ``ms``; when the computation itself is slower, no wait is added.
+    """
+
+    def __init__(self, segment: Segment, ms: float) -> None:
+        self._segment = segment
+        self._seconds = ms / 1000.0
+
+    def __call__(self, tensors: Tensors) -> Tensors:
+        deadline = time.perf_counter() + self._seconds
+        out = self._segment(tensors)
+        remaining = deadline - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+        return out
+
+
+def open_segment(
+    device: "str | DeviceSpec",
+    segment: "str | os.PathLike[str] | None",
+    *,
+    predicted_ms: Optional[float] = None,
+    outputs: Sequence[Tuple[str, Tuple[int, ...], str]] = (),
+    num_threads: int = 1,
+    timing_only: bool = False,
+    pace: bool = False,
+) -> Segment:
+    """Opens a model segment on a device; call it in the thread that will run it.
+
+    Args:
+      device: Device string or spec (``cpu``, ``tpu:N``..., ``emu-tpu:N``).
+      segment: The .tflite file (for ``tpu``: the edgetpu-compiled one).
+      predicted_ms: The stage's predicted time; ``emu-tpu`` paces to it.
+      outputs: (name, shape, dtype) of the stage's outputs, for timing-only mode.
+      num_threads: CPU threads for the interpreter's kernels (XNNPACK).
+      timing_only: Emulated devices compute nothing and output zeros.
+      pace: Pace this segment to ``predicted_ms`` even on the CPU (board emulation).
+
+    Returns:
+      The opened ``Segment``.
+
+    Raises:
+      ConfigError: If an emulated device has no ``predicted_ms`` to pace to.
+      EdgecapError: If no EdgeTPU runtime or device can be opened.
+    """
+    spec = parse_device(device) if isinstance(device, str) else device
+    emulated = spec.kind == "emu-tpu"
+    if (emulated or pace) and predicted_ms is None:
+        raise ConfigError(f"{spec}: pacing needs the stage's predicted_ms; use a plan from `edgecap compile`")
+    if timing_only and (emulated or pace):
+        opened: Segment = ZeroSegment(outputs)
+    elif spec.kind == "tpu":
+        opened = _open_edgetpu(spec, segment)
+    else:
+        opened = InterpreterSegment(interpreter.make_cpu_interpreter(segment, num_threads))
+    if emulated or pace:
+        opened = PacedSegment(opened, predicted_ms)
+    return opened
+
+
+def _open_edgetpu(spec: DeviceSpec, segment: "str | os.PathLike[str] | None") -> Segment:
+    try:
+        delegate = interpreter.load_delegate(EDGETPU_LIBRARY, {"device": spec.delegate_option})
+    except (ValueError, OSError) as exc:
+        raise EdgecapError(
+            f"{spec}: cannot open the EdgeTPU through {EDGETPU_LIBRARY} ({exc}); install the "
+            "Edge TPU runtime, check `edgecap devices`, or run on cpu / emu-tpu:N"
+        ) from None
+    return InterpreterSegment(interpreter.make_delegate_interpreter(segment, [delegate]))
+
+
+def list_devices() -> List[DeviceInfo]:
+    """Lists the CPU and the EdgeTPUs present on this machine.
+
+    EdgeTPUs are enumerated with Google's pycoral ``list_edge_tpus()`` when it is
+    importable, else by probing ``/dev/apex_*`` (PCIe) and the Coral USB IDs in
+    sysfs. TPU indices follow that enumeration order, as libedgetpu's ``:N`` do.
+
+    Returns:
+      One ``DeviceInfo`` for the CPU, then one per EdgeTPU.
+    """
+    backend = f"{interpreter.BACKEND} {interpreter.backend_version()}"
+    cpu = DeviceInfo(
+        device="cpu",
+        kind="cpu",
+        path=f"{platform.machine()} x{os.cpu_count()}",
+        runtime=backend,
+    )
+    edgetpu = _edgetpu_runtime_version()
+    runtime = f"{backend}; {edgetpu or 'libedgetpu not found'}"
+    infos = [cpu]
+    for n, (kind, path) in enumerate(_enumerate_edgetpus()):
+        infos.append(DeviceInfo(f"tpu:{n}", kind, path, runtime, _temperature(path)))
+    return infos
+
+
+def _enumerate_edgetpus() -> List[Tuple[str, str]]:
+    try:
+        from pycoral.utils.edgetpu import list_edge_tpus  # Google's pycoral, Coral's apt repo
+    except ImportError:
+        pass
+    else:
+        return [(t["type"], t["path"]) for t in list_edge_tpus()]
+    found = [("pci", p) for p in sorted(glob.glob("/dev/apex_*"))]
+    for dev in sorted(Path(_SYSFS_USB).glob("*")):
+        try:
+            ids = ((dev / "idVendor").read_text().strip(), (dev / "idProduct").read_text().strip())
+        except OSError:
+            continue
+        if ids in CORAL_USB_IDS:
+            found.append(("usb", str(dev)))
+    return found
+
+
+def _edgetpu_runtime_version() -> Optional[str]:
+    try:
+        from pycoral.utils.edgetpu import get_runtime_version
+    except ImportError:
+        import ctypes.util
+
+        return "libedgetpu (version unknown without pycoral)" if ctypes.util.find_library("edgetpu") else None
+    return get_runtime_version()
+
+
+def _temperature(path: str) -> Optional[float]:
+    m = re.search(r"apex_(\d+)$", path)
+    if m is None:
+        return None
+    try:
+        return int(Path(_APEX_TEMP.format(m.group(1))).read_text()) / 1000.0
+    except (OSError, ValueError):
+        return None
+
+
+def format_devices(infos: Sequence[DeviceInfo]) -> str:
+    """Formats ``list_devices()`` as the table ``edgecap devices`` prints."""
+    rows = [("DEVICE", "KIND", "PATH", "TEMP", "RUNTIME")]
+    for i in infos:
+        temp = "-" if i.temperature_c is None else f"{i.temperature_c:.1f}C"
+        rows.append((i.device, i.kind, i.path, temp, i.runtime))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths)) + "  " + r[4] for r in rows
+    )

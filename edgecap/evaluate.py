@@ -1,0 +1,151 @@
+"""Caption quality of a bundle on a dataset split: BLEU-4, CIDEr-D, exact match, int8/float agreement."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from edgecap.bundle import Bundle, load_bundle
+from edgecap.captioner import EdgeCaptioner
+from edgecap.errors import ConfigError, EdgecapError
+
+
+@dataclass
+class Report:
+    """Quality figures of one bundle on one split.
+
+    Attributes:
+      clips: Clips scored.
+      bleu4: Corpus BLEU-4 (pycocoevalcap's Bleu scorer).
+      cider_d: CIDEr-D (pycocoevalcap's Cider scorer).
+      exact_match: Share of clips whose caption equals one of its references.
+      agreement: Share of clips where the int8 and the float reference encoder
+        give the same caption; None without a reference encoder.
+      seconds: Wall time of the evaluation.
+      captions: Per clip: references, int8 caption and float caption.
+    """
+
+    bundle: str
+    data: str
+    split: str
+    clips: int
+    bleu4: float
+    cider_d: float
+    exact_match: float
+    agreement: Optional[float]
+    seconds: float
+    captions: Dict[str, Dict[str, object]] = field(default_factory=dict)
+
+
+def read_split(data_dir: Path, split: str) -> Dict[str, List[str]]:
+    """Reads a dataset in the MSVD-like layout of models/README.md.
+
+    Args:
+      data_dir: Directory holding ``captions.json`` and ``clips/``.
+      split: Name of the split to read (e.g. ``test``).
+
+    Returns:
+      Clip id -> reference captions, for the split's clips, in split order.
+
+    Raises:
+      ConfigError: If the layout is missing or malformed.
+    """
+    path = data_dir / "captions.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        clips, splits = meta["clips"], meta["splits"]
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing: --data must be a dataset directory "
+                          "(python -m models.dataset DIR writes one)") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: malformed dataset index ({e}): see models/README.md") from None
+    if split not in splits:
+        raise ConfigError(f"{path}: no split '{split}' (has {', '.join(sorted(splits))})")
+    return {cid: list(clips[cid]) for cid in splits[split]}
+
+
+def _clip_file(data_dir: Path, clip_id: str) -> Path:
+    matches = sorted((data_dir / "clips").glob(f"{clip_id}.*"))
+    if not matches:
+        raise ConfigError(f"{data_dir / 'clips'}: no file for clip '{clip_id}'")
+    return matches[0]
+
+
+def _first_caption(cap: EdgeCaptioner, clip: Path) -> str:
+    # A clip is scored by its first window; the demo's clips are one window long.
+    for caption in cap.stream(str(clip)):
+        return caption.text
+    raise EdgecapError(f"{clip}: shorter than one window of {cap.window.frames} sampled frames")
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().replace(".", " ").split())
+
+
+def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.PathLike[str]",
+             split: str = "test", limit: Optional[int] = None) -> Report:
+    """Captions every clip of a split and scores the captions against the references.
+
+    Args:
+      bundle: Bundle directory or loaded ``Bundle``.
+      data_dir: Dataset directory (MSVD-like layout).
+      split: Split to score.
+      limit: Score only the first ``limit`` clips.
+
+    Returns:
+      The ``Report``.
+
+    Raises:
+      ConfigError: If the dataset is malformed; ImportError without pycocoevalcap.
+    """
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+
+    start = time.perf_counter()
+    b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+    data_dir = Path(data_dir)
+    refs = read_split(data_dir, split)
+    ids = list(refs)[:limit] if limit else list(refs)
+    if not ids:
+        raise ConfigError(f"{data_dir}: split '{split}' has no clips")
+    with EdgeCaptioner(b) as cap:
+        hyps = {cid: _first_caption(cap, _clip_file(data_dir, cid)) for cid in ids}
+    floats: Optional[Dict[str, str]] = None
+    if b.reference_encoder is not None:
+        with EdgeCaptioner(b, reference_encoder=True) as cap:
+            floats = {cid: _first_caption(cap, _clip_file(data_dir, cid)) for cid in ids}
+
+    gts = {cid: [_norm(r) for r in refs[cid]] for cid in ids}
+    res = {cid: [_norm(hyps[cid])] for cid in ids}
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    cider, _ = Cider().compute_score(gts, res)
+    exact = sum(res[cid][0] in gts[cid] for cid in ids) / len(ids)
+    agree = None if floats is None else sum(floats[c] == hyps[c] for c in ids) / len(ids)
+    return Report(
+        bundle=str(b.root), data=str(data_dir), split=split, clips=len(ids),
+        bleu4=float(bleu[3]), cider_d=float(cider), exact_match=exact, agreement=agree,
+        seconds=time.perf_counter() - start,
+        captions={cid: {"references": refs[cid], "int8": hyps[cid],
+                        "float": None if floats is None else floats[cid]} for cid in ids},
+    )
+
+
+def format_report(r: Report) -> str:
+    """Returns the report as a small text table."""
+    rows = [("clips", str(r.clips)), ("BLEU-4", f"{r.bleu4:.3f}"), ("CIDEr-D", f"{r.cider_d:.3f}"),
+            ("exact match", f"{r.exact_match:.1%}"),
+            ("int8/float agreement", "n/a (no reference_encoder)" if r.agreement is None
+             else f"{r.agreement:.1%}"),
+            ("seconds", f"{r.seconds:.1f}")]
+    width = max(len(k) for k, _ in rows)
+    head = f"{r.bundle} on {r.data} [{r.split}]"
+    return "\n".join([head] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def report_json(r: Report) -> str:
+    """Returns the report as JSON text."""
+    return json.dumps(asdict(r), indent=2)

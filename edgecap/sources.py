@@ -1,0 +1,245 @@
+"""Frame sources: video files, cameras (latest-frame semantics) and in-memory frames."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional, Union
+
+import numpy as np
+
+# FFmpeg's own messages ("moov atom not found") would break the one-line error
+# for a file that is not a video; OpenCV reads this when it first opens one.
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+import cv2  # noqa: E402
+
+from edgecap.errors import SourceError
+
+SourceLike = Union[str, int, "os.PathLike[str]", Iterable[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a source.
+
+    Attributes:
+      index: Position in the source before sampling (0-based).
+      timestamp: Seconds since the source started.
+      image: HxWx3 uint8, BGR as OpenCV gives it.
+    """
+
+    index: int
+    timestamp: float
+    image: np.ndarray
+
+
+class FrameSource:
+    """Base of all sources: iterate for frames, ``close()`` to release.
+
+    Attributes:
+      live: True for cameras: frames arrive in real time and only the newest
+        is kept while the consumer is busy.
+      dropped: Frames a live source discarded because a newer one arrived.
+      name: What the user passed, for messages.
+    """
+
+    live = False
+    name = "frames"
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+    def __iter__(self) -> Iterator[Frame]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases the source; safe to call twice."""
+
+    def __enter__(self) -> "FrameSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ArraySource(FrameSource):
+    """Frames from memory: a ``[T,H,W,3]`` array or any iterable of HxWx3 uint8 BGR images."""
+
+    def __init__(self, frames: Iterable[np.ndarray], fps: float):
+        super().__init__()
+        self._frames = frames
+        self.fps = fps
+
+    def __iter__(self) -> Iterator[Frame]:
+        for i, image in enumerate(self._frames):
+            image = np.asarray(image)
+            if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+                raise SourceError(f"frame {i}: expected an HxWx3 uint8 BGR image, got "
+                                  f"{image.dtype} {image.shape}")
+            yield Frame(i, i / self.fps, image)
+
+
+class VideoFileSource(FrameSource):
+    """Every frame of a video file, in order."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.name = str(path)
+        if not path.exists():
+            raise SourceError(f"{path}: no such video file: check the path")
+        if not path.is_file():
+            raise SourceError(f"{path}: not a file: pass a video file such as clip.mp4")
+        self._cap = cv2.VideoCapture(str(path))
+        ok, first = self._cap.read() if self._cap.isOpened() else (False, None)
+        if not ok:
+            self._cap.release()
+            raise SourceError(f"{path}: not a video OpenCV can decode: pass a video file "
+                              "such as .mp4 or .avi")
+        self._first: Optional[np.ndarray] = first
+        fps = self._cap.get(cv2.CAP_PROP_FPS)
+        # Some containers report 0 or absurd rates; timestamps then assume 30 fps.
+        self.fps = fps if 0 < fps < 1000 else 30.0
+
+    def __iter__(self) -> Iterator[Frame]:
+        index, image = 0, self._first
+        self._first = None
+        while image is not None:
+            yield Frame(index, index / self.fps, image)
+            ok, image = self._cap.read()
+            image = image if ok else None
+            index += 1
+
+    def close(self) -> None:
+        self._cap.release()
+
+
+class CameraSource(FrameSource):
+    """A camera read by its own thread, which keeps only the newest frame.
+
+    A slow consumer therefore always gets the most recent image, and frames it
+    could not take are counted in ``dropped`` instead of queuing up.
+    """
+
+    live = True
+
+    def __init__(self, device: Union[int, str]):
+        super().__init__()
+        self.name = f"camera {device}"
+        if isinstance(device, str) and not os.path.exists(device):
+            raise SourceError(f"{self.name}: no such device: check the path (ls /dev/video*) "
+                              "and that the camera is plugged in")
+        self._cap = cv2.VideoCapture(device)
+        if not self._cap.isOpened():
+            self._cap.release()
+            raise SourceError(f"{self.name}: cannot be opened: check that it is a camera and "
+                              "that no other process holds it")
+        self._cond = threading.Condition()
+        self._latest: Optional[Frame] = None
+        self._ended = False
+        self._stop = threading.Event()
+        self._t0: Optional[float] = None
+        self._thread = threading.Thread(target=self._read, name=f"edgecap-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        index = 0
+        while not self._stop.is_set():
+            ok, image = self._cap.read()
+            if not ok:
+                break
+            now = time.monotonic()
+            self._t0 = now if self._t0 is None else self._t0
+            with self._cond:
+                if self._latest is not None:
+                    self.dropped += 1
+                self._latest = Frame(index, now - self._t0, image)
+                self._cond.notify()
+            index += 1
+        with self._cond:
+            self._ended = True
+            self._cond.notify()
+
+    def __iter__(self) -> Iterator[Frame]:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._latest is not None or self._ended)
+                frame, self._latest = self._latest, None
+            if frame is None:
+                return
+            yield frame
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._cap.release()
+
+
+def _is_camera_path(text: str) -> bool:
+    if text.startswith("/dev/video"):
+        return True
+    try:
+        return stat.S_ISCHR(os.stat(text).st_mode)
+    except OSError:
+        return False
+
+
+def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
+    """Opens what a user passes as a video source.
+
+    Args:
+      source: A video file path; a camera as a device path (``/dev/video0``) or
+        index (``0`` or ``"0"``); or frames: a ``[T,H,W,3]`` array or an
+        iterable of HxWx3 uint8 BGR images.
+      fps: Rate of in-memory frames (ignored for files and cameras).
+
+    Returns:
+      A ``FrameSource``; close it when done.
+
+    Raises:
+      SourceError: If the file or camera cannot be opened.
+    """
+    if isinstance(source, FrameSource):
+        return source
+    if isinstance(source, bool):
+        raise SourceError(f"{source!r} is not a video source: pass a path, a camera or frames")
+    if isinstance(source, int):
+        return CameraSource(source)
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if text.isdigit():
+            return CameraSource(int(text))
+        if _is_camera_path(text):
+            return CameraSource(text)
+        return VideoFileSource(Path(text))
+    if isinstance(source, np.ndarray) and source.ndim != 4:
+        raise SourceError(f"frames array must be [T,H,W,3], got shape {source.shape}")
+    if not hasattr(source, "__iter__"):
+        raise SourceError(f"{type(source).__name__} is not a video source: pass a path, "
+                          "a camera or an iterable of frames")
+    return ArraySource(source, fps or 30.0)
+
+
+def sample(frames: Iterable[Frame], sample_fps: float) -> Iterator[Frame]:
+    """Yields the frames that fall on a ``sample_fps`` clock (all of them when it is 0).
+
+    The clock is kept on source timestamps, so a 30 fps file sampled at 8 fps
+    keeps 8 frames a second however the rates divide.
+    """
+    if sample_fps <= 0:
+        yield from frames
+        return
+    period = 1.0 / sample_fps
+    next_t: Optional[float] = None
+    for frame in frames:
+        # The tolerance absorbs float error when the rates divide exactly.
+        if next_t is None or frame.timestamp + 1e-6 >= next_t:
+            next_t = (frame.timestamp if next_t is None else next_t) + period
+            # A source that stalled should not owe a burst of samples afterwards.
+            if frame.timestamp >= next_t:
+                next_t = frame.timestamp + period
+            yield frame
