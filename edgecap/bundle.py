@@ -235,7 +235,8 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         raise BundleError(f"{vocab_path}: empty vocabulary: write one token a line")
     for name, tid in tokens.__dict__.items():
         if not 0 <= tid < len(vocab):
-            raise r.fail(f"tokens.{name}", f"is {tid}, outside the vocabulary of {len(vocab)} tokens")
+            raise r.fail(f"tokens.{name}", f"is {tid}, outside the {len(vocab)} tokens of "
+                         f"{vocab_path.name}: fix the id or the vocabulary")
 
     enc = _open_model(encoder)
     enc_in, enc_out = enc.get_input_details(), enc.get_output_details()

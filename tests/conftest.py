@@ -1,0 +1,28 @@
+"""Shared fixtures: the shipped demo bundle is the fixture of record."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session")
+def shipped_bundle() -> Path:
+    """The demo bundle under models/demo/bundle ($EDGECAP_TEST_BUNDLE runs the suite on another)."""
+    path = Path(os.environ.get("EDGECAP_TEST_BUNDLE", REPO / "models" / "demo" / "bundle"))
+    assert (path / "bundle.json").is_file(), f"no bundle at {path}"
+    return path
+
+
+@pytest.fixture
+def bundle_copy(shipped_bundle: Path, tmp_path: Path) -> Path:
+    """A private copy of the shipped bundle that a test may break."""
+    dst = tmp_path / "bundle"
+    shutil.copytree(shipped_bundle, dst)
+    return dst

@@ -1,0 +1,93 @@
+"""EdgeCaptioner on the CPU: windowing, overrides, records, lifecycle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgecap.bundle import WindowSpec
+from edgecap.captioner import Caption, EdgeCaptioner, _windows_of
+from edgecap.errors import ConfigError
+from edgecap.sources import ArraySource
+
+
+@pytest.mark.parametrize("frames,stride,k,expected", [
+    (8, 8, 0, [0]), (8, 8, 7, [0]), (8, 8, 8, [1]),
+    (8, 4, 5, [0, 1]), (8, 4, 8, [1, 2]), (8, 4, 3, [0]),
+    (4, 8, 5, []), (4, 8, 9, [1]),
+])
+def test_window_membership(frames: int, stride: int, k: int, expected: list) -> None:
+    assert list(_windows_of(k, WindowSpec(frames, stride, 8.0))) == expected
+
+
+@pytest.fixture(scope="module")
+def captioner(shipped_bundle: Path):
+    with EdgeCaptioner(shipped_bundle, num_threads=1) as cap:
+        yield cap
+
+
+def _clip(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (n, 80, 96, 3), dtype=np.uint8)
+
+
+def test_one_caption_per_complete_window(captioner: EdgeCaptioner) -> None:
+    n = captioner.window.frames
+    caps = captioner.caption_frames(_clip(2 * n + n // 2))
+    assert [c.window for c in caps] == [0, 1]  # the trailing half window is not captioned
+    assert (caps[1].start_frame, caps[1].end_frame) == (n, 2 * n - 1)
+    assert all(isinstance(c, Caption) and c.text == captioner.bundle.detokenize(c.tokens)
+               for c in caps)
+    assert set(caps[0].stage_ms) == {"preprocess", "cnn", "rnn_step", "decode"}
+    assert all(v >= 0 for v in caps[0].stage_ms.values())
+
+
+def test_stream_equals_caption_frames(captioner: EdgeCaptioner) -> None:
+    frames = _clip(2 * captioner.window.frames, seed=3)
+    assert ([c.text for c in captioner.stream(frames, fps=0)]
+            == [c.text for c in captioner.caption_frames(frames)])
+
+
+def test_source_rate_is_sampled(captioner: EdgeCaptioner) -> None:
+    w = captioner.window
+    frames = _clip(2 * w.frames, seed=1)
+    twice = np.repeat(frames, 2, axis=0)  # the same clip at double the sampling rate
+    slow = captioner.stream(frames, fps=w.sample_fps)
+    fast = captioner.stream(twice, fps=2 * w.sample_fps)
+    assert [c.tokens for c in slow] == [c.tokens for c in fast]
+
+
+def test_overlapping_windows(shipped_bundle: Path) -> None:
+    with EdgeCaptioner(shipped_bundle, frames=4, stride=2) as cap:
+        caps = cap.caption_frames(_clip(10))
+    assert [(c.start_frame, c.end_frame) for c in caps] == [(0, 3), (2, 5), (4, 7), (6, 9)]
+
+
+def test_window_state_is_independent(shipped_bundle: Path) -> None:
+    frames = _clip(12, seed=5)
+    with EdgeCaptioner(shipped_bundle, frames=4, stride=2) as cap:
+        overlapped = cap.caption_frames(frames)
+    with EdgeCaptioner(shipped_bundle, frames=4, stride=4) as cap:
+        alone = cap.caption_frames(frames[2:6])
+    assert overlapped[1].tokens == alone[0].tokens
+
+
+def test_bad_override(shipped_bundle: Path) -> None:
+    with pytest.raises(ConfigError, match="frames and stride"):
+        EdgeCaptioner(shipped_bundle, frames=0)
+
+
+class _TrackedSource(ArraySource):
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_early_stop_closes_source(captioner: EdgeCaptioner) -> None:
+    src = _TrackedSource(_clip(4 * captioner.window.frames), fps=captioner.window.sample_fps)
+    it = captioner.stream(src)
+    assert next(it).window == 0 and not src.closed
+    it.close()
+    assert src.closed

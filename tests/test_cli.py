@@ -1,0 +1,88 @@
+"""The edgecap CLI: exit code 0 on success, 2 with one line on stderr for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgecap.cli import main
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("clip") / "clip.mp4"
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 16, (96, 96))
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        w.write(rng.integers(0, 255, (96, 96, 3), dtype=np.uint8))
+    w.release()
+    return path
+
+
+def _one_line_error(capsys: pytest.CaptureFixture, code: int, *needles: str) -> None:
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgecap: error: "), err
+    for n in needles:
+        assert n in lines[0]
+
+
+def test_caption_prints_windows_and_table(clip: Path, shipped_bundle: Path, capsys) -> None:
+    assert main(["caption", str(clip), "--bundle", str(shipped_bundle)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("s] ") == 2 and "rnn_step" in out and "decode" in out
+
+
+def test_caption_json_lines(clip: Path, shipped_bundle: Path, capsys) -> None:
+    assert main(["caption", str(clip), "--bundle", str(shipped_bundle), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["window"] for r in rows] == [0, 1]
+    assert {"text", "start_time", "end_time", "start_frame", "end_frame", "stage_ms"} <= set(rows[0])
+
+
+def test_missing_video(tmp_path: Path, shipped_bundle: Path, capsys) -> None:
+    code = main(["caption", str(tmp_path / "none.mp4"), "--bundle", str(shipped_bundle)])
+    _one_line_error(capsys, code, "none.mp4", "no such video file")
+
+
+def test_not_a_video(tmp_path: Path, shipped_bundle: Path, capsys) -> None:
+    bad = tmp_path / "x.mp4"
+    bad.write_bytes(b"\x00garbage" * 100)
+    code = main(["caption", str(bad), "--bundle", str(shipped_bundle)])
+    _one_line_error(capsys, code, "x.mp4", "not a video")
+
+
+def test_bad_bundle(clip: Path, bundle_copy: Path, capsys) -> None:
+    (bundle_copy / "vocab.txt").write_text("just\nthree\nwords\n")
+    code = main(["caption", str(clip), "--bundle", str(bundle_copy)])
+    _one_line_error(capsys, code, "vocab.txt")
+
+
+def test_missing_camera(shipped_bundle: Path, capsys) -> None:
+    code = main(["camera", "/dev/video93", "--bundle", str(shipped_bundle)])
+    _one_line_error(capsys, code, "/dev/video93")
+
+
+def test_bad_dataset_for_eval(tmp_path: Path, shipped_bundle: Path, capsys) -> None:
+    code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path)])
+    _one_line_error(capsys, code, "captions.json")
+
+
+def test_validate(shipped_bundle: Path, capsys) -> None:
+    assert main(["validate", str(shipped_bundle)]) == 0
+    assert ": ok: " in capsys.readouterr().out
+
+
+def test_console_script_exit_code_and_no_traceback(tmp_path: Path, shipped_bundle: Path) -> None:
+    # The installed entry point, in a fresh process: what a user's shell sees.
+    r = subprocess.run([sys.executable, "-m", "edgecap.cli", "caption", str(tmp_path / "no.mp4"),
+                        "--bundle", str(shipped_bundle)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
