@@ -1,0 +1,185 @@
+"""Measurements of one pipeline run: busy time per stage, queue depths, rates, drops, latency."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+# A service runs forever; latency percentiles come from the newest samples.
+LATENCY_SAMPLES = 10_000
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """Work done by one stage (step) of the pipeline."""
+
+    name: str
+    worker: str
+    invokes: int
+    busy_s: float
+    utilization: float
+
+    @property
+    def mean_ms(self) -> float:
+        """Mean time per invoke in milliseconds."""
+        return 1000.0 * self.busy_s / self.invokes if self.invokes else 0.0
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Depth of one queue, sampled each time an item is put into it."""
+
+    name: str
+    capacity: int
+    mean_depth: float
+    max_depth: int
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """A snapshot of a run.
+
+    ``fps_in`` and ``fps_out`` are steady-state rates: items between the first
+    and the last one, over the time between them. Latency is from the moment an
+    item leaves the source to the moment the consumer receives it.
+    """
+
+    frames_in: int
+    frames_out: int
+    dropped: int
+    elapsed_s: float
+    fps_in: float
+    fps_out: float
+    latency_ms: Dict[str, float]
+    stages: Tuple[StageStats, ...]
+    queues: Tuple[QueueStats, ...]
+
+    def worker_utilization(self) -> Dict[str, float]:
+        """Busy fraction of each worker (device), summed over its stages."""
+        util: Dict[str, float] = {}
+        for s in self.stages:
+            util[s.worker] = util.get(s.worker, 0.0) + s.utilization
+        return util
+
+
+@dataclass
+class RunRecorder:
+    """Collects a run's measurements from the pipeline's threads.
+
+    Each counter is written by one thread only (the step's worker, the feeder or
+    the consumer), so no lock is needed; ``snapshot`` may run at any time.
+    """
+
+    steps: Sequence[Tuple[str, str]]
+    queues: Sequence[Tuple[str, int]]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    error: Optional[BaseException] = None
+    frames_in: int = 0
+    frames_out: int = 0
+    dropped: int = 0
+    first_in: Optional[float] = None
+    last_in: Optional[float] = None
+    first_out: Optional[float] = None
+    last_out: Optional[float] = None
+    finished: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        self.busy: Dict[str, float] = {name: 0.0 for name, _ in self.steps}
+        self.invokes: Dict[str, int] = {name: 0 for name, _ in self.steps}
+        self.depth_sum: Dict[str, int] = {name: 0 for name, _ in self.queues}
+        self.depth_puts: Dict[str, int] = {name: 0 for name, _ in self.queues}
+        self.depth_max: Dict[str, int] = {name: 0 for name, _ in self.queues}
+        self.latencies: Deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
+
+    def fail(self, exc: BaseException) -> None:
+        """Records the first error and cancels the run."""
+        if self.error is None:
+            self.error = exc
+        self.cancelled.set()
+
+    def item_in(self, t: float) -> None:
+        """An item left the source at ``t``."""
+        if self.first_in is None:
+            self.first_in = t
+        self.last_in = t
+        self.frames_in += 1
+
+    def finish(self) -> None:
+        """The run ended (completed, failed or stopped by the consumer)."""
+        self.finished = time.perf_counter()
+
+    def item_out(self, t_in: float, t: float) -> None:
+        """The consumer received the item that left the source at ``t_in``."""
+        if self.first_out is None:
+            self.first_out = t
+        self.last_out = t
+        self.frames_out += 1
+        self.latencies.append(t - t_in)
+
+    def step(self, name: str, start: float, end: float) -> None:
+        """Step ``name`` ran from ``start`` to ``end``."""
+        self.busy[name] += end - start
+        self.invokes[name] += 1
+
+    def depth(self, queue: str, depth: int) -> None:
+        """Queue ``queue`` held ``depth`` items when one more was put."""
+        self.depth_sum[queue] += depth
+        self.depth_puts[queue] += 1
+        if depth > self.depth_max[queue]:
+            self.depth_max[queue] = depth
+
+    def snapshot(self) -> PipelineStats:
+        """Returns the run's statistics so far."""
+        end = self.finished if self.finished is not None else time.perf_counter()
+        elapsed = max(0.0, end - self.first_in) if self.first_in is not None else 0.0
+        stages = tuple(
+            StageStats(
+                name=name,
+                worker=worker,
+                invokes=self.invokes[name],
+                busy_s=self.busy[name],
+                utilization=self.busy[name] / elapsed if elapsed else 0.0,
+            )
+            for name, worker in self.steps
+        )
+        queues = tuple(
+            QueueStats(
+                name=name,
+                capacity=capacity,
+                mean_depth=self.depth_sum[name] / self.depth_puts[name] if self.depth_puts[name] else 0.0,
+                max_depth=self.depth_max[name],
+            )
+            for name, capacity in self.queues
+        )
+        return PipelineStats(
+            frames_in=self.frames_in,
+            frames_out=self.frames_out,
+            dropped=self.dropped,
+            elapsed_s=elapsed,
+            fps_in=_rate(self.frames_in, self.first_in, self.last_in),
+            fps_out=_rate(self.frames_out, self.first_out, self.last_out),
+            latency_ms=summarize([1000.0 * t for t in self.latencies]),
+            stages=stages,
+            queues=queues,
+        )
+
+
+def _rate(count: int, first: Optional[float], last: Optional[float]) -> float:
+    if count < 2 or first is None or last is None or last <= first:
+        return 0.0
+    return (count - 1) / (last - first)
+
+
+def summarize(latencies_ms: List[float]) -> Dict[str, float]:
+    """p50/p90/p99/mean of a list of latencies in milliseconds."""
+    lat = np.asarray(latencies_ms, dtype=np.float64)
+    if not lat.size:
+        return {}
+    out = dict(zip(("p50", "p90", "p99"), np.percentile(lat, [50, 90, 99]).tolist()))
+    out["mean"] = float(lat.mean())
+    return out

@@ -1,0 +1,231 @@
+"""The pipeline scheduler with synthetic steps: order, ownership, back-pressure, drops, shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from edgecap.scheduler import Pipeline, Step
+from edgecap.trace import Tracer, load_slices
+
+
+def _pipeline_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("edgecap-")]
+
+
+def _step(name, worker, fn=lambda x: x):
+    return Step(name, worker, lambda: fn)
+
+
+def _sleepy(seconds, tag):
+    def fn(items):
+        time.sleep(seconds)
+        return items + [tag]
+
+    return fn
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    yield
+    assert _pipeline_threads() == []
+
+
+def test_results_come_out_in_order_through_every_step():
+    steps = [
+        _step("a", "tpu:0", _sleepy(0.001, "a")),
+        _step("b", "tpu:1", _sleepy(0.002, "b")),
+        _step("c", "cpu", _sleepy(0.0005, "c")),
+        _step("d", "cpu", lambda x: x + ["d"]),
+    ]
+    with Pipeline(steps) as pipe:
+        out = list(pipe.run([[i] for i in range(40)]))
+        assert pipe.workers == ["tpu:0", "tpu:1", "cpu"]
+    assert out == [[i, "a", "b", "c", "d"] for i in range(40)]
+
+
+def test_sequential_schedule_gives_the_same_results_in_the_calling_thread():
+    seen = set()
+
+    def fn(x):
+        seen.add(threading.get_ident())
+        return x * 2
+
+    steps = [_step("a", "tpu:0", fn), _step("b", "cpu", fn)]
+    with Pipeline(steps, pipelined=False) as pipe:
+        assert list(pipe.run(range(10))) == [4 * i for i in range(10)]
+        assert _pipeline_threads() == []
+    assert seen == {threading.get_ident()}
+
+
+def test_each_step_runs_only_on_the_thread_that_opened_it():
+    opened, called = {}, {}
+
+    def opener(name):
+        def open_():
+            opened[name] = threading.get_ident()
+
+            def fn(x):
+                called.setdefault(name, set()).add(threading.get_ident())
+                return x
+
+            return fn
+
+        return open_
+
+    steps = [Step("a", "tpu:0", opener("a")), Step("b", "tpu:1", opener("b")), Step("c", "tpu:1", opener("c"))]
+    with Pipeline(steps) as pipe:
+        list(pipe.run(range(20)))
+        list(pipe.run(range(5)))
+    assert {k: {v} for k, v in opened.items()} == called
+    assert opened["b"] == opened["c"] != opened["a"]
+
+
+def test_stopping_early_cancels_the_run_closes_the_source_and_keeps_workers():
+    closed = threading.Event()
+
+    def source():
+        try:
+            for i in range(10_000):
+                yield i
+        finally:
+            closed.set()
+
+    steps = [_step("a", "tpu:0", _sleepy(0.001, "a")), _step("b", "cpu")]
+    pipe = Pipeline(steps)
+    for n, _ in enumerate(pipe.run(([i] for i in source()))):
+        if n == 5:
+            break
+    # The run is cancelled once its iterator is dropped; the next run works.
+    assert list(pipe.run([[1], [2]])) == [[1, "a"], [2, "a"]]
+    assert closed.is_set()
+    assert len(_pipeline_threads()) == 2
+    pipe.close()
+    assert _pipeline_threads() == []
+
+
+def test_close_during_a_run_joins_every_thread():
+    pipe = Pipeline([_step("a", "tpu:0", _sleepy(0.002, "a")), _step("b", "cpu")])
+    it = pipe.run([i] for i in range(10_000))
+    next(it)
+    next(it)
+    pipe.close()
+    assert _pipeline_threads() == []
+    with pytest.raises(RuntimeError):
+        pipe.run([])
+
+
+def test_slow_consumer_bounds_items_in_flight():
+    alive = {"n": 0, "max": 0}
+
+    def source():
+        for i in range(200):
+            alive["n"] += 1
+            alive["max"] = max(alive["max"], alive["n"])
+            yield i
+
+    steps = [_step("a", "tpu:0"), _step("b", "tpu:1"), _step("c", "cpu")]
+    with Pipeline(steps, queue_size=2) as pipe:
+        for _ in pipe.run(source()):
+            alive["n"] -= 1
+            time.sleep(0.001)
+    # 4 queues of 2, 3 workers holding one each, the feeder holding one.
+    assert alive["max"] <= 4 * 2 + 3 + 1
+    assert alive["n"] == 0
+
+
+def test_live_source_keeps_the_newest_item_and_counts_drops():
+    steps = [_step("slow", "tpu:0", _sleepy(0.005, "s")), _step("c", "cpu")]
+
+    def camera():
+        for i in range(300):
+            time.sleep(0.0005)
+            yield [i]
+
+    with Pipeline(steps) as pipe:
+        out = [x[0] for x in pipe.run(camera(), live=True)]
+        stats = pipe.stats()
+    assert stats.dropped > 0
+    assert out == sorted(out) and len(set(out)) == len(out)
+    assert stats.frames_in == 300
+    assert stats.frames_out == len(out) == 300 - stats.dropped
+    assert out[-1] == 299  # the newest frame is never the one dropped
+
+
+def test_file_source_processes_every_item_under_back_pressure():
+    steps = [_step("slow", "tpu:0", _sleepy(0.002, "s"))]
+    with Pipeline(steps) as pipe:
+        out = list(pipe.run([i] for i in range(50)))
+        stats = pipe.stats()
+    assert len(out) == 50 and stats.dropped == 0
+    assert stats.queues[0].max_depth >= 1  # the source ran ahead and was held back
+
+
+def test_step_error_is_raised_to_the_consumer_and_the_pipeline_recovers():
+    def boom(x):
+        if x == 7:
+            raise ValueError("bad frame 7")
+        return x
+
+    with Pipeline([_step("a", "tpu:0"), _step("b", "cpu", boom)]) as pipe:
+        got = []
+        with pytest.raises(ValueError, match="bad frame 7"):
+            for x in pipe.run(range(100)):
+                got.append(x)
+        assert got == list(range(7))
+        assert list(pipe.run([1, 2])) == [1, 2]
+
+
+def test_source_error_is_raised_to_the_consumer():
+    def source():
+        yield 1
+        raise OSError("camera unplugged")
+
+    with Pipeline([_step("a", "cpu")]) as pipe:
+        with pytest.raises(OSError, match="unplugged"):
+            list(pipe.run(source()))
+
+
+def test_open_failure_raises_and_joins_threads():
+    def bad_open():
+        raise FileNotFoundError("segment missing")
+
+    with pytest.raises(FileNotFoundError):
+        Pipeline([_step("a", "tpu:0"), Step("b", "cpu", bad_open), _step("c", "decode")])
+
+
+def test_a_worker_may_not_be_revisited():
+    with pytest.raises(ValueError, match="revisit"):
+        Pipeline([_step("a", "cpu"), _step("b", "tpu:0"), _step("c", "cpu")])
+
+
+def test_stats_measure_busy_time_and_rates():
+    steps = [_step("slow", "tpu:0", _sleepy(0.004, "s")), _step("fast", "cpu", _sleepy(0.001, "f"))]
+    with Pipeline(steps) as pipe:
+        list(pipe.run([i] for i in range(40)))
+        stats = pipe.stats()
+    by_name = {s.name: s for s in stats.stages}
+    assert by_name["slow"].invokes == by_name["fast"].invokes == 40
+    assert by_name["slow"].mean_ms >= 4.0
+    assert by_name["slow"].utilization > by_name["fast"].utilization
+    assert 0.6 < by_name["slow"].utilization <= 1.0
+    # Throughput is set by the slowest step (4 ms plus sleep overshoot).
+    assert 150 < stats.fps_out <= 250
+    assert stats.latency_ms["p50"] >= 5.0
+    assert set(stats.worker_utilization()) == {"tpu:0", "cpu"}
+
+
+def test_trace_has_one_track_per_worker_and_a_slice_per_invoke(tmp_path):
+    tracer = Tracer()
+    steps = [_step("seg0", "tpu:0"), _step("tail", "cpu"), _step("rnn", "cpu")]
+    with Pipeline(steps, tracer=tracer) as pipe:
+        list(pipe.run(range(6)))
+    path = tmp_path / "trace.json"
+    tracer.write(path)
+    tracks = load_slices(path)
+    assert set(tracks) == {"source", "tpu:0", "cpu"}
+    assert [e["args"]["frame"] for e in tracks["tpu:0"]] == list(range(6))
+    assert sorted(e["name"] for e in tracks["cpu"]) == ["rnn"] * 6 + ["tail"] * 6
+    assert all(e["dur"] >= 0 for e in tracks["cpu"])
