@@ -8,9 +8,9 @@ Device strings are the ones Coral users write:
   invoke to the stage's ``predicted_ms``, so a pipeline behaves as on the
   board; in timing-only mode it computes nothing and outputs zeros.
 
-``open_segment`` returns a ``Segment``: a callable from the tensors named in
-the plan to the tensors the stage outputs. It must be called in the thread
-that will run it, which then owns its interpreter.
+``open_stage`` returns a callable from the tensors named in the plan to the
+tensors the stage outputs. Call it in the thread that will run the stage,
+which then owns its interpreter.
 """
 
 from __future__ import annotations
@@ -22,17 +22,21 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from edgecap import interpreter
 from edgecap.errors import ConfigError, EdgecapError
 
+if TYPE_CHECKING:
+    from edgecap.plan import Stage, TensorSpec
+
 EDGETPU_LIBRARY = "libedgetpu.so.1"
 # Coral USB Accelerator: Global Unichip before the runtime loads its firmware, Google after.
 CORAL_USB_IDS = (("1a6e", "089a"), ("18d1", "9302"))
 _SYSFS_USB = "/sys/bus/usb/devices"
+_APEX_DEVICES = "/dev/apex_*"
 _APEX_TEMP = "/sys/class/apex/apex_{}/temp"
 
 _DEVICE_RE = re.compile(r"^(?:(cpu|tpu|emu-tpu|usb|pci)(?::(\d+))?|:(\d+))$")
@@ -124,11 +128,6 @@ class InterpreterSegment(Segment):
         self._inputs = [(d["name"], d["index"]) for d in interp.get_input_details()]
         self._outputs = [(d["name"], d["index"]) for d in interp.get_output_details()]
 
-    @property
-    def input_names(self) -> List[str]:
-        """Names of the tensors the segment reads."""
-        return [name for name, _ in self._inputs]
-
     def __call__(self, tensors: Tensors) -> Tensors:
         for name, index in self._inputs:
             self._interp.set_tensor(index, tensors[name])
@@ -139,8 +138,8 @@ class InterpreterSegment(Segment):
 class ZeroSegment(Segment):
     """Timing-only stand-in for a segment: computes nothing, outputs zeros."""
 
-    def __init__(self, outputs: Sequence[Tuple[str, Tuple[int, ...], str]]) -> None:
-        self._zeros = {name: np.zeros(shape, dtype=dtype) for name, shape, dtype in outputs}
+    def __init__(self, outputs: Sequence["TensorSpec"]) -> None:
+        self._zeros = {t.name: np.zeros(t.shape, dtype=t.dtype) for t in outputs}
 
     def __call__(self, tensors: Tensors) -> Tensors:
         return dict(self._zeros)
@@ -166,47 +165,63 @@ class PacedSegment(Segment):
         return out
 
 
-def open_segment(
-    device: "str | DeviceSpec",
-    segment: "str | os.PathLike[str] | None",
+class StageRunner(Segment):
+    """Runs one plan stage: its segment, plus the tensors that pass it by.
+
+    Returns exactly the stage's ``outputs``: those the segment computes and
+    those it forwards untouched for later stages (docs/plan.md).
+    """
+
+    def __init__(self, segment: Segment, outputs: Sequence["TensorSpec"]) -> None:
+        self._segment = segment
+        self._names = [t.name for t in outputs]
+
+    def __call__(self, tensors: Tensors) -> Tensors:
+        out = self._segment(tensors)
+        return {name: out[name] if name in out else tensors[name] for name in self._names}
+
+
+def open_stage(
+    stage: "Stage",
+    device: "str | DeviceSpec | None" = None,
     *,
-    predicted_ms: Optional[float] = None,
-    outputs: Sequence[Tuple[str, Tuple[int, ...], str]] = (),
     num_threads: int = 1,
     timing_only: bool = False,
     pace: bool = False,
-) -> Segment:
-    """Opens a model segment on a device; call it in the thread that will run it.
+) -> StageRunner:
+    """Opens a plan stage on a device; call it in the thread that will run it.
 
     Args:
-      device: Device string or spec (``cpu``, ``tpu:N``..., ``emu-tpu:N``).
-      segment: The .tflite file (for ``tpu``: the edgetpu-compiled one).
-      predicted_ms: The stage's predicted time; ``emu-tpu`` paces to it.
-      outputs: (name, shape, dtype) of the stage's outputs, for timing-only mode.
+      stage: The plan stage (non-empty).
+      device: Where to run it (default: the stage's own device). ``emu-tpu:N``
+        paces every invoke to the stage's ``predicted_ms``.
       num_threads: CPU threads for the interpreter's kernels (XNNPACK).
-      timing_only: Emulated devices compute nothing and output zeros.
-      pace: Pace this segment to ``predicted_ms`` even on the CPU (board emulation).
+      timing_only: Emulated (and paced) stages compute nothing and output zeros.
+      pace: Pace the stage to ``predicted_ms`` whatever its device (board emulation).
 
     Returns:
-      The opened ``Segment``.
+      The ``StageRunner``.
 
     Raises:
-      ConfigError: If an emulated device has no ``predicted_ms`` to pace to.
+      ConfigError: If pacing is asked for and the stage has no ``predicted_ms``.
       EdgecapError: If no EdgeTPU runtime or device can be opened.
     """
-    spec = parse_device(device) if isinstance(device, str) else device
-    emulated = spec.kind == "emu-tpu"
-    if (emulated or pace) and predicted_ms is None:
-        raise ConfigError(f"{spec}: pacing needs the stage's predicted_ms; use a plan from `edgecap compile`")
-    if timing_only and (emulated or pace):
-        opened: Segment = ZeroSegment(outputs)
+    spec = parse_device(device or stage.device) if not isinstance(device, DeviceSpec) else device
+    paced = pace or spec.kind == "emu-tpu"
+    if paced and stage.predicted_ms is None:
+        raise ConfigError(
+            f"stage {stage.index} on {spec}: pacing needs the stage's predicted_ms; "
+            "use a plan from `edgecap compile`"
+        )
+    if timing_only and paced:
+        segment: Segment = ZeroSegment(stage.outputs)
     elif spec.kind == "tpu":
-        opened = _open_edgetpu(spec, segment)
+        segment = _open_edgetpu(spec, stage.compiled_segment or stage.segment)
     else:
-        opened = InterpreterSegment(interpreter.make_cpu_interpreter(segment, num_threads))
-    if emulated or pace:
-        opened = PacedSegment(opened, predicted_ms)
-    return opened
+        segment = InterpreterSegment(interpreter.make_cpu_interpreter(stage.segment, num_threads))
+    if paced:
+        segment = PacedSegment(segment, stage.predicted_ms)
+    return StageRunner(segment, stage.outputs)
 
 
 def _open_edgetpu(spec: DeviceSpec, segment: "str | os.PathLike[str] | None") -> Segment:
@@ -252,7 +267,7 @@ def _enumerate_edgetpus() -> List[Tuple[str, str]]:
         pass
     else:
         return [(t["type"], t["path"]) for t in list_edge_tpus()]
-    found = [("pci", p) for p in sorted(glob.glob("/dev/apex_*"))]
+    found = [("pci", p) for p in sorted(glob.glob(_APEX_DEVICES))]
     for dev in sorted(Path(_SYSFS_USB).glob("*")):
         try:
             ids = ((dev / "idVendor").read_text().strip(), (dev / "idProduct").read_text().strip())

@@ -1,0 +1,59 @@
+"""Writes plan directories for runtime tests with the compiler's segment writer.
+
+The runtime never imports the compiler; its tests may, to cut a model where
+they choose and check that every plan shape runs the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from edgecap_compile.graph import read_graph
+from edgecap_compile.segments import write_segments
+
+
+def _spec(graph, index: int) -> dict:
+    t = graph.tensors[index]
+    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
+            "scale": t.scale or 0.0, "zero_point": t.zero_point or 0}
+
+
+def write_plan(model: Path, cuts: Sequence[int], devices: Sequence[str], out: Path,
+               predicted_ms: Optional[Sequence[float]] = None, board: str = "test") -> Path:
+    """Cuts ``model`` at op indices ``cuts`` into len(devices) stages and writes plan.json.
+
+    Stage outputs list the segment's outputs plus the tensors that pass it by
+    for later stages, as docs/plan.md asks.
+    """
+    graph = read_graph(model)
+    bounds = [0, *cuts, len(graph.ops)]
+    ranges = list(zip(bounds, bounds[1:]))
+    assert len(ranges) == len(devices)
+    out.mkdir(parents=True, exist_ok=True)
+    written = iter(write_segments(graph, ranges, out))
+    stages: List[dict] = []
+    for i, ((start, end), device) in enumerate(zip(ranges, devices)):
+        ins, outs = graph.segment_io(start, end) if end > start else ([], [])
+        passing = [t for t in graph.activations()
+                   if graph.producer[t] < start and graph.last_use[t] >= end
+                   and (graph.producer[t] >= 0 or t in graph.inputs)]
+        if end == start:
+            ins = outs = passing
+        seg = next(written) if end > start else None
+        stages.append({
+            "index": i, "device": device,
+            "segment": seg.path.name if seg else None,
+            "ops": [start, end],
+            "param_bytes": {"on_chip": 0, "streamed": 0}, "macs": 0,
+            "inputs": [_spec(graph, t) for t in sorted(set(ins) | set(passing))],
+            "outputs": [_spec(graph, t) for t in sorted(set(outs) | set(passing))],
+            "predicted_ms": None if predicted_ms is None else predicted_ms[i],
+            "edgetpu": None,
+        })
+    plan = {"plan_version": 1, "model": {"file": model.name, "sha256": graph.sha256, "ops": len(graph.ops)},
+            "board": {"name": board, "version": 1}, "sram_bytes": 8388608, "rnn_ms": 0.0,
+            "stages": stages, "predicted": {}}
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    return out / "plan.json"

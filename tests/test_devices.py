@@ -1,0 +1,169 @@
+"""Device strings, stage runners on cpu / emu-tpu, EdgeTPU enumeration."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgecap import devices
+from edgecap.devices import DeviceSpec, list_devices, open_stage, parse_device
+from edgecap.errors import ConfigError, EdgecapError
+from edgecap.interpreter import make_cpu_interpreter
+from edgecap.plan import load_plan
+from runtime_plans import write_plan
+
+TINY = Path(__file__).resolve().parent / "data" / "runtime" / "tiny_encoder.tflite"
+
+
+@pytest.mark.parametrize("text,spec,option", [
+    ("tpu:0", DeviceSpec("tpu", 0), ":0"),
+    ("tpu", DeviceSpec("tpu", 0), ":0"),
+    (":1", DeviceSpec("tpu", 1), ":1"),
+    ("usb", DeviceSpec("tpu", None, "usb"), "usb"),
+    ("USB:1", DeviceSpec("tpu", 1, "usb"), "usb:1"),
+    ("pci", DeviceSpec("tpu", None, "pci"), "pci"),
+    ("pci:0", DeviceSpec("tpu", 0, "pci"), "pci:0"),
+])
+def test_coral_device_strings(text: str, spec: DeviceSpec, option: str) -> None:
+    assert parse_device(text) == spec
+    assert spec.delegate_option == option
+
+
+@pytest.mark.parametrize("text,spec", [
+    ("cpu", DeviceSpec("cpu")), ("cpu:1", DeviceSpec("cpu", 1)), ("emu-tpu:1", DeviceSpec("emu-tpu", 1)),
+])
+def test_cpu_and_emulated_device_strings(text: str, spec: DeviceSpec) -> None:
+    assert parse_device(text) == spec
+    assert str(spec) == text
+
+
+@pytest.mark.parametrize("text", ["gpu", "tpu:x", "", "tpu:-1", "usb0", "emu-tpu:"])
+def test_bad_device_strings(text: str) -> None:
+    with pytest.raises(ConfigError, match="not understood"):
+        parse_device(text)
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    write_plan(TINY, [1, 2], ["tpu:0", "tpu:1", "cpu"], out, [30.0, 20.0, 1.0])
+    return load_plan(out)
+
+
+def _frame(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(-128, 128, (1, 16, 16, 3), dtype=np.int8)
+
+
+def _full_model(x: np.ndarray) -> np.ndarray:
+    interp = make_cpu_interpreter(TINY)
+    interp.set_tensor(interp.get_input_details()[0]["index"], x)
+    interp.invoke()
+    return interp.get_tensor(interp.get_output_details()[0]["index"])
+
+
+def test_chained_stages_equal_the_whole_model_exactly(plan) -> None:
+    runners = [open_stage(s, "cpu") for s in plan.stages]
+    for seed in range(3):
+        x = _frame(seed)
+        tensors = {plan.inputs[0].name: x}
+        for runner in runners:
+            tensors = runner(tensors)
+        assert list(tensors) == [plan.outputs[0].name]
+        np.testing.assert_array_equal(tensors[plan.outputs[0].name], _full_model(x))
+
+
+def test_stage_forwards_the_tensors_that_pass_it_by(plan) -> None:
+    stage = plan.stages[1]
+    tensors = open_stage(plan.stages[0], "cpu")({plan.inputs[0].name: _frame(0)})
+    out = open_stage(stage, "cpu")(tensors)
+    assert set(out) == {t.name for t in stage.outputs} and len(out) == 2
+    passing = ({t.name for t in stage.inputs} & set(out)).pop()
+    assert out[passing] is tensors[passing]
+
+
+def test_emulated_tpu_is_exact_and_never_faster_than_predicted(plan) -> None:
+    stage = plan.stages[0]
+    emu, cpu = open_stage(stage, "emu-tpu:0"), open_stage(stage, "cpu")
+    x = {plan.inputs[0].name: _frame(1)}
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = emu(x)
+        assert time.perf_counter() - t0 >= stage.predicted_ms / 1000
+    name = stage.outputs[0].name
+    np.testing.assert_array_equal(out[name], cpu(x)[name])
+
+
+def test_timing_only_emulation_outputs_zeros_at_the_predicted_pace(plan) -> None:
+    stage = plan.stages[1]
+    runner = open_stage(stage, "emu-tpu:1", timing_only=True)
+    t0 = time.perf_counter()
+    out = runner({})
+    assert stage.predicted_ms / 1000 <= time.perf_counter() - t0 < 3 * stage.predicted_ms / 1000
+    for spec in stage.outputs:
+        assert out[spec.name].shape == spec.shape and out[spec.name].dtype == np.dtype(spec.dtype)
+        assert not out[spec.name].any()
+
+
+def test_pacing_a_cpu_stage_for_board_emulation(plan) -> None:
+    stage = plan.stages[2]
+    runner = open_stage(stage, "cpu", pace=True)
+    tensors = open_stage(plan.stages[1], "cpu")(open_stage(plan.stages[0], "cpu")({plan.inputs[0].name: _frame(2)}))
+    t0 = time.perf_counter()
+    runner(tensors)
+    assert time.perf_counter() - t0 >= stage.predicted_ms / 1000
+
+
+def test_emulation_needs_a_prediction(tmp_path: Path) -> None:
+    write_plan(TINY, [], ["cpu"], tmp_path)
+    (stage,) = load_plan(tmp_path).stages
+    with pytest.raises(ConfigError, match="predicted_ms"):
+        open_stage(stage, "emu-tpu:0")
+
+
+def test_tpu_without_runtime_is_a_one_line_error(plan, monkeypatch) -> None:
+    def no_library(library, options):
+        raise ValueError(f"Failed to load delegate from {library}")
+
+    monkeypatch.setattr(devices.interpreter, "load_delegate", no_library)
+    with pytest.raises(EdgecapError, match="tpu:0: cannot open the EdgeTPU") as err:
+        open_stage(plan.stages[0])
+    assert "\n" not in str(err.value)
+
+
+def test_enumeration_probes_pcie_and_coral_usb_ids(tmp_path: Path, monkeypatch) -> None:
+    usb = tmp_path / "usb"
+    for name, ids in {"1-1": ("18d1", "9302"), "1-2": ("046d", "0825"), "2-1": ("1a6e", "089a")}.items():
+        (usb / name).mkdir(parents=True)
+        (usb / name / "idVendor").write_text(ids[0] + "\n")
+        (usb / name / "idProduct").write_text(ids[1] + "\n")
+    (tmp_path / "apex_0").touch()
+    (tmp_path / "class" / "apex_0").mkdir(parents=True)
+    (tmp_path / "class" / "apex_0" / "temp").write_text("47250\n")
+    monkeypatch.setattr(devices, "_SYSFS_USB", str(usb))
+    monkeypatch.setattr(devices, "_APEX_DEVICES", str(tmp_path / "apex_*"))
+    monkeypatch.setattr(devices, "_APEX_TEMP", str(tmp_path / "class" / "apex_{}" / "temp"))
+    infos = list_devices()
+    assert [(i.device, i.kind) for i in infos] == [("cpu", "cpu"), ("tpu:0", "pci"), ("tpu:1", "usb"), ("tpu:2", "usb")]
+    assert infos[1].temperature_c == pytest.approx(47.25)
+    assert infos[2].path.endswith("1-1") and infos[3].path.endswith("2-1")
+    table = devices.format_devices(infos)
+    assert table.splitlines()[0].split()[:3] == ["DEVICE", "KIND", "PATH"]
+    assert "47.2C" in table and len(table.splitlines()) == 5
+
+
+def test_this_machine_lists_its_cpu() -> None:
+    infos = list_devices()
+    assert infos[0].device == "cpu" and "ai-edge-litert" in infos[0].runtime
+
+
+@pytest.mark.tpu
+def test_real_edgetpu_runs_a_segment_like_the_cpu(plan) -> None:
+    if not any(i.kind in ("pci", "usb") for i in list_devices()):
+        pytest.skip("no Coral EdgeTPU attached")
+    stage = plan.stages[0]
+    x = {plan.inputs[0].name: _frame(4)}
+    name = stage.outputs[0].name
+    np.testing.assert_array_equal(open_stage(stage, "tpu:0")(x)[name], open_stage(stage, "cpu")(x)[name])

@@ -1,0 +1,96 @@
+"""plan.json reading and validation (docs/plan.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgecap.errors import PlanError
+from edgecap.plan import load_plan, single_cpu_plan
+from runtime_plans import write_plan
+
+TINY = Path(__file__).resolve().parent / "data" / "runtime" / "tiny_encoder.tflite"
+
+
+@pytest.fixture
+def plan_dir(tmp_path: Path) -> Path:
+    write_plan(TINY, [1, 2], ["tpu:0", "tpu:1", "cpu"], tmp_path / "plan", [1.0, 1.5, 0.5])
+    return tmp_path / "plan"
+
+
+def _edit(plan_dir: Path, edit) -> Path:
+    path = plan_dir / "plan.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_reads_stages_in_order(plan_dir: Path) -> None:
+    plan = load_plan(plan_dir)  # the directory is accepted too
+    assert [s.device for s in plan.stages] == ["tpu:0", "tpu:1", "cpu"]
+    assert [s.ops for s in plan.stages] == [(0, 1), (1, 2), (2, 6)]
+    assert all(s.segment.is_absolute() and s.segment.parent == plan_dir.resolve() for s in plan.stages)
+    assert [s.predicted_ms for s in plan.stages] == [1.0, 1.5, 0.5]
+    assert plan.inputs[0].dtype == "int8" and plan.inputs[0].shape == (1, 16, 16, 3)
+    assert plan.outputs[0].shape == (1, 8)
+    # The skip connection's first tensor passes stage 1 by: listed in its inputs and outputs.
+    passing = {t.name for t in plan.stages[1].inputs} & {t.name for t in plan.stages[1].outputs}
+    assert len(passing) == 1
+
+
+def test_empty_stage_is_skipped(tmp_path: Path) -> None:
+    write_plan(TINY, [0, 3], ["tpu:0", "tpu:1", "cpu"], tmp_path, [0.0, 1.0, 1.0])
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.stages[0].empty and plan.stages[0].segment is None
+    assert [s.index for s in plan.active_stages] == [1, 2]
+
+
+def test_single_cpu_plan_runs_the_whole_model() -> None:
+    plan = single_cpu_plan(TINY)
+    (stage,) = plan.stages
+    assert stage.device == "cpu" and stage.ops == (0, 6) and stage.segment == TINY.resolve()
+    assert stage.inputs[0].shape == (1, 16, 16, 3) and stage.outputs[0].shape == (1, 8)
+    assert stage.inputs[0].scale > 0
+
+
+def test_single_cpu_plan_of_a_non_model(tmp_path: Path) -> None:
+    bad = tmp_path / "x.tflite"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(PlanError, match="not a TFLite model"):
+        single_cpu_plan(bad)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update(plan_version=2), "plan_version is 2"),
+    (lambda d: d.update(stages=[]), "stages is empty"),
+    (lambda d: d.pop("board"), "'board' missing"),
+    (lambda d: d["stages"][0].update(device="gpu:0"), r"stages\[0\]: device 'gpu:0' not understood"),
+    (lambda d: d["stages"][1].update(index=5), "index is 5, expected 1"),
+    (lambda d: d["stages"].reverse(), "index is 2, expected 0"),
+    (lambda d: (d["stages"][1].update(device="cpu")), "only the last stage may run on the cpu"),
+    (lambda d: d["stages"][1].update(ops=[1, 3]), "must be contiguous"),
+    (lambda d: d["stages"][1].update(ops=[2, 1]), "ops must be"),
+    (lambda d: d["stages"][1].update(segment="missing.tflite"), "'missing.tflite' not found"),
+    (lambda d: d["stages"][1].update(segment="../../etc/passwd"), "outside the plan directory"),
+    (lambda d: d["stages"][1].update(ops=[1, 1]), "must have segment null"),
+    (lambda d: d["stages"][2]["inputs"][0].update(name="renamed"), "reads renamed which stages"),
+    (lambda d: d["stages"][0]["inputs"][0].update(dtype="bfloat16"), "dtype 'bfloat16'"),
+    (lambda d: d["stages"][0].update(predicted_ms=-1), "predicted_ms must be a non-negative"),
+])
+def test_bad_plans_are_rejected_in_one_line(plan_dir: Path, edit, message: str) -> None:
+    path = _edit(plan_dir, edit)
+    with pytest.raises(PlanError, match=message) as err:
+        load_plan(path)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_and_unreadable_plans(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="no such plan"):
+        load_plan(tmp_path / "nope.json")
+    bad = tmp_path / "plan.json"
+    bad.write_text("{not json")
+    with pytest.raises(PlanError, match="not readable JSON"):
+        load_plan(bad)
