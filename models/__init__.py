@@ -1,0 +1,1 @@
+"""Training-side code of edgecap: synthetic dataset, Keras models, training and export recipe."""
