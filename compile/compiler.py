@@ -1,0 +1,146 @@
+"""``edgecap compile``: read the model, pick the split, write the segments and plan.json."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Union
+
+from edgecap_compile.boards import Board, load_board
+from edgecap_compile.calibration import apply_calibration
+from edgecap_compile.cost_model import CostModel
+from edgecap_compile.edgetpu import EdgeTpuReport, compile_segment, find_compiler
+from edgecap_compile.errors import CompileError
+from edgecap_compile.graph import read_graph
+from edgecap_compile.model_source import resolve_source
+from edgecap_compile.partitioner import partition
+from edgecap_compile.plan import build_plan, write_plan
+from edgecap_compile.segments import write_segments
+from edgecap_compile.timing import measure_invoke_ms
+
+_log = logging.getLogger("edgecap_compile")
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """What ``compile_model`` produced.
+
+    Attributes:
+      plan: The plan.json document.
+      plan_path: Where it was written.
+      report: The stage table (markdown) when a report was asked for, else None.
+      figure: The PNG of the split when a report was asked for, else None.
+    """
+
+    plan: dict
+    plan_path: Path
+    report: Optional[str] = None
+    figure: Optional[Path] = None
+
+
+def rnn_step_ms(step_model: Path, board: Board) -> float:
+    """Returns the per-frame time of the RNN encoder step on the board's CPU.
+
+    On the ``host`` board the step is timed here; elsewhere the cost model
+    estimates it from the step model's work at the CPU's coefficients.
+    """
+    if board.name == "host":
+        return measure_invoke_ms(step_model, threads=board.cpu.cores or 1)
+    graph = read_graph(step_model, require_integer=False)
+    return CostModel(graph, [board.cpu]).stage(0, 0, len(graph.ops)).total_ms
+
+
+def make_board(name: str, tpus: Optional[int] = None, sram: Optional[int] = None,
+               calibration: Optional[Union[str, os.PathLike]] = None) -> Board:
+    """Loads a board profile and applies the calibration, TPU count and SRAM budget."""
+    board = load_board(name)
+    if calibration is not None:
+        board = apply_calibration(board, calibration)
+    if tpus is not None:
+        board = board.with_tpus(tpus)
+    if sram is not None:
+        board = board.with_sram(sram)
+    return board
+
+
+def _clear_old_segments(out_dir: Path, stem: str) -> None:
+    # Segment counts change between runs; stale files would look like part of this plan.
+    for old in out_dir.glob(f"{stem}_segment_*_of_*"):
+        old.unlink()
+
+
+def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[str, os.PathLike],
+                  tpus: Optional[int] = None, sram: Optional[int] = None,
+                  calibration: Optional[Union[str, os.PathLike]] = None, report: bool = False,
+                  min_runtime_version: Optional[int] = None) -> CompileResult:
+    """Splits an int8 model into TPU segments and a CPU tail and writes them with plan.json.
+
+    Args:
+      source: A .tflite model or a bundle directory (its encoder is split and its
+        RNN encoder step's time is charged to the CPU stage).
+      board: Board profile name or .json path.
+      out_dir: Folder for the segments, plan.json and the report.
+      tpus: Number of TPUs to use (default: the board's).
+      sram: SRAM budget per TPU in bytes (default: the profile's).
+      calibration: A file from ``edgecap calibrate`` for one of the board's devices.
+      report: Also write report.md and split.png.
+      min_runtime_version: edgetpu_compiler ``-m`` value.
+
+    Returns:
+      The ``CompileResult``.
+
+    Raises:
+      CompileError: On bad input (unreadable or float model, unknown board, bad
+        budget, more stages than ops, ...).
+    """
+    model_source = resolve_source(source)
+    graph = read_graph(model_source.encoder)
+    chosen = make_board(board, tpus, sram, calibration)
+    stages = len(chosen.tpus) + 1
+    if stages > len(graph.ops):
+        raise CompileError(
+            f"{len(chosen.tpus)} TPUs + CPU make {stages} stages but {model_source.encoder.name} "
+            f"has only {len(graph.ops)} ops; use --tpus {len(graph.ops) - 1} or fewer")
+    rnn_ms = rnn_step_ms(model_source.rnn_step, chosen) if model_source.rnn_step else 0.0
+    model = CostModel(graph, [*chosen.tpus, chosen.cpu], rnn_ms)
+    split = partition([model.matrix(k) for k in range(stages)])
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _clear_old_segments(out, graph.name)
+    segments = write_segments(graph, list(split.ranges), out)
+    edgetpu = _compile_tpu_segments(split.ranges, segments, len(chosen.tpus), min_runtime_version)
+    plan = build_plan(graph, model_source.file, chosen, model, split, segments, edgetpu)
+    plan_path = out / "plan.json"
+    write_plan(plan, plan_path)
+    if not report:
+        return CompileResult(plan, plan_path)
+    from edgecap_compile.report import plot_split, stage_table
+
+    table = stage_table(plan)
+    (out / "report.md").write_text(f"# Split of {model_source.file} on {chosen.name}\n\n"
+                                   f"{table}\n\n![split](split.png)\n")
+    figure = out / "split.png"
+    plot_split(model, split, figure)
+    return CompileResult(plan, plan_path, table, figure)
+
+
+def _compile_tpu_segments(ranges, segments, n_tpus: int,
+                          min_runtime_version: Optional[int]) -> Dict[int, EdgeTpuReport]:
+    by_range = {s.ops: s for s in segments}
+    compiler = find_compiler()
+    if compiler is None and n_tpus:
+        _log.warning("edgetpu_compiler not on PATH: TPU segments are left uncompiled; they run "
+                     "on the CPU and on emulated TPUs")
+    reports = {}
+    for k, (start, end) in enumerate(ranges[:n_tpus]):
+        if end == start:
+            reports[k] = EdgeTpuReport(compiled=False, reason="empty stage")
+        elif compiler is None:
+            reports[k] = EdgeTpuReport(compiled=False, reason="edgetpu_compiler not on PATH")
+        else:
+            reports[k] = compile_segment(compiler, by_range[(start, end)].path,
+                                         min_runtime_version)
+    return reports

@@ -1,0 +1,165 @@
+"""The cost model: predicted milliseconds of a contiguous op range on one device.
+
+time = compute (MACs, element work, per-op overhead)
+     + streaming of the parameters that do not fit in the TPU's SRAM
+     + transfer of the boundary tensors over the TPU's link
+     + the device's per-invoke overhead.
+Tensors that merely pass a stage by stay in host memory and cost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+import numpy as np
+
+from edgecap_compile.boards import Device
+from edgecap_compile.graph import Graph
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """The parts of one stage's predicted time.
+
+    Attributes:
+      compute_ms: MACs, element work and per-op overhead.
+      stream_ms: Parameters beyond SRAM streamed over the link every invoke.
+      transfer_ms: Boundary tensors in and out over the link.
+      invoke_ms: Fixed per-invoke overhead (0 for an empty stage).
+      extra_ms: Work the stage carries besides its ops (the RNN step on the CPU).
+      param_bytes: Parameter bytes of the range.
+      streamed_bytes: Of those, bytes beyond SRAM.
+      io_bytes: Boundary tensor bytes in and out.
+      macs: Multiply-accumulates of the range.
+    """
+
+    compute_ms: float
+    stream_ms: float
+    transfer_ms: float
+    invoke_ms: float
+    extra_ms: float
+    param_bytes: int
+    streamed_bytes: int
+    io_bytes: int
+    macs: int
+
+    @property
+    def total_ms(self) -> float:
+        return self.compute_ms + self.stream_ms + self.transfer_ms + self.invoke_ms + self.extra_ms
+
+
+def boundary_bytes(graph: Graph) -> np.ndarray:
+    """Returns ``io[a, b]``: bytes of the tensors op range ``[a, b)`` reads in plus writes out.
+
+    Matches ``Graph.segment_io`` for every range, computed for all ranges at once.
+    """
+    n = len(graph.ops)
+    acts = np.array(graph.activations(), dtype=np.int64)
+    size = np.array([graph.tensors[t].nbytes for t in acts], dtype=np.int64)
+    producer = graph.producer[acts]
+    last = graph.last_use[acts]
+    position = {int(t): i for i, t in enumerate(acts)}
+    readers: List[List[int]] = [[] for _ in acts]
+    for op in graph.ops:
+        for t in set(op.inputs):
+            if t in position:
+                readers[position[t]].append(op.index)
+    consumers = [np.array(r, dtype=np.int64) for r in readers]
+    io = np.zeros((n + 1, n + 1), dtype=np.int64)
+    for a in range(n + 1):
+        diff = np.zeros(n + 2, dtype=np.int64)
+        for i in range(len(acts)):
+            if producer[i] < a:
+                # Read in: the first reader at or after a pulls it into every range ending later.
+                later = consumers[i][consumers[i] >= a]
+                if later.size:
+                    diff[later[0] + 1] += size[i]
+            elif last[i] > producer[i]:
+                # Written out: ranges ending after its producer and no later than its last use.
+                diff[producer[i] + 1] += size[i]
+                diff[last[i] + 1] -= size[i]
+        io[a] = np.cumsum(diff)[: n + 1]
+    return np.triu(io, 1)
+
+
+class CostModel:
+    """Predicts stage times of one graph on one board's devices.
+
+    Args:
+      graph: The model.
+      devices: Stage devices in pipeline order (TPUs, then the CPU).
+      rnn_ms: Per-frame RNN time the CPU stage carries.
+    """
+
+    def __init__(self, graph: Graph, devices: List[Device], rnn_ms: float = 0.0):
+        self.graph = graph
+        self.devices = list(devices)
+        self.rnn_ms = float(rnn_ms)
+        ops = graph.ops
+        self._macs = np.concatenate([[0], np.cumsum([op.macs for op in ops], dtype=np.int64)])
+        self._elements = np.concatenate(
+            [[0], np.cumsum([op.elements for op in ops], dtype=np.int64)])
+        self._params = np.concatenate(
+            [[0], np.cumsum([op.param_bytes for op in ops], dtype=np.int64)])
+        self._io = boundary_bytes(graph)
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.graph.ops)
+
+    def param_bytes(self, start: int, end: int) -> int:
+        """Returns the parameter bytes of op range ``[start, end)``."""
+        return int(self._params[end] - self._params[start])
+
+    def stage(self, k: int, start: int, end: int) -> StageCost:
+        """Returns the cost of op range ``[start, end)`` on stage ``k``'s device."""
+        device = self.devices[k]
+        empty = start == end
+        macs = int(self._macs[end] - self._macs[start])
+        elements = int(self._elements[end] - self._elements[start])
+        params = self.param_bytes(start, end)
+        compute = (1e3 * (macs / device.macs_per_s + elements / device.elements_per_s)
+                   + (end - start) * device.op_overhead_ms)
+        streamed = io = 0
+        stream_ms = transfer_ms = 0.0
+        if device.is_tpu:
+            streamed = max(0, params - device.sram_bytes)
+            io = int(self._io[start, end])
+            stream_ms = 1e3 * streamed / device.link_bytes_per_s
+            transfer_ms = 1e3 * io / device.link_bytes_per_s
+        return StageCost(
+            compute_ms=compute,
+            stream_ms=stream_ms,
+            transfer_ms=transfer_ms,
+            invoke_ms=0.0 if empty else device.invoke_overhead_ms,
+            extra_ms=0.0 if device.is_tpu else self.rnn_ms,
+            param_bytes=params,
+            streamed_bytes=streamed,
+            io_bytes=io,
+            macs=macs,
+        )
+
+    def matrix(self, k: int) -> np.ndarray:
+        """Returns ``C[a, b]``: stage ``k``'s milliseconds for op range ``[a, b)``; inf where a > b."""
+        device = self.devices[k]
+        n = self.n_ops
+        a = np.arange(n + 1)[:, None]
+        b = np.arange(n + 1)[None, :]
+        macs = self._macs[None, :] - self._macs[:, None]
+        elements = self._elements[None, :] - self._elements[:, None]
+        cost = (1e3 * (macs / device.macs_per_s + elements / device.elements_per_s)
+                + (b - a) * device.op_overhead_ms)
+        cost = cost + np.where(b > a, device.invoke_overhead_ms, 0.0)
+        if device.is_tpu:
+            params = self._params[None, :] - self._params[:, None]
+            streamed = np.maximum(0, params - device.sram_bytes)
+            cost = cost + 1e3 * (streamed + self._io) / device.link_bytes_per_s
+        else:
+            cost = cost + self.rnn_ms
+        return np.where(b >= a, cost, np.inf)
+
+    def op_ms(self, k: int) -> np.ndarray:
+        """Returns each op's compute plus streaming milliseconds alone on stage ``k``'s device."""
+        alone = [self.stage(k, i, i + 1) for i in range(self.n_ops)]
+        return np.array([c.compute_ms + c.stream_ms for c in alone])
