@@ -1,4 +1,11 @@
-"""The captioning API: ``EdgeCaptioner`` turns a video source into ``Caption`` records."""
+"""The captioning API: ``EdgeCaptioner`` turns a video source into ``Caption`` records.
+
+Every sampled frame goes through the plan's CNN stages (each on its device's
+worker thread), then the RNN encoder step of every window the frame belongs
+to (on the CPU worker), then, when a window is complete, the greedy decoder
+(on a worker of its own, so decoding never stalls the CNN). The scheduler
+(``edgecap.scheduler``) runs these steps pipelined across frames.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +13,24 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from edgecap import devices
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
-from edgecap.errors import ConfigError
-from edgecap.interpreter import make_cpu_interpreter
+from edgecap.errors import ConfigError, PlanError
+from edgecap.plan import Plan, Stage, load_plan, single_cpu_plan
 from edgecap.preprocess import Preprocessor, dequantize
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
-from edgecap.sources import Frame, SourceLike, open_source, sample
+from edgecap.scheduler import Pipeline, Step
+from edgecap.sources import Frame, FrameSource, SourceLike, open_source, sample
+from edgecap.stats import PipelineStats
+from edgecap.trace import Tracer
 
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
+CPU_WORKER = "cpu"
+DECODE_WORKER = "decode"
 
 
 @dataclass
@@ -51,30 +64,24 @@ class Caption:
         return dataclasses.asdict(self)
 
 
-class FrameEncoder:
-    """Runs a whole CNN encoder on the CPU: BGR frame in, float feature vector out.
+@dataclass
+class _FrameJob:
+    """One sampled frame on its way through the pipeline."""
 
-    Owns its interpreter; use it from one thread at a time.
-    """
-
-    def __init__(self, bundle: Bundle, model: "str | os.PathLike[str]", num_threads: int):
-        self._interp = make_cpu_interpreter(model, num_threads)
-        self._in = self._interp.get_input_details()[0]
-        self._out = self._interp.get_output_details()[0]
-        self.preprocess = Preprocessor(bundle.input, self._in)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """Returns the float feature for a preprocessed input tensor."""
-        self._interp.set_tensor(self._in["index"], x)
-        self._interp.invoke()
-        return dequantize(self._interp.get_tensor(self._out["index"]), self._out)
+    stream: object
+    frame: Frame
+    tensors: Dict[str, np.ndarray]
+    arrived: float
+    ms: Dict[str, float]
+    finished: List[Tuple["_Window", Frame]] = field(default_factory=list)
+    captions: List[Caption] = field(default_factory=list)
 
 
 @dataclass
 class _Window:
     number: int
     state: State
-    first: Optional[Frame] = None
+    first: Frame
     stage_ms: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
 
 
@@ -85,7 +92,7 @@ def _windows_of(k: int, spec: WindowSpec) -> range:
 
 
 class EdgeCaptioner:
-    """Captions video with a model bundle.
+    """Captions video with a model bundle, pipelined over the plan's devices.
 
     Use it as a context manager, or call ``close()``::
 
@@ -98,27 +105,55 @@ class EdgeCaptioner:
         self,
         bundle: Union[str, "os.PathLike[str]", Bundle],
         *,
+        plan: Union[None, str, "os.PathLike[str]", Plan] = None,
+        board: str = "auto",
+        emulate: Optional[bool] = None,
+        devices_map: Optional[Mapping[str, str]] = None,
+        timing_only: bool = False,
+        pipelined: bool = True,
+        queue_size: int = 2,
         frames: Optional[int] = None,
         stride: Optional[int] = None,
         sample_fps: Optional[float] = None,
         num_threads: Optional[int] = None,
         reference_encoder: bool = False,
+        trace: Union[None, str, "os.PathLike[str]"] = None,
     ):
-        """Loads the bundle and creates its interpreters.
+        """Loads the bundle and the plan, and starts a worker thread per device.
 
         Args:
           bundle: A bundle directory or a loaded ``Bundle``.
+          plan: A plan.json (or its directory) from ``edgecap compile``, or a
+            loaded ``Plan``. None plans on the fly (see ``board``).
+          board: With no plan: ``auto`` runs the whole encoder on the CPU; a
+            board profile name (e.g. ``devboard-usb``) plans for that board with
+            the compiler (``edgecap_compile``, imported only then).
+          emulate: Run TPU stages on emulated EdgeTPUs (``emu-tpu:N``) and pace
+            the CPU stage to the board's predicted time. None: emulate when the
+            plan has TPU stages and no EdgeTPU is attached.
+          devices_map: Plan device -> device to run it on, e.g.
+            ``{"tpu:0": "cpu:1"}``; overrides ``emulate`` for those devices.
+          timing_only: Emulated stages compute nothing (zero outputs): for
+            scheduler benchmarks; captions are then meaningless.
+          pipelined: Run each device on its own thread; False runs every step
+            in the calling thread, one frame at a time (the sequential path).
+          queue_size: Frames each queue between devices holds.
           frames: Sampled frames per window (default: the bundle's).
           stride: Sampled frames between window starts (default: the bundle's).
           sample_fps: Rate frames are sampled from sources; 0 keeps every frame
             (default: the bundle's).
-          num_threads: CPU threads for the interpreters (default: all cores).
+          num_threads: CPU threads of each CPU encoder stage's interpreter
+            (default: all cores); the RNN step models use one.
           reference_encoder: Use the bundle's float reference encoder instead of
-            the int8 one (for measuring quantisation loss).
+            the int8 one (for measuring quantisation loss); CPU only.
+          trace: Write a Chrome trace-event JSON of the runs here (on ``close()``
+            and after each stream).
 
         Raises:
           BundleError: If the bundle fails validation.
-          ConfigError: If an override is out of range or no reference encoder exists.
+          PlanError: If the plan fails validation or does not fit the bundle.
+          ConfigError: If an option is out of range.
+          EdgecapError: If a device cannot be opened.
         """
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         w = self.bundle.window
@@ -130,18 +165,139 @@ class EdgeCaptioner:
         if self.window.frames <= 0 or self.window.stride <= 0 or self.window.sample_fps < 0:
             raise ConfigError(f"window {self.window}: frames and stride must be > 0 and "
                               "sample_fps >= 0")
-        threads = num_threads or os.cpu_count() or 1
-        model = self.bundle.encoder
         if reference_encoder:
             if self.bundle.reference_encoder is None:
                 raise ConfigError(f"{self.bundle.root}: bundle has no reference_encoder; "
                                   "re-export it with the float encoder")
-            model = self.bundle.reference_encoder
-        self._encoder = FrameEncoder(self.bundle, model, threads)
-        self._rnn = RnnEncoder(self.bundle.encoder_step, threads)
-        self._decoder = RnnDecoder(self.bundle.decoder_step, threads)
+            if plan is not None or board != "auto":
+                raise ConfigError("reference_encoder runs on the CPU only; drop plan and board")
+            self.plan = single_cpu_plan(self.bundle.reference_encoder)
+        else:
+            self.plan = _resolve_plan(self.bundle, plan, board)
+        self._threads = num_threads or os.cpu_count() or 1
+        self._timing_only = timing_only
+        self.devices = _placement(self.plan, emulate, devices_map or {})
+        # Emulating a board paces its CPU stage too, when the plan predicts it.
+        self._pace_cpu = (emulate if emulate is not None else any(
+            devices.parse_device(d).kind == "emu-tpu" for d in self.devices.values()
+        )) and all(s.predicted_ms is not None for s in self.plan.active_stages)
+        model_in, model_out = self.plan.inputs[0], self.plan.outputs[0]
+        self._input_name, self._output_name = model_in.name, model_out.name
+        self._output_detail = {"quantization": (model_out.scale, model_out.zero_point)}
+        self._preprocess = Preprocessor(
+            self.bundle.input,
+            {"dtype": np.dtype(model_in.dtype), "quantization": (model_in.scale, model_in.zero_point)},
+        )
+        self._tracer = Tracer() if trace is not None else None
+        self._trace_path = trace
+        self._source: Optional[FrameSource] = None
+        self._pipeline = Pipeline(
+            self._steps(), pipelined=pipelined, queue_size=queue_size, tracer=self._tracer
+        )
 
-    def caption_frames(self, frames: Iterable[np.ndarray]) -> List[Caption]:
+    def _steps(self) -> List[Step]:
+        steps = [
+            Step(f"stage{s.index}", self.devices[s.device], self._cnn_opener(s))
+            for s in self.plan.active_stages
+        ]
+        steps.append(Step("rnn_step", CPU_WORKER, self._open_rnn_step))
+        steps.append(Step("decode", DECODE_WORKER, self._open_decode))
+        return steps
+
+    def _cnn_opener(self, stage: Stage) -> Callable[[], Callable[[_FrameJob], _FrameJob]]:
+        device = self.devices[stage.device]
+        on_cpu = devices.parse_device(stage.device).kind == "cpu"
+        if on_cpu and self._pace_cpu:
+            # The board's CPU stage also runs the RNN step, paced separately below.
+            stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - self._rnn_ms))
+
+        def open_() -> Callable[[_FrameJob], _FrameJob]:
+            runner = devices.open_stage(
+                stage,
+                device,
+                num_threads=self._threads if on_cpu else 1,
+                timing_only=self._timing_only,
+                pace=on_cpu and self._pace_cpu,
+            )
+
+            def cnn(job: _FrameJob) -> _FrameJob:
+                t0 = time.perf_counter()
+                job.tensors = runner(job.tensors)
+                job.ms["cnn"] += (time.perf_counter() - t0) * 1e3
+                return job
+
+            return cnn
+
+        return open_
+
+    @property
+    def _rnn_ms(self) -> float:
+        return self.plan.rnn_ms or 0.0
+
+    def _open_rnn_step(self) -> Callable[[_FrameJob], _FrameJob]:
+        # Owned by the CPU worker: the encoder step model and every open window's state.
+        rnn = RnnEncoder(self.bundle.encoder_step, 1)
+        pace_s = self._rnn_ms / 1000.0 if self._pace_cpu else 0.0
+        hidden = self.bundle.hidden_size
+        spec = self.window
+        current: Dict[str, Any] = {"stream": None, "k": 0, "open": {}}
+
+        def rnn_step(job: _FrameJob) -> _FrameJob:
+            t0 = time.perf_counter()
+            if job.stream is not current["stream"]:
+                current.update(stream=job.stream, k=0, open={})
+            k = current["k"]
+            current["k"] = k + 1
+            open_windows: Dict[int, _Window] = current["open"]
+            feature = dequantize(job.tensors.pop(self._output_name), self._output_detail)
+            for n in _windows_of(k, spec):
+                win = open_windows.get(n)
+                if win is None:
+                    win = open_windows[n] = _Window(n, State.zeros(hidden), first=job.frame)
+                ts = time.perf_counter()
+                win.state = rnn.step(feature, win.state)
+                if pace_s:
+                    _sleep_until(ts + pace_s)
+                win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
+                win.stage_ms["preprocess"] += job.ms["preprocess"]
+                win.stage_ms["cnn"] += job.ms["cnn"]
+                if k == n * spec.stride + spec.frames - 1:
+                    job.finished.append((open_windows.pop(n), job.frame))
+            job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
+            return job
+
+        return rnn_step
+
+    def _open_decode(self) -> Callable[[_FrameJob], _FrameJob]:
+        decoder = RnnDecoder(self.bundle.decoder_step, 1)
+        tok = self.bundle.tokens
+        max_length = self.bundle.max_caption_length
+
+        def decode(job: _FrameJob) -> _FrameJob:
+            for win, last in job.finished:
+                t = time.perf_counter()
+                ids = decoder.decode(win.state, tok.bos, tok.eos, max_length)
+                done = time.perf_counter()
+                win.stage_ms["decode"] = (done - t) * 1e3
+                job.captions.append(
+                    Caption(
+                        text=self.bundle.detokenize(ids),
+                        tokens=ids,
+                        window=win.number,
+                        start_frame=win.first.index,
+                        end_frame=last.index,
+                        start_time=win.first.timestamp,
+                        end_time=last.timestamp,
+                        stage_ms={k: round(v, 3) for k, v in win.stage_ms.items()},
+                        latency_ms=round((done - job.arrived) * 1e3, 3),
+                    )
+                )
+            job.finished = []
+            return job
+
+        return decode
+
+    def caption_frames(self, frames: Any) -> List[Caption]:
         """Captions frames that are already sampled, one caption per complete window.
 
         Args:
@@ -156,6 +312,9 @@ class EdgeCaptioner:
         """Yields a ``Caption`` as each window of sampled frames completes.
 
         A trailing window with fewer than ``frames`` frames is not captioned.
+        Frames of a live source (a camera) that arrive while the pipeline is
+        busy are dropped, the newest kept; a file is read at the pipeline's pace.
+        Stopping the iteration early stops the run and closes the source.
 
         Args:
           source: A video file path, a camera (``/dev/video0`` or an index) or
@@ -166,60 +325,105 @@ class EdgeCaptioner:
         Raises:
           SourceError: If the source cannot be opened or read.
         """
-        sample_fps = self.window.sample_fps
-        in_memory_rate = fps or sample_fps or 30.0
+        in_memory_rate = fps or self.window.sample_fps or 30.0
         src = open_source(source, fps=in_memory_rate)
+        self._source = src
+        run = self._pipeline.run(self._jobs(src), live=src.live)
         try:
-            open_windows: Dict[int, _Window] = {}
-            for k, frame in enumerate(sample(src, sample_fps)):
-                numbers = _windows_of(k, self.window)
-                if not numbers:
-                    continue  # stride > frames: this frame is in no window
-                t0 = time.perf_counter()
-                x = self._encoder.preprocess(frame.image)
-                t1 = time.perf_counter()
-                feature = self._encoder(x)
-                t2 = time.perf_counter()
-                for n in numbers:
-                    win = open_windows.get(n)
-                    if win is None:
-                        win = open_windows[n] = _Window(n, State.zeros(self.bundle.hidden_size),
-                                                        first=frame)
-                    ts = time.perf_counter()
-                    win.state = self._rnn.step(feature, win.state)
-                    win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
-                    win.stage_ms["preprocess"] += (t1 - t0) * 1e3
-                    win.stage_ms["cnn"] += (t2 - t1) * 1e3
-                    if k == n * self.window.stride + self.window.frames - 1:
-                        yield self._finish(open_windows.pop(n), frame, t0)
+            for job in run:
+                yield from job.captions
         finally:
+            run.close()
             src.close()
+            if self._tracer is not None:
+                self._tracer.write(self._trace_path)
 
-    def _finish(self, win: _Window, last: Frame, arrived: float) -> Caption:
-        t = time.perf_counter()
-        tok = self.bundle.tokens
-        ids = self._decoder.decode(win.state, tok.bos, tok.eos, self.bundle.max_caption_length)
-        done = time.perf_counter()
-        win.stage_ms["decode"] = (done - t) * 1e3
-        assert win.first is not None
-        return Caption(
-            text=self.bundle.detokenize(ids),
-            tokens=ids,
-            window=win.number,
-            start_frame=win.first.index,
-            end_frame=last.index,
-            start_time=win.first.timestamp,
-            end_time=last.timestamp,
-            stage_ms={k: round(v, 3) for k, v in win.stage_ms.items()},
-            latency_ms=round((done - arrived) * 1e3, 3),
-        )
+    def _jobs(self, src: FrameSource) -> Iterator[_FrameJob]:
+        # Runs on the pipeline's feeder thread: read, sample, preprocess.
+        stream = object()
+        for frame in sample(src, self.window.sample_fps):
+            t0 = time.perf_counter()
+            x = self._preprocess(frame.image)
+            ms = dict.fromkeys(STAGES, 0.0)
+            ms["preprocess"] = (time.perf_counter() - t0) * 1e3
+            yield _FrameJob(stream, frame, {self._input_name: x}, t0, ms)
+
+    def stats(self) -> Optional[PipelineStats]:
+        """Statistics of the current or latest stream (None before the first).
+
+        ``dropped`` counts frames a live source or the pipeline discarded.
+        """
+        stats = self._pipeline.stats()
+        if stats is None or self._source is None:
+            return stats
+        return dataclasses.replace(stats, dropped=stats.dropped + self._source.dropped)
 
     def close(self) -> None:
-        """Releases the interpreters; the captioner cannot be used afterwards."""
-        self._encoder = self._rnn = self._decoder = None  # type: ignore[assignment]
+        """Stops the run in progress and joins every worker thread; idempotent."""
+        self._pipeline.close()
+        if self._tracer is not None:
+            self._tracer.write(self._trace_path)
 
     def __enter__(self) -> "EdgeCaptioner":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def _resolve_plan(bundle: Bundle, plan: Union[None, str, "os.PathLike[str]", Plan], board: str) -> Plan:
+    if isinstance(plan, Plan):
+        resolved = plan
+    elif plan is not None:
+        resolved = load_plan(plan)
+    elif board == "auto":
+        resolved = single_cpu_plan(bundle.encoder)
+    else:
+        from edgecap.planning import plan_for_board  # imports the compiler lazily
+
+        resolved = plan_for_board(bundle, board)
+    _check_plan_fits(resolved, bundle)
+    return resolved
+
+
+def _check_plan_fits(plan: Plan, bundle: Bundle) -> None:
+    want_in = (1, bundle.input.height, bundle.input.width, bundle.input.channels)
+    if len(plan.inputs) != 1 or plan.inputs[0].shape != want_in:
+        raise PlanError(
+            f"{plan.path or 'plan'}: takes {[list(t.shape) for t in plan.inputs]} but the bundle's encoder "
+            f"takes {list(want_in)}; compile the bundle's encoder.tflite"
+        )
+    if len(plan.outputs) != 1 or int(np.prod(plan.outputs[0].shape)) != bundle.feature_size:
+        raise PlanError(
+            f"{plan.path or 'plan'}: outputs {[list(t.shape) for t in plan.outputs]}, not the bundle's "
+            f"{bundle.feature_size} features; compile the bundle's encoder.tflite"
+        )
+
+
+def _placement(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str]) -> Dict[str, str]:
+    """Plan device -> worker device: TPU stages on EdgeTPUs, emulated ones, or as overridden."""
+    for name, target in overrides.items():
+        devices.parse_device(name)
+        devices.parse_device(target)
+    tpus = [s.device for s in plan.active_stages if devices.parse_device(s.device).kind == "tpu"]
+    if emulate is None:
+        attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb")) if tpus else 0
+        emulate = len(tpus) > attached
+    placement: Dict[str, str] = {}
+    for stage in plan.active_stages:
+        spec = devices.parse_device(stage.device)
+        if stage.device in overrides:
+            placement[stage.device] = overrides[stage.device]
+        elif spec.kind == "tpu" and emulate:
+            placement[stage.device] = f"emu-tpu:{spec.index or 0}"
+        elif spec.kind == "cpu":
+            placement[stage.device] = CPU_WORKER
+        else:
+            placement[stage.device] = stage.device
+    return placement
