@@ -126,6 +126,12 @@ class Graph:
         """Returns the indices of the non-constant tensors."""
         return [t.index for t in self.tensors if not t.constant]
 
+    def live_across(self, cut: int) -> List[int]:
+        """Returns the activations written before op ``cut`` (or fed to the model) that ops
+        from ``cut`` on read or the model outputs, in ascending order."""
+        return [t.index for t in self.tensors
+                if not t.constant and self.producer[t.index] < cut <= self.last_use[t.index]]
+
     def segment_io(self, start: int, end: int) -> Tuple[List[int], List[int]]:
         """Returns the activations a contiguous op range reads from outside and writes for later.
 

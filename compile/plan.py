@@ -56,8 +56,9 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             "param_bytes": {"on_chip": on_chip, "streamed": cost.streamed_bytes},
             "macs": cost.macs,
             "inputs": [_tensor(graph, t) for t in (segment.inputs if segment else ())],
-            "outputs": [_tensor(graph, t) for t in (segment.outputs if segment else ())],
-            "predicted_ms": round(cost.total_ms, 4),
+            # Everything later stages read: the segment's outputs and the tensors it forwards.
+            "outputs": [_tensor(graph, t) for t in (graph.live_across(end) if segment else ())],
+            "predicted_ms": round(cost.total_ms, 6),
             "edgetpu": edgetpu[k].to_json() if device.is_tpu else None,
         })
     return {
@@ -65,12 +66,12 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
         "model": {"file": model_file, "sha256": graph.sha256, "ops": len(graph.ops)},
         "board": {"name": board.name, "version": board.version},
         "sram_bytes": min((t.sram_bytes for t in board.tpus), default=None),
-        "rnn_ms": round(model.rnn_ms, 4),
+        "rnn_ms": round(model.rnn_ms, 6),
         "stages": stages,
         "predicted": {
             "fps": round(1e3 / split.bottleneck_ms, 2) if split.bottleneck_ms > 0 else None,
-            "latency_ms": round(split.latency_ms, 4),
-            "bottleneck_ms": round(split.bottleneck_ms, 4),
+            "latency_ms": round(split.latency_ms, 6),
+            "bottleneck_ms": round(split.bottleneck_ms, 6),
             "bottleneck_stage": split.bottleneck_stage,
         },
     }

@@ -1,0 +1,156 @@
+"""`edgecap compile` end to end: plan.json per docs/plan.md, report, bundles, and bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgecap.interpreter import make_cpu_interpreter
+from edgecap_compile.boards import BOARDS_DIR
+from edgecap_compile.cli import main
+from edgecap_compile.errors import CompileError
+
+DATA = Path(__file__).parent / "data" / "compile"
+MODEL = DATA / "tiny_inception.tflite"
+
+
+def _compile(*args) -> dict:
+    assert main(["compile", *map(str, args)]) == 0
+    out = Path(args[args.index("-o") + 1])
+    return json.loads((out / "plan.json").read_text())
+
+
+def _slow_cpu_board(tmp_path: Path) -> Path:
+    # The fixture is tiny: on the real profiles its best plan is CPU-only. A slow
+    # CPU makes the TPUs worth their invoke overhead.
+    profile = json.loads((BOARDS_DIR / "devboard-usb.json").read_text())
+    profile["cpu"]["macs_per_s"] = 1e7
+    path = tmp_path / "slow-cpu.json"
+    path.write_text(json.dumps(profile))
+    return path
+
+
+def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path):
+    out = tmp_path / "out"
+    plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "-o", out)
+    assert plan["plan_version"] == 1
+    assert plan["model"]["file"] == MODEL.name and plan["model"]["ops"] == 21
+    assert plan["board"] == {"name": "devboard-usb", "version": 1}
+    assert plan["sram_bytes"] == 20000
+    assert [s["device"] for s in plan["stages"]] == ["tpu:0", "tpu:1", "cpu"]
+    assert plan["stages"][0]["ops"][0] == 0 and plan["stages"][-1]["ops"][1] == 21
+    for prev, cur in zip(plan["stages"], plan["stages"][1:]):
+        assert cur["ops"][0] == prev["ops"][1]
+    for s in plan["stages"]:
+        assert (s["segment"] is None) == (s["ops"][0] == s["ops"][1])
+        assert set(s) >= {"index", "device", "segment", "ops", "param_bytes", "macs", "inputs",
+                          "outputs", "predicted_ms", "edgetpu"}
+    pred = plan["predicted"]
+    ms = [s["predicted_ms"] for s in plan["stages"]]
+    assert pred["bottleneck_ms"] == pytest.approx(max(ms), abs=1e-3)
+    assert pred["latency_ms"] == pytest.approx(sum(ms), abs=1e-3)
+    assert pred["fps"] == pytest.approx(1e3 / max(ms), rel=1e-3)
+    assert sum(1 for s in plan["stages"] if s["segment"]) >= 2
+    # Run the plan the way the runtime does: tensors travel by name.
+    rng = np.random.default_rng(0)
+    feeds = {}
+    interp = make_cpu_interpreter(str(MODEL))
+    d = interp.get_input_details()[0]
+    x = rng.integers(-128, 128, size=d["shape"], dtype=np.int8)
+    feeds[d["name"]] = x
+    interp.set_tensor(d["index"], x)
+    interp.invoke()
+    out_detail = interp.get_output_details()[0]
+    expected = interp.get_tensor(out_detail["index"])
+    for s in plan["stages"]:
+        if not s["segment"]:
+            continue
+        seg = make_cpu_interpreter(str(out / s["segment"]))
+        for d in seg.get_input_details():
+            spec = next(t for t in s["inputs"] if t["name"] == d["name"])
+            assert spec["shape"] == list(d["shape"]) and spec["dtype"] == "int8"
+            seg.set_tensor(d["index"], feeds[d["name"]])
+        seg.invoke()
+        feeds.update({d["name"]: seg.get_tensor(d["index"]) for d in seg.get_output_details()})
+        assert {t["name"] for t in s["outputs"]} <= set(feeds)
+    assert np.array_equal(feeds[out_detail["name"]], expected)
+
+
+def test_runtime_reads_the_plan(tmp_path):
+    plan_module = pytest.importorskip("edgecap.plan")
+    _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "-o", tmp_path)
+    loaded = plan_module.load_plan(tmp_path / "plan.json")
+    assert len(loaded.stages) == 3 and len(loaded.active_stages) >= 2
+
+
+def test_cpu_only_and_more_tpus_than_the_profile(tmp_path):
+    plan = _compile(MODEL, "--board", "devboard-usb", "--tpus", "0", "-o", tmp_path / "a")
+    assert [(s["device"], s["ops"]) for s in plan["stages"]] == [("cpu", [0, 21])]
+    assert plan["sram_bytes"] is None
+    plan = _compile(MODEL, "--board", "rpi4-2usb", "--tpus", "4", "-o", tmp_path / "b")
+    assert [s["device"] for s in plan["stages"]] == ["tpu:0", "tpu:1", "tpu:2", "tpu:3", "cpu"]
+
+
+def test_report_writes_a_table_and_a_picture(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _compile(MODEL, "--board", "rpi4-2usb", "--report", "-o", tmp_path)
+    table = (tmp_path / "report.md").read_text()
+    assert "| stage | device |" in table and "of bottleneck" in table
+    assert (tmp_path / "split.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Predicted:" in capsys.readouterr().out
+
+
+def _bundle(tmp_path: Path, encoder: str = "encoder.tflite") -> Path:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    shutil.copy(MODEL, bundle / "encoder.tflite")
+    # Any float model will do as the RNN step for timing purposes.
+    shutil.copy(DATA / "tiny_float.tflite", bundle / "rnn_encoder_step.tflite")
+    (bundle / "bundle.json").write_text(json.dumps({
+        "schema_version": 1, "encoder": encoder,
+        "rnn": {"encoder_step": "rnn_encoder_step.tflite",
+                "decoder_step": "rnn_decoder_step.tflite", "hidden_size": 8}}))
+    return bundle
+
+
+@pytest.mark.parametrize("board", ["devboard-usb", "host"])
+def test_a_bundle_charges_its_rnn_step_to_the_cpu_stage(tmp_path, board):
+    plan = _compile(_bundle(tmp_path), "--board", board, "-o", tmp_path / "out")
+    assert plan["model"]["file"] == "encoder.tflite"
+    assert plan["rnn_ms"] > 0
+    assert plan["stages"][-1]["predicted_ms"] >= plan["rnn_ms"]
+
+
+BAD = [
+    (lambda d: [DATA / "tiny_float.tflite", "--board", "devboard"], "full-integer quantization"),
+    (lambda d: [MODEL, "--board", "jetson"], "unknown board 'jetson'"),
+    (lambda d: [MODEL, "--board", "devboard", "--sram", "0"], "--sram must be a positive"),
+    (lambda d: [MODEL, "--board", "devboard", "--sram", "-5"], "--sram must be a positive"),
+    (lambda d: [MODEL, "--board", "devboard", "--tpus", "21"], "only 21 ops"),
+    (lambda d: [d / "missing.tflite", "--board", "devboard"], "cannot read model"),
+    (lambda d: [DATA / "make_fixtures.py", "--board", "devboard"], "not a TFLite flatbuffer"),
+    (lambda d: [_bundle(d, "../escape.tflite"), "--board", "devboard"], "leaves the bundle"),
+    (lambda d: [MODEL, "--board", "host", "--calibration", d / "none.json"],
+     "cannot read calibration"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD)
+def test_bad_input_is_one_line(tmp_path, args, message):
+    with pytest.raises(CompileError) as e:
+        main(["compile", *map(str, args(tmp_path)), "-o", str(tmp_path / "out")])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_module_entry_point_exits_2_with_one_line(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "edgecap_compile.cli", "compile", str(MODEL), "--board", "nano",
+         "-o", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and "unknown board 'nano'" in run.stderr
