@@ -402,9 +402,16 @@ def _main(argv: Sequence[str]) -> int:
     parser.add_argument("--frames", type=int, default=FRAMES, help="frames per clip")
     parser.add_argument("--size", type=int, default=SIZE, help="frame side in pixels")
     parser.add_argument("--fps", type=float, default=FPS, help="frame rate of the files")
+    parser.add_argument("--splits", default="0.8,0.1,0.1",
+                        help="train,val,test fractions (0,0,1 for an evaluation set)")
     args = parser.parse_args(argv)
+    fractions = [float(f) for f in args.splits.split(",")]
+    if len(fractions) != 3:
+        parser.error("--splits takes three comma-separated fractions")
     began = time.perf_counter()
-    dataset = write_dataset(args.out_dir, args.clips, args.seed, args.frames, args.size, args.fps)
+    dataset = write_dataset(
+        args.out_dir, args.clips, args.seed, args.frames, args.size, args.fps, fractions
+    )
     counts = ", ".join(f"{k} {len(v)}" for k, v in dataset.splits.items())
     print(f"wrote {len(dataset.captions)} clips ({counts}) to {dataset.root} "
           f"in {time.perf_counter() - began:.1f} s")

@@ -1,0 +1,168 @@
+"""TFLite export of a trained captioner into a bundle directory (docs/bundle.md).
+
+Every model is converted from a function with named inputs and a dict of named
+outputs, exported as the SavedModel signature ``serving_default``, so each file
+carries that signature with those names; Keras 3 models do not convert reliably
+through ``from_keras_model``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from models.architectures import ModelConfig, StepModels
+
+SCHEMA_VERSION = 1
+# Normalisation the encoder's first layer expects: (pixel - 127.5) / 127.5.
+PIXEL_MEAN = 127.5
+PIXEL_STD = 127.5
+
+
+def _convert(
+    model: keras.Model,
+    fn: Callable[..., Dict[str, tf.Tensor]],
+    signature: Sequence[tf.TensorSpec],
+    configure: Optional[Callable[[tf.lite.TFLiteConverter], None]] = None,
+) -> bytes:
+    # Through a Keras ExportArchive: it freezes the Keras 3 variables, which a plain
+    # tf.saved_model.save leaves as resource reads that break int8 calibration.
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", fn, input_signature=list(signature))
+    with tempfile.TemporaryDirectory() as saved:
+        archive.write_out(saved, verbose=False)
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved)
+        if configure is not None:
+            configure(converter)
+        return converter.convert()
+
+
+def _convert_frame_encoder(cnn: keras.Model, size: int, configure=None) -> bytes:
+    signature = [tf.TensorSpec([1, size, size, 3], tf.float32, name="frame")]
+    return _convert(cnn, lambda frame: {"feature": cnn(frame, training=False)}, signature, configure)
+
+
+def float_encoder(cnn: keras.Model, size: int) -> bytes:
+    """Converts the frame CNN to a float32 TFLite model (the bundle's ``reference_encoder``)."""
+    return _convert_frame_encoder(cnn, size)
+
+
+def int8_encoder(cnn: keras.Model, size: int, calibration: np.ndarray) -> bytes:
+    """Converts the frame CNN to a full-integer TFLite model with int8 input and output.
+
+    Args:
+      cnn: The trained frame CNN.
+      size: Frame side.
+      calibration: Normalised float frames ``[K,S,S,3]`` for the representative dataset.
+
+    Returns:
+      The model's bytes.
+    """
+
+    def representative() -> Iterator[List[np.ndarray]]:
+        for frame in calibration:
+            yield [frame[None].astype(np.float32)]
+
+    def configure(converter: tf.lite.TFLiteConverter) -> None:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = representative
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8
+
+    return _convert_frame_encoder(cnn, size, configure)
+
+
+def step_models(rnn: keras.Model, config: ModelConfig) -> Dict[str, bytes]:
+    """Converts the trained RNN into float TFLite step models with explicit state.
+
+    Returns:
+      ``{"encoder_step": bytes, "decoder_step": bytes}``.
+    """
+    steps = StepModels(rnn)
+    f, hs = config.feature_size, config.hidden_size
+    state = [tf.TensorSpec([1, hs], tf.float32, name="h"), tf.TensorSpec([1, hs], tf.float32, name="c")]
+    return {
+        "encoder_step": _convert(
+            rnn, steps.encoder_step, [tf.TensorSpec([1, f], tf.float32, name="feature")] + state
+        ),
+        "decoder_step": _convert(
+            rnn, steps.decoder_step, [tf.TensorSpec([1], tf.int32, name="word")] + state
+        ),
+    }
+
+
+def write_bundle(
+    out_dir: Path,
+    name: str,
+    config: ModelConfig,
+    vocab: Sequence[str],
+    models: Dict[str, bytes],
+    sample_fps: float,
+    tokens: Dict[str, int],
+    provenance: Dict[str, object],
+) -> Path:
+    """Writes the model files, ``vocab.txt`` and ``bundle.json`` of a bundle.
+
+    Args:
+      out_dir: Bundle directory, created if missing.
+      name: Bundle name.
+      config: Model sizes.
+      vocab: Tokens, id order.
+      models: Bytes of ``encoder``, ``reference_encoder``, ``encoder_step``, ``decoder_step``.
+      sample_fps: Rate frames are sampled at.
+      tokens: Special token ids (pad, bos, eos, unk).
+      provenance: Recipe and seed the bundle came from.
+
+    Returns:
+      The path of ``bundle.json``.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "encoder": "encoder.tflite",
+        "reference_encoder": "encoder_float.tflite",
+        "encoder_step": "rnn_encoder_step.tflite",
+        "decoder_step": "rnn_decoder_step.tflite",
+    }
+    for key, filename in files.items():
+        (out_dir / filename).write_bytes(models[key])
+    (out_dir / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "encoder": files["encoder"],
+        "reference_encoder": files["reference_encoder"],
+        "rnn": {
+            "encoder_step": files["encoder_step"],
+            "decoder_step": files["decoder_step"],
+            "hidden_size": config.hidden_size,
+        },
+        "vocab": "vocab.txt",
+        "input": {
+            "height": config.input_size,
+            "width": config.input_size,
+            "channels": 3,
+            "color_order": "RGB",
+            "mean": [PIXEL_MEAN] * 3,
+            "std": [PIXEL_STD] * 3,
+        },
+        "feature_size": config.feature_size,
+        "window": {
+            "frames": config.window_frames,
+            "stride": config.window_frames,
+            "sample_fps": sample_fps,
+        },
+        "max_caption_length": config.max_caption_length,
+        "tokens": dict(tokens),
+        "provenance": dict(provenance),
+    }
+    path = out_dir / "bundle.json"
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+    return path

@@ -1,0 +1,51 @@
+"""One tiny run of the training + export recipe (models/train.py); needs TensorFlow."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tf
+
+
+def test_tiny_training_run_writes_a_complete_int8_bundle(tmp_path):
+    pytest.importorskip("tensorflow")
+    from edgecap.interpreter import make_cpu_interpreter
+    from models import dataset, train
+
+    dataset.write_dataset(tmp_path / "data", 10, seed=0, size=64)
+    out = tmp_path / "bundle"
+    figures = train.train(train._parse([
+        "--data", str(tmp_path / "data"), "--out", str(out), "--seed", "0",
+        "--epochs", "1", "--finetune-epochs", "1", "--batch", "4",
+        "--width", "0.25", "--feature-size", "16", "--hidden-size", "16",
+        "--calibration-frames", "8", "--threads", "1",
+    ]))
+
+    meta = json.loads((out / "bundle.json").read_text())
+    files = [meta["encoder"], meta["reference_encoder"], meta["rnn"]["encoder_step"],
+             meta["rnn"]["decoder_step"], meta["vocab"]]
+    assert all((out / f).is_file() for f in files)
+    assert meta["schema_version"] == 1 and meta["feature_size"] == 16
+    assert meta["rnn"]["hidden_size"] == 16
+    assert 0.0 <= figures["int8_float_agreement"] <= 1.0
+
+    encoder = make_cpu_interpreter(out / meta["encoder"])
+    (inp,), (outp,) = encoder.get_input_details(), encoder.get_output_details()
+    assert inp["dtype"] == np.int8 and outp["dtype"] == np.int8
+    assert list(inp["shape"]) == [1, 64, 64, 3] and list(outp["shape"]) == [1, 16]
+
+    vocab = (out / meta["vocab"]).read_text().splitlines()
+    assert vocab[:4] == ["<pad>", "<bos>", "<eos>", "<unk>"]
+    decoder = make_cpu_interpreter(out / meta["rnn"]["decoder_step"])
+    signature = decoder.get_signature_list()["serving_default"]
+    assert sorted(signature["inputs"]) == ["c", "h", "word"]
+    assert sorted(signature["outputs"]) == ["c_out", "h_out", "logits"]
+    logits = decoder.get_signature_runner("serving_default")(
+        word=np.array([1], np.int32), h=np.zeros((1, 16), np.float32), c=np.zeros((1, 16), np.float32)
+    )["logits"]
+    assert logits.shape == (1, len(vocab))
+    step = make_cpu_interpreter(out / meta["rnn"]["encoder_step"]).get_signature_list()
+    assert sorted(step["serving_default"]["inputs"]) == ["c", "feature", "h"]
