@@ -238,6 +238,7 @@ class EdgeCaptioner:
         # Owned by the CPU worker: the encoder step model and every open window's state.
         rnn = RnnEncoder(self.bundle.encoder_step, 1)
         pace_s = self._rnn_ms / 1000.0 if self._pace_cpu else 0.0
+        pacer = devices.Pacer() if pace_s else None
         hidden = self.bundle.hidden_size
         spec = self.window
         current: Dict[str, Any] = {"stream": None, "k": 0, "open": {}}
@@ -256,8 +257,8 @@ class EdgeCaptioner:
                     win = open_windows[n] = _Window(n, State.zeros(hidden), first=job.frame)
                 ts = time.perf_counter()
                 win.state = rnn.step(feature, win.state)
-                if pace_s:
-                    _sleep_until(ts + pace_s)
+                if pacer is not None:
+                    pacer.wait_until(ts + pace_s)
                 win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
                 win.stage_ms["preprocess"] += job.ms["preprocess"]
                 win.stage_ms["cnn"] += job.ms["cnn"]
@@ -369,12 +370,6 @@ class EdgeCaptioner:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _sleep_until(deadline: float) -> None:
-    remaining = deadline - time.perf_counter()
-    if remaining > 0:
-        time.sleep(remaining)
 
 
 def _resolve_plan(bundle: Bundle, plan: Union[None, str, "os.PathLike[str]", Plan], board: str) -> Plan:

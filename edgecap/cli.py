@@ -25,7 +25,10 @@ _COMPILER_COMMANDS = {
 
 # Subcommands in modules of their own: name -> (module, help). Each module
 # has add_arguments(parser) and run(args) -> int.
-_MODULE_COMMANDS: Dict[str, tuple] = {}
+_MODULE_COMMANDS: Dict[str, tuple] = {
+    "devices": ("edgecap.devices", "list the CPU and the Coral EdgeTPUs present"),
+    "bench": ("edgecap.bench", "compare schedules: CPU only, one TPU, placement, full pipeline"),
+}
 
 
 def default_bundle() -> Path:

@@ -1,0 +1,97 @@
+"""Figures of runtime measurements: the bench bar chart and a trace timeline (needs matplotlib)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+from edgecap.trace import load_slices
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from edgecap.errors import ConfigError
+
+        raise ConfigError("plots need matplotlib: pip install 'edgecap[plot]'") from None
+    return plt
+
+
+def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:
+    """Draws frames/s of every schedule, one panel per profile, speedups over (a) on the bars.
+
+    Args:
+      result: The JSON document ``edgecap bench --json`` writes.
+      path: The PNG to write.
+    """
+    plt = _pyplot()
+    profiles = list(dict.fromkeys(r["profile"] for r in result["rows"]))
+    fig, axes = plt.subplots(1, len(profiles), figsize=(6 * len(profiles), 4), squeeze=False)
+    for ax, profile in zip(axes[0], profiles):
+        rows = [r for r in result["rows"] if r["profile"] == profile]
+        names = [r["schedule"] for r in rows]
+        bars = ax.bar(range(len(rows)), [r["fps"] for r in rows], color="#4c72b0")
+        for bar, r in zip(bars, rows):
+            ax.annotate(f"{r['speedup']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=9)
+        bounds = [r["bound_fps"] for r in rows if r["schedule"].startswith("d") and r["bound_fps"]]
+        if bounds:
+            ax.axhline(bounds[0], color="#c44e52", linestyle="--", linewidth=1,
+                       label=f"pipeline bound {bounds[0]:.0f} fps")
+            ax.legend(loc="upper left", fontsize=8)
+        ax.set_xticks(range(len(rows)), names, rotation=20, fontsize=8)
+        ax.set_ylabel("frames/s")
+        ax.set_title(profile)
+    fig.suptitle("edgecap bench: a CPU only | b CNN on one TPU | c placement | d pipeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_timeline(
+    trace: "str | os.PathLike[str]",
+    path: "str | os.PathLike[str]",
+    span_ms: float = 25.0,
+    start_ms: Optional[float] = None,
+) -> None:
+    """Renders a stretch of a Chrome trace as a Perfetto-like timeline: a row per track.
+
+    Args:
+      trace: A trace written by ``Tracer.write``.
+      path: The PNG to write.
+      span_ms: Length of the stretch shown.
+      start_ms: Where it starts (default: the middle of the run, past pipeline fill).
+    """
+    plt = _pyplot()
+    tracks = {name: s for name, s in load_slices(trace).items() if s}
+    if not tracks:
+        raise ValueError(f"{trace}: no slices to draw")
+    first = min(s[0]["ts"] for s in tracks.values()) / 1000.0
+    last = max(e["ts"] + e["dur"] for s in tracks.values() for e in s) / 1000.0
+    t0 = start_ms if start_ms is not None else max(first, (first + last - span_ms) / 2)
+    colors = plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(12, 0.55 * len(tracks) + 1.2))
+    names = list(tracks)
+    for row, name in enumerate(names):
+        for e in tracks[name]:
+            start, dur = e["ts"] / 1000.0 - t0, e["dur"] / 1000.0
+            if start + dur < 0 or start > span_ms:
+                continue
+            frame = e["args"]["frame"]
+            ax.broken_barh([(start, dur)], (row - 0.4, 0.8), color=colors[frame % len(colors)],
+                           edgecolor="black", linewidth=0.3)
+            if dur > span_ms / 60:
+                ax.text(start + dur / 2, row, str(frame), ha="center", va="center", fontsize=6)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, span_ms)
+    ax.set_xlabel(f"ms (from {t0:.1f} ms into the run); slice colour and label = frame index")
+    ax.grid(axis="x", linewidth=0.3)
+    ax.set_title("edgecap pipelined run: one track per device, one slice per invoke")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -1,0 +1,93 @@
+"""`edgecap bench` and planning on the fly for a named board."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgecap.bench import bench_overhead
+from edgecap.captioner import EdgeCaptioner
+from edgecap.cli import main
+
+
+@pytest.fixture(autouse=True)
+def plan_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg"))
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("clip") / "clip.mp4"
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 16, (80, 80))
+    rng = np.random.default_rng(0)
+    for _ in range(24):
+        w.write(rng.integers(0, 255, (80, 80, 3), dtype=np.uint8))
+    w.release()
+    return path
+
+
+def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    png = tmp_path / "bench.png"
+    code = main(["bench", "--bundle", str(shipped_bundle), "--clips", str(clip), "--frames", "48",
+                 "--json", str(out), "--plot", str(png)])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "== devboard-usb (emulated)" in table and "== host" in table
+    assert "scheduler overhead" in table
+    result = json.loads(out.read_text())
+    rows = {(r["profile"], r["schedule"]): r for r in result["rows"]}
+    board = "devboard-usb (emulated)"
+    assert {s for p, s in rows if p == board} == {"a", "b", "c", "d", "d timing-only"}
+    assert {s for p, s in rows if p == "host"} == {"a", "b", "c", "d", "a 2 threads"}
+    assert rows[(board, "a")]["speedup"] == 1.0
+    assert all(r["same_captions"] for r in result["rows"] if "timing-only" not in r["schedule"])
+    placement = rows[(board, "d")]["placement"]
+    assert (placement["tpu:0"], placement["tpu:1"]) == ("emu-tpu:0", "emu-tpu:1")
+    assert rows[("host", "d")]["placement"]["tpu:0"] == "cpu:1"
+    # Emulation paces to the board's predictions: never faster than the bound.
+    for r in result["rows"]:
+        if r["profile"] == board:
+            assert 0 < r["fps"] <= r["bound_fps"] * 1.01
+            assert 0 < r["of_bound"] <= 1.01
+    # The pipeline on the emulated board beats the sequential CPU by a wide margin.
+    assert rows[(board, "d")]["speedup"] > 2
+    for path in (png, tmp_path / "bench-timeline.png", tmp_path / "bench-trace.json"):
+        assert path.stat().st_size > 1000
+
+
+def test_null_stage_overhead_is_measured():
+    o = bench_overhead(stages=2, frames=500)
+    assert 0 < o.wall_ms_per_frame_stage < 5 and 0 < o.inline_wall_ms_per_frame_stage < 5
+    assert o.cpu_ms_per_frame_stage > 0
+
+
+def test_board_name_plans_on_the_fly_with_emulated_tpus(shipped_bundle):
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb") as cap:
+        assert cap.plan.board == "devboard-usb"
+        assert set(cap.devices.values()) <= {"emu-tpu:0", "emu-tpu:1", "cpu"}
+        assert "emu-tpu:0" in cap.devices.values()
+
+
+def test_unknown_board_is_a_one_line_error(shipped_bundle, capsys):
+    code = main(["bench", "--bundle", str(shipped_bundle), "--board", "nosuchboard", "--profiles", "board"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "nosuchboard" in err[0]
+
+
+def test_the_runtime_never_imports_the_compiler(shipped_bundle):
+    code = (
+        "import sys, numpy as np\n"
+        "from edgecap.captioner import EdgeCaptioner\n"
+        "import edgecap.scheduler, edgecap.devices, edgecap.plan, edgecap.trace\n"
+        f"with EdgeCaptioner({str(shipped_bundle)!r}) as cap:\n"
+        "    cap.caption_frames(np.zeros((8, 32, 32, 3), np.uint8))\n"
+        "assert 'edgecap_compile' not in sys.modules, 'compiler imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
