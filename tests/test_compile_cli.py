@@ -18,6 +18,7 @@ from edgecap_compile.errors import CompileError
 
 DATA = Path(__file__).parent / "data" / "compile"
 MODEL = DATA / "tiny_inception.tflite"
+DEMO_BUNDLE = Path(__file__).parent.parent / "models" / "demo" / "bundle"
 
 
 def _compile(*args) -> dict:
@@ -127,12 +128,21 @@ def test_a_bundle_charges_its_rnn_step_to_the_cpu_stage(tmp_path, board):
     assert plan["stages"][-1]["predicted_ms"] >= plan["rnn_ms"]
 
 
+@pytest.mark.skipif(not (DEMO_BUNDLE / "bundle.json").is_file(), reason="no demo bundle yet")
+def test_compiles_the_demo_bundle_into_a_plan_the_runtime_reads(tmp_path):
+    plan_module = pytest.importorskip("edgecap.plan")
+    plan = _compile(DEMO_BUNDLE, "--board", "devboard-usb", "-o", tmp_path)
+    assert plan["rnn_ms"] > 0 and plan["model"]["file"] == "encoder.tflite"
+    assert plan_module.load_plan(tmp_path / "plan.json").stages
+
+
 BAD = [
     (lambda d: [DATA / "tiny_float.tflite", "--board", "devboard"], "full-integer quantization"),
     (lambda d: [MODEL, "--board", "jetson"], "unknown board 'jetson'"),
     (lambda d: [MODEL, "--board", "devboard", "--sram", "0"], "--sram must be a positive"),
     (lambda d: [MODEL, "--board", "devboard", "--sram", "-5"], "--sram must be a positive"),
     (lambda d: [MODEL, "--board", "devboard", "--tpus", "21"], "only 21 ops"),
+    (lambda d: [MODEL, "--board", "devboard", "--tpus", "-1"], "--tpus must be >= 0"),
     (lambda d: [d / "missing.tflite", "--board", "devboard"], "cannot read model"),
     (lambda d: [DATA / "make_fixtures.py", "--board", "devboard"], "not a TFLite flatbuffer"),
     (lambda d: [_bundle(d, "../escape.tflite"), "--board", "devboard"], "leaves the bundle"),
