@@ -52,34 +52,39 @@ class StageCost:
 def boundary_bytes(graph: Graph) -> np.ndarray:
     """Returns ``io[a, b]``: bytes of the tensors op range ``[a, b)`` reads in plus writes out.
 
-    Matches ``Graph.segment_io`` for every range, computed for all ranges at once.
+    Matches ``Graph.segment_io`` for every range, computed for all ranges at once
+    by adding each tensor's contribution to a 2-D difference array.
     """
     n = len(graph.ops)
-    acts = np.array(graph.activations(), dtype=np.int64)
-    size = np.array([graph.tensors[t].nbytes for t in acts], dtype=np.int64)
-    producer = graph.producer[acts]
-    last = graph.last_use[acts]
-    position = {int(t): i for i, t in enumerate(acts)}
-    readers: List[List[int]] = [[] for _ in acts]
+    diff = np.zeros((n + 2, n + 2), dtype=np.int64)
+
+    def add(rows: tuple, cols: tuple, size: int) -> None:
+        # Adds size to io[rows[0]:rows[1], cols[0]:cols[1]].
+        (r0, r1), (c0, c1) = rows, cols
+        diff[r0, c0] += size
+        diff[r1, c0] -= size
+        diff[r0, c1] -= size
+        diff[r1, c1] += size
+
+    readers = {t: [] for t in graph.activations()}
     for op in graph.ops:
-        for t in set(op.inputs):
-            if t in position:
-                readers[position[t]].append(op.index)
-    consumers = [np.array(r, dtype=np.int64) for r in readers]
-    io = np.zeros((n + 1, n + 1), dtype=np.int64)
-    for a in range(n + 1):
-        diff = np.zeros(n + 2, dtype=np.int64)
-        for i in range(len(acts)):
-            if producer[i] < a:
-                # Read in: the first reader at or after a pulls it into every range ending later.
-                later = consumers[i][consumers[i] >= a]
-                if later.size:
-                    diff[later[0] + 1] += size[i]
-            elif last[i] > producer[i]:
-                # Written out: ranges ending after its producer and no later than its last use.
-                diff[producer[i] + 1] += size[i]
-                diff[last[i] + 1] -= size[i]
-        io[a] = np.cumsum(diff)[: n + 1]
+        for t in dict.fromkeys(op.inputs):
+            if t in readers:
+                readers[t].append(op.index)
+    for t, reads in readers.items():
+        size = graph.tensors[t].nbytes
+        producer, last = int(graph.producer[t]), int(graph.last_use[t])
+        # Read in: for a start a after the producer, the first reader r >= a
+        # pulls the tensor into every range that ends after r.
+        previous = producer
+        for r in reads:
+            add((previous + 1, r + 1), (r + 1, n + 1), size)
+            previous = r
+        # Written out: ranges that start at or before the producer and end
+        # after it but no later than its last use.
+        if producer >= 0 and last > producer:
+            add((0, producer + 1), (producer + 1, last + 1), size)
+    io = diff.cumsum(axis=0).cumsum(axis=1)[: n + 1, : n + 1]
     return np.triu(io, 1)
 
 

@@ -98,6 +98,9 @@ class Graph:
       inputs: Tensor indices of the model inputs.
       outputs: Tensor indices of the model outputs.
       unknown_ops: Op types that had no cost rule (charged a safe default).
+      producer: ``producer[t]``: the op writing tensor t (-1: model input or constant).
+      last_use: ``last_use[t]``: the last op reading t (``len(ops)`` when the model
+        outputs it, -1 when nothing reads it).
     """
 
     name: str
@@ -112,8 +115,6 @@ class Graph:
     last_use: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        # producer[t]: op writing t (-1: model input or constant); last_use[t]:
-        # last op reading t (len(ops) when the model outputs it, -1 if unread).
         n = len(self.ops)
         self.producer = np.full(len(self.tensors), -1, dtype=np.int64)
         self.last_use = np.full(len(self.tensors), -1, dtype=np.int64)

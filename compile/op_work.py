@@ -121,7 +121,10 @@ _RULES: Dict[str, Callable[[OpShapes], Work]] = {
         ),
         _elementwise,
     ),
-    **dict.fromkeys(("RESHAPE", "SQUEEZE", "EXPAND_DIMS", "SHAPE"), _free),
+    **dict.fromkeys((
+        "RESHAPE", "SQUEEZE", "EXPAND_DIMS", "SHAPE", "VAR_HANDLE", "READ_VARIABLE",
+        "ASSIGN_VARIABLE", "CALL_ONCE",
+    ), _free),
 }
 
 

@@ -70,7 +70,7 @@ def partition(costs: Sequence[np.ndarray]) -> Partition:
       costs: One ``(n+1, n+1)`` matrix per stage, in pipeline order.
 
     Returns:
-      The optimal ``Partition`` (earliest cuts among exact ties).
+      The optimal ``Partition``; among exact ties, later stages get fewer ops.
     """
     n = costs[0].shape[0] - 1
     # Pass 1: best[b] = smallest bottleneck of stages 0..k covering ops [0, b).
@@ -85,7 +85,9 @@ def partition(costs: Sequence[np.ndarray]) -> Partition:
     choice = []
     for c in costs:
         total = latency[:, None] + np.where(c <= limit, c, np.inf)
-        choice.append(np.argmin(total, axis=0))
+        # The last start among exact ties: later stages take as few ops as they
+        # can, so the TPUs a model does not need are the last ones.
+        choice.append(n - np.argmin(total[::-1], axis=0))
         latency = np.min(total, axis=0)
     return evaluate(costs, _backtrack(choice, n))
 

@@ -87,3 +87,14 @@ def test_equal_param_split_balances_parameter_bytes():
     for other in (cut - 1, cut + 1):
         assert abs(a - b) <= abs(2 * model.param_bytes(0, other) - prefix[-1])
     assert split == evaluate(costs, split.cuts)
+
+
+def test_unneeded_stages_are_the_last_ones():
+    n = 4
+    a, b = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    # Cutting costs 0.5 ms of transfer on each side: one stage is best, any one.
+    same = np.where(b > a, 1.0 + 0.01 * (b - a) + 0.5 * (a > 0) + 0.5 * (b < n), 0.0)
+    same[b < a] = np.inf
+    split = partition([same, same.copy(), same.copy()])
+    assert split.cuts == (0, 4, 4, 4)
+    assert split.bottleneck_ms == pytest.approx(1.04)
