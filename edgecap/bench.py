@@ -224,7 +224,9 @@ def bench_host(bundle: Bundle, frames: List[np.ndarray], board: str, threads: in
     """Runs the four schedules with every stage computed on this machine's CPU.
 
     Returns:
-      Rows a-d, plus "a 2 threads" (the sequential path with XNNPACK on every core).
+      Rows a-d, plus "d one CNN worker" (the whole CNN on one CPU worker, the
+      RNN on another: the host's own best split) and "a 2 threads" (the
+      sequential path with XNNPACK on every core).
     """
     whole = plan_for_board(bundle, board, whole_on_tpu=True)
     split = plan_for_board(bundle, board)
@@ -237,7 +239,11 @@ def bench_host(bundle: Bundle, frames: List[np.ndarray], board: str, threads: in
     ]
     rows: List[Row] = []
     reference: Optional[List[List[int]]] = None
-    for schedule, kwargs in configs + [("a 2 threads", dict(pipelined=False))]:
+    extra = [
+        ("d one CNN worker", dict(plan=whole, devices_map={"tpu:0": "cpu:1"}, pipelined=True)),
+        ("a 2 threads", dict(pipelined=False)),
+    ]
+    for schedule, kwargs in configs + extra:
         n = (os.cpu_count() or 1) if schedule == "a 2 threads" else threads
         with EdgeCaptioner(bundle, emulate=False, num_threads=n, sample_fps=0, **kwargs) as cap:
             row, captions = _measure("host", schedule, SCHEDULES[schedule[0]], cap, frames)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -167,3 +168,14 @@ def test_real_edgetpu_runs_a_segment_like_the_cpu(plan) -> None:
     x = {plan.inputs[0].name: _frame(4)}
     name = stage.outputs[0].name
     np.testing.assert_array_equal(open_stage(stage, "tpu:0")(x)[name], open_stage(stage, "cpu")(x)[name])
+
+
+def test_devices_command_prints_the_table_and_json(capsys) -> None:
+    from edgecap.cli import main
+
+    assert main(["devices"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("DEVICE") and lines[1].startswith("cpu")
+    assert main(["devices", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert first["device"] == "cpu" and first["temperature_c"] is None
