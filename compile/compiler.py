@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 from edgecap_compile.boards import Board, load_board
 from edgecap_compile.calibration import apply_calibration
@@ -17,7 +17,7 @@ from edgecap_compile.graph import read_graph
 from edgecap_compile.model_source import resolve_source
 from edgecap_compile.partitioner import partition
 from edgecap_compile.plan import build_plan, write_plan
-from edgecap_compile.segments import write_segments
+from edgecap_compile.segments import Segment, write_segments
 from edgecap_compile.timing import measure_invoke_ms
 
 _log = logging.getLogger("edgecap_compile")
@@ -127,7 +127,8 @@ def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[st
     return CompileResult(plan, plan_path, table, figure)
 
 
-def _compile_tpu_segments(ranges, segments, n_tpus: int,
+def _compile_tpu_segments(ranges: Sequence[Tuple[int, int]], segments: Sequence[Segment],
+                          n_tpus: int,
                           min_runtime_version: Optional[int]) -> Dict[int, EdgeTpuReport]:
     by_range = {s.ops: s for s in segments}
     compiler = find_compiler()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
@@ -41,13 +41,16 @@ def segment_name(stem: str, index: int, count: int) -> str:
     return f"{stem}_segment_{index}_of_{count}.tflite"
 
 
-def build_segment(graph: Graph, start: int, end: int) -> bytes:
+def build_segment(graph: Graph, start: int, end: int,
+                  extra_outputs: Sequence[int] = ()) -> bytes:
     """Builds the model of op range ``[start, end)`` of ``graph``.
 
     Args:
       graph: The source model.
       start: First op.
       end: One past the last op; must be greater than ``start``.
+      extra_outputs: Tensors written in the range to expose as outputs too
+        (to compare intermediate values with a split run).
 
     Returns:
       The segment's .tflite bytes.
@@ -55,6 +58,7 @@ def build_segment(graph: Graph, start: int, end: int) -> bytes:
     source = graph.model
     sub = source.subgraphs[0]
     inputs, outputs = graph.segment_io(start, end)
+    outputs = sorted(set(outputs) | set(extra_outputs))
     ops = sub.operators[start:end]
 
     tensor_map: Dict[int, int] = {}
