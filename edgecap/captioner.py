@@ -10,10 +10,11 @@ to (on the CPU worker), then, when a window is complete, the greedy decoder
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -89,6 +90,93 @@ def _windows_of(k: int, spec: WindowSpec) -> range:
     """Window numbers whose span of sampled frames contains sample ``k``."""
     first = max(0, -(-(k - spec.frames + 1) // spec.stride))
     return range(first, k // spec.stride + 1)
+
+
+class _CnnStage:
+    """One plan stage of the CNN on its device; owned by that device's worker."""
+
+    def __init__(self, stage: Stage, device: str, **options: Any) -> None:
+        self._runner = devices.open_stage(stage, device, **options)
+
+    def __call__(self, job: _FrameJob) -> _FrameJob:
+        t0 = time.perf_counter()
+        job.tensors = self._runner(job.tensors)
+        job.ms["cnn"] += (time.perf_counter() - t0) * 1e3
+        return job
+
+
+class _RnnStep:
+    """The RNN encoder step of every window a frame belongs to; owned by the CPU worker.
+
+    Holds the step model and the state of each open window. Frames are counted
+    as they arrive, so frames a live source dropped never hold a window open;
+    a new stream starts from no open window.
+    """
+
+    def __init__(self, bundle: Bundle, spec: WindowSpec, pace_ms: float, feature: str,
+                 feature_detail: Dict[str, Any]) -> None:
+        self._rnn = RnnEncoder(bundle.encoder_step, 1)
+        self._hidden = bundle.hidden_size
+        self._spec = spec
+        self._feature, self._feature_detail = feature, feature_detail
+        self._pace_s = pace_ms / 1000.0
+        self._pacer = devices.Pacer() if pace_ms else None
+        self._stream: object = None
+        self._k = 0
+        self._open: Dict[int, _Window] = {}
+
+    def __call__(self, job: _FrameJob) -> _FrameJob:
+        t0 = time.perf_counter()
+        if job.stream is not self._stream:
+            self._stream, self._k, self._open = job.stream, 0, {}
+        k, self._k = self._k, self._k + 1
+        feature = dequantize(job.tensors.pop(self._feature), self._feature_detail)
+        for n in _windows_of(k, self._spec):
+            win = self._open.get(n)
+            if win is None:
+                win = self._open[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
+            ts = time.perf_counter()
+            win.state = self._rnn.step(feature, win.state)
+            if self._pacer is not None:
+                self._pacer.wait_until(ts + self._pace_s)
+            win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
+            win.stage_ms["preprocess"] += job.ms["preprocess"]
+            win.stage_ms["cnn"] += job.ms["cnn"]
+            if k == n * self._spec.stride + self._spec.frames - 1:
+                job.finished.append((self._open.pop(n), job.frame))
+        job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
+        return job
+
+
+class _Decode:
+    """The greedy decoder of finished windows; owned by the decode worker."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        self._decoder = RnnDecoder(bundle.decoder_step, 1)
+        self._bundle = bundle
+
+    def __call__(self, job: _FrameJob) -> _FrameJob:
+        tok = self._bundle.tokens
+        for win, last in job.finished:
+            t = time.perf_counter()
+            ids = self._decoder.decode(win.state, tok.bos, tok.eos, self._bundle.max_caption_length)
+            done = time.perf_counter()
+            win.stage_ms["decode"] = (done - t) * 1e3
+            job.captions.append(
+                Caption(
+                    text=self._bundle.detokenize(ids),
+                    tokens=ids,
+                    window=win.number,
+                    start_frame=win.first.index,
+                    end_frame=last.index,
+                    start_time=win.first.timestamp,
+                    end_time=last.timestamp,
+                    stage_ms={k: round(v, 3) for k, v in win.stage_ms.items()},
+                    latency_ms=round((done - job.arrived) * 1e3, 3),
+                )
+            )
+        job.finished = []
+        return job
 
 
 class EdgeCaptioner:
@@ -177,10 +265,11 @@ class EdgeCaptioner:
         self._threads = num_threads or os.cpu_count() or 1
         self._timing_only = timing_only
         self.devices = _placement(self.plan, emulate, devices_map or {})
+        if emulate is None:
+            emulate = any(devices.parse_device(d).kind == "emu-tpu" for d in self.devices.values())
         # Emulating a board paces its CPU stage too, when the plan predicts it.
-        self._pace_cpu = (emulate if emulate is not None else any(
-            devices.parse_device(d).kind == "emu-tpu" for d in self.devices.values()
-        )) and all(s.predicted_ms is not None for s in self.plan.active_stages)
+        self._pace_cpu = emulate and all(s.predicted_ms is not None for s in self.plan.active_stages)
+        self._rnn_ms = self.plan.rnn_ms or 0.0
         model_in, model_out = self.plan.inputs[0], self.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
         self._output_detail = {"quantization": (model_out.scale, model_out.zero_point)}
@@ -196,107 +285,24 @@ class EdgeCaptioner:
         )
 
     def _steps(self) -> List[Step]:
-        steps = [
-            Step(f"stage{s.index}", self.devices[s.device], self._cnn_opener(s))
-            for s in self.plan.active_stages
-        ]
-        steps.append(Step("rnn_step", CPU_WORKER, self._open_rnn_step))
-        steps.append(Step("decode", DECODE_WORKER, self._open_decode))
+        steps = [self._cnn_step(s) for s in self.plan.active_stages]
+        rnn = functools.partial(_RnnStep, self.bundle, self.window, self._rnn_ms if self._pace_cpu else 0.0,
+                                self._output_name, self._output_detail)
+        steps.append(Step("rnn_step", CPU_WORKER, rnn))
+        steps.append(Step("decode", DECODE_WORKER, functools.partial(_Decode, self.bundle)))
         return steps
 
-    def _cnn_opener(self, stage: Stage) -> Callable[[], Callable[[_FrameJob], _FrameJob]]:
+    def _cnn_step(self, stage: Stage) -> Step:
         device = self.devices[stage.device]
         on_cpu = devices.parse_device(stage.device).kind == "cpu"
         if on_cpu and self._pace_cpu:
-            # The board's CPU stage also runs the RNN step, paced separately below.
+            # The board's CPU stage time includes the RNN step, which is paced on its own.
             stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - self._rnn_ms))
-
-        def open_() -> Callable[[_FrameJob], _FrameJob]:
-            runner = devices.open_stage(
-                stage,
-                device,
-                num_threads=self._threads if on_cpu else 1,
-                timing_only=self._timing_only,
-                pace=on_cpu and self._pace_cpu,
-            )
-
-            def cnn(job: _FrameJob) -> _FrameJob:
-                t0 = time.perf_counter()
-                job.tensors = runner(job.tensors)
-                job.ms["cnn"] += (time.perf_counter() - t0) * 1e3
-                return job
-
-            return cnn
-
-        return open_
-
-    @property
-    def _rnn_ms(self) -> float:
-        return self.plan.rnn_ms or 0.0
-
-    def _open_rnn_step(self) -> Callable[[_FrameJob], _FrameJob]:
-        # Owned by the CPU worker: the encoder step model and every open window's state.
-        rnn = RnnEncoder(self.bundle.encoder_step, 1)
-        pace_s = self._rnn_ms / 1000.0 if self._pace_cpu else 0.0
-        pacer = devices.Pacer() if pace_s else None
-        hidden = self.bundle.hidden_size
-        spec = self.window
-        current: Dict[str, Any] = {"stream": None, "k": 0, "open": {}}
-
-        def rnn_step(job: _FrameJob) -> _FrameJob:
-            t0 = time.perf_counter()
-            if job.stream is not current["stream"]:
-                current.update(stream=job.stream, k=0, open={})
-            k = current["k"]
-            current["k"] = k + 1
-            open_windows: Dict[int, _Window] = current["open"]
-            feature = dequantize(job.tensors.pop(self._output_name), self._output_detail)
-            for n in _windows_of(k, spec):
-                win = open_windows.get(n)
-                if win is None:
-                    win = open_windows[n] = _Window(n, State.zeros(hidden), first=job.frame)
-                ts = time.perf_counter()
-                win.state = rnn.step(feature, win.state)
-                if pacer is not None:
-                    pacer.wait_until(ts + pace_s)
-                win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
-                win.stage_ms["preprocess"] += job.ms["preprocess"]
-                win.stage_ms["cnn"] += job.ms["cnn"]
-                if k == n * spec.stride + spec.frames - 1:
-                    job.finished.append((open_windows.pop(n), job.frame))
-            job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
-            return job
-
-        return rnn_step
-
-    def _open_decode(self) -> Callable[[_FrameJob], _FrameJob]:
-        decoder = RnnDecoder(self.bundle.decoder_step, 1)
-        tok = self.bundle.tokens
-        max_length = self.bundle.max_caption_length
-
-        def decode(job: _FrameJob) -> _FrameJob:
-            for win, last in job.finished:
-                t = time.perf_counter()
-                ids = decoder.decode(win.state, tok.bos, tok.eos, max_length)
-                done = time.perf_counter()
-                win.stage_ms["decode"] = (done - t) * 1e3
-                job.captions.append(
-                    Caption(
-                        text=self.bundle.detokenize(ids),
-                        tokens=ids,
-                        window=win.number,
-                        start_frame=win.first.index,
-                        end_frame=last.index,
-                        start_time=win.first.timestamp,
-                        end_time=last.timestamp,
-                        stage_ms={k: round(v, 3) for k, v in win.stage_ms.items()},
-                        latency_ms=round((done - job.arrived) * 1e3, 3),
-                    )
-                )
-            job.finished = []
-            return job
-
-        return decode
+        opener = functools.partial(
+            _CnnStage, stage, device, num_threads=self._threads if on_cpu else 1,
+            timing_only=self._timing_only, pace=on_cpu and self._pace_cpu,
+        )
+        return Step(f"stage{stage.index}", device, opener)
 
     def caption_frames(self, frames: Any) -> List[Caption]:
         """Captions frames that are already sampled, one caption per complete window.

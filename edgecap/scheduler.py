@@ -115,7 +115,8 @@ class Pipeline:
         self._pipelined = pipelined
         self._tracer = tracer
         self._groups = _group_by_worker(self._steps)
-        self._queue_names = ["head"] + [f"{name}>" for name, _ in self._groups[:-1]] + ["out"]
+        ends = [SOURCE_TRACK] + [name for name, _ in self._groups] + ["consumer"]
+        self._queue_names = [f"{a}->{b}" for a, b in zip(ends, ends[1:])]
         self._queue_size = queue_size
         self._recorder: Optional[RunRecorder] = None
         self._active: Optional[Generator[Any, None, None]] = None
@@ -220,7 +221,7 @@ class Pipeline:
         self._stop_active()
         recorder = RunRecorder(
             steps=[(s.name, w) for w, group in self._groups for s in group],
-            queues=[(n, 1 if (n == "head" and live) else self._queue_size) for n in self._queue_names],
+            queues=[(n, 1 if (i == 0 and live) else self._queue_size) for i, n in enumerate(self._queue_names)],
         )
         self._recorder = recorder
         if self._pipelined:
@@ -284,7 +285,7 @@ class Pipeline:
                 if live:
                     recorder.dropped += head.put_latest(job)
                 else:
-                    recorder.depth("head", head.qsize())
+                    recorder.depth(self._queue_names[0], head.qsize())
                     head.put(job)
         except Exception as exc:
             recorder.fail(exc)
