@@ -11,8 +11,12 @@ import argparse
 import sys
 from typing import List, Optional
 
-from edgecap_compile.boards import board_names
+from edgecap_compile.boards import board_names, load_board
+from edgecap_compile.calibration import calibrate, save_calibration
+from edgecap_compile.compiler import compile_model
 from edgecap_compile.errors import CompileError
+from edgecap_compile.graph import read_graph
+from edgecap_compile.model_source import resolve_source
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,8 +58,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from edgecap_compile.compiler import compile_model
-
     result = compile_model(args.model, args.board, args.out, tpus=args.tpus, sram=args.sram,
                            calibration=args.calibration, report=args.report,
                            min_runtime_version=args.min_runtime_version)
@@ -70,11 +72,6 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from edgecap_compile.boards import load_board
-    from edgecap_compile.calibration import calibrate, save_calibration
-    from edgecap_compile.graph import read_graph
-    from edgecap_compile.model_source import resolve_source
-
     if args.segments < 1 or args.repeats < 1:
         raise CompileError("--segments and --repeats must be >= 1")
     graphs = [read_graph(resolve_source(m).encoder) for m in args.models]

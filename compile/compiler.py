@@ -48,7 +48,7 @@ def rnn_step_ms(step_model: Path, board: Board) -> float:
     """
     if board.name == "host":
         return measure_invoke_ms(step_model, threads=board.cpu.cores or 1)
-    graph = read_graph(step_model, require_integer=False)
+    graph = read_graph(step_model, require_integer=False, first_subgraph_only=True)
     return CostModel(graph, [board.cpu]).stage(0, 0, len(graph.ops)).total_ms
 
 

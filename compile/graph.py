@@ -196,7 +196,8 @@ def _load(source: Union[str, os.PathLike, bytes]) -> Tuple[bytes, str]:
 
 
 def read_graph(
-    source: Union[str, os.PathLike, bytes], require_integer: bool = True
+    source: Union[str, os.PathLike, bytes], require_integer: bool = True,
+    first_subgraph_only: bool = False,
 ) -> Graph:
     """Reads a TFLite model into a ``Graph``.
 
@@ -204,6 +205,8 @@ def read_graph(
       source: Path to a .tflite file, or its bytes.
       require_integer: Reject models with float activations (the EdgeTPU runs
         full-integer models only); the RNN step models are read with False.
+      first_subgraph_only: Read the main subgraph and ignore the others (an RNN
+        step's variable initialisers) instead of refusing the model.
 
     Returns:
       The graph, ops in the model's execution order.
@@ -220,7 +223,7 @@ def read_graph(
         model = flatbuffer_utils.read_model_from_bytearray(bytearray(data))
     except Exception as e:  # The generated reader raises whatever a corrupt buffer trips.
         raise CompileError(f"{label} is not a readable TFLite model: {e}") from None
-    if len(model.subgraphs or []) != 1:
+    if not model.subgraphs or (len(model.subgraphs) > 1 and not first_subgraph_only):
         raise CompileError(
             f"{label} has {len(model.subgraphs or [])} subgraphs; edgecap compile takes "
             "single-subgraph models (export without control flow or extra signatures)"

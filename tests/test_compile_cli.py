@@ -136,6 +136,22 @@ def test_compiles_the_demo_bundle_into_a_plan_the_runtime_reads(tmp_path):
     assert plan_module.load_plan(tmp_path / "plan.json").stages
 
 
+def test_a_model_with_an_unknown_op_still_compiles(tmp_path, caplog):
+    schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(str(MODEL))
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    code.customCode = b"MysteryOp"
+    model.operatorCodes.append(code)
+    model.subgraphs[0].operators[5].opcodeIndex = len(model.operatorCodes) - 1
+    path = tmp_path / "mystery.tflite"
+    flatbuffer_utils.write_model(model, str(path))
+    plan = _compile(path, "--board", "rpi4-2usb", "-o", tmp_path / "out")
+    assert plan["model"]["ops"] == 21 and "MysteryOp" in caplog.text
+
+
 BAD = [
     (lambda d: [DATA / "tiny_float.tflite", "--board", "devboard"], "full-integer quantization"),
     (lambda d: [MODEL, "--board", "jetson"], "unknown board 'jetson'"),
