@@ -21,6 +21,7 @@ Every decoded frame of the clips is a sampled frame; clips are repeated up to
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -69,6 +70,21 @@ class Row:
     def of_bound(self) -> Optional[float]:
         """Measured fps as a fraction of the bound, where there is one."""
         return self.fps / self.bound_fps if self.bound_fps else None
+
+
+@dataclass
+class Scaling:
+    """Sequential vs pipelined fps of two CPU stages of ``invokes`` encoder invokes each."""
+
+    invokes: int
+    stage_ms: float
+    sequential_fps: float
+    pipelined_fps: float
+
+    @property
+    def speedup(self) -> float:
+        """Pipelined over sequential throughput."""
+        return self.pipelined_fps / self.sequential_fps if self.sequential_fps else 0.0
 
 
 @dataclass
@@ -120,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
     if "host" in profiles:
         rows += bench_host(bundle, frames, args.board, args.threads)
     overhead = bench_overhead()
-    print(format_table(rows, overhead))
+    scaling = bench_scaling(bundle) if "host" in profiles else []
+    print(format_table(rows, overhead, scaling))
     result = {
         "argv": sys.argv[1:],
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
@@ -129,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         "frames": len(frames),
         "rows": [dict(asdict(r), of_bound=r.of_bound) for r in rows],
         "overhead": asdict(overhead),
+        "host_scaling": [dict(asdict(x), speedup=x.speedup) for x in scaling],
     }
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -286,7 +304,45 @@ def bench_overhead(stages: int = 4, frames: int = 4000) -> Overhead:
     return Overhead(stages, frames, wall * per, cpu * per, inline * per)
 
 
-def format_table(rows: Sequence[Row], overhead: Overhead) -> str:
+def bench_scaling(bundle: Bundle, counts: Sequence[int] = (1, 4, 16), frames: int = 400) -> List[Scaling]:
+    """Measures how pipelining two CPU stages pays off as the work per stage grows.
+
+    Each stage invokes the bundle's encoder ``count`` times per frame (a CNN
+    ``count`` times heavier), on its own worker; the sequential schedule runs
+    both in one thread. Shows the stage size at which the scheduler's cost per
+    hop stops mattering on this host.
+    """
+    from edgecap.interpreter import make_cpu_interpreter
+
+    def heavy_stage(count: int) -> Any:
+        interp = make_cpu_interpreter(bundle.encoder, 1)
+
+        def run(x: int) -> int:
+            for _ in range(count):
+                interp.invoke()
+            return x
+
+        return run
+
+    results = []
+    for count in counts:
+        steps = [Step(f"cnn-{w}", w, functools.partial(heavy_stage, count)) for w in ("cpu:1", "cpu")]
+        fps = {}
+        for pipelined in (False, True):
+            with Pipeline(steps, pipelined=pipelined) as pipe:
+                for _ in pipe.run(range(20)):  # warm-up
+                    pass
+                for _ in pipe.run(range(max(frames // count, 40))):
+                    pass
+                stats = pipe.stats()
+            fps[pipelined] = stats.fps_out
+            if not pipelined:
+                stage_ms = stats.stages[0].mean_ms
+        results.append(Scaling(count, stage_ms, fps[False], fps[True]))
+    return results
+
+
+def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scaling] = ()) -> str:
     """Formats the results as the table ``edgecap bench`` prints."""
     lines: List[str] = []
     profile = None
@@ -303,4 +359,9 @@ def format_table(rows: Sequence[Row], overhead: Overhead) -> str:
     lines += ["", f"scheduler overhead ({overhead.stages} null stages, {overhead.frames} frames): "
               f"{overhead.wall_ms_per_frame_stage:.4f} ms wall, {overhead.cpu_ms_per_frame_stage:.4f} ms CPU "
               f"per frame per stage (sequential: {overhead.inline_wall_ms_per_frame_stage:.4f} ms)"]
+    if scaling:
+        lines += ["", "host: two CPU stages of N encoder invokes each, sequential vs pipelined",
+                  f"{'N':>4}{'stage ms':>10}{'seq fps':>10}{'pipe fps':>10}{'speedup':>9}"]
+        lines += [f"{x.invokes:>4}{x.stage_ms:>10.3f}{x.sequential_fps:>10.1f}{x.pipelined_fps:>10.1f}"
+                  f"{x.speedup:>8.2f}x" for x in scaling]
     return "\n".join(lines)

@@ -215,7 +215,7 @@ def open_stage(
     num_threads: int = 1,
     timing_only: bool = False,
     pace: bool = False,
-) -> StageRunner:
+) -> Segment:
     """Opens a plan stage on a device; call it in the thread that will run it.
 
     Args:
@@ -227,7 +227,7 @@ def open_stage(
       pace: Pace the stage to ``predicted_ms`` whatever its device (board emulation).
 
     Returns:
-      The ``StageRunner``.
+      The stage as a ``Segment``: the tensors it reads in, its ``outputs`` out.
 
     Raises:
       ConfigError: If pacing is asked for and the stage has no ``predicted_ms``.
@@ -246,9 +246,9 @@ def open_stage(
         segment = _open_edgetpu(spec, stage.compiled_segment or stage.segment)
     else:
         segment = InterpreterSegment(interpreter.make_cpu_interpreter(stage.segment, num_threads))
-    if paced:
-        segment = PacedSegment(segment, stage.predicted_ms)
-    return StageRunner(segment, stage.outputs)
+    runner: Segment = StageRunner(segment, stage.outputs)
+    # Pacing wraps the whole stage, forwarding included: that is the device's invoke.
+    return PacedSegment(runner, stage.predicted_ms) if paced else runner
 
 
 def _open_edgetpu(spec: DeviceSpec, segment: "str | os.PathLike[str] | None") -> Segment:

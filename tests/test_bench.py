@@ -40,7 +40,8 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     assert code == 0
     table = capsys.readouterr().out
     assert "== devboard-usb (emulated)" in table and "== host" in table
-    assert "scheduler overhead" in table
+    assert "scheduler overhead" in table and "sequential vs pipelined" in table
+    assert [x["invokes"] for x in json.loads(out.read_text())["host_scaling"]] == [1, 4, 16]
     result = json.loads(out.read_text())
     rows = {(r["profile"], r["schedule"]): r for r in result["rows"]}
     board = "devboard-usb (emulated)"
