@@ -205,3 +205,14 @@ def test_plan_for_another_model_is_rejected(shipped_bundle, tmp_path):
     write_plan(tiny, [], ["cpu"], tmp_path)
     with pytest.raises(PlanError, match="bundle's encoder"):
         EdgeCaptioner(shipped_bundle, plan=tmp_path)
+
+
+def test_sample_clip_through_two_emulated_tpus_equals_the_cpu_path(plans, shipped_bundle):
+    clip = Path(__file__).resolve().parent.parent / "models" / "demo" / "sample.mp4"
+    if not clip.is_file():
+        pytest.skip("no shipped sample clip")
+    with EdgeCaptioner(shipped_bundle, pipelined=False, num_threads=1) as cap:
+        expected = [(c.window, c.start_frame, c.text) for c in cap.stream(str(clip))]
+    with EdgeCaptioner(shipped_bundle, plan=plans["2tpu+cpu"], num_threads=1) as cap:
+        got = [(c.window, c.start_frame, c.text) for c in cap.stream(str(clip))]
+    assert got == expected and len(got) >= 2
