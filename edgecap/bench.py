@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -111,8 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="threads of each CPU encoder interpreter (default 1)")
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--plot", type=Path, help="write a bar chart PNG here and the "
-                        "timeline of the pipelined board run next to it (needs matplotlib)")
+    parser.add_argument("--plot", type=Path, help="write a bar chart PNG here (needs matplotlib)")
+    parser.add_argument("--timeline", type=Path, help="with --plot: PNG of the pipelined board run's "
+                        "timeline (default: PLOT-timeline.png)")
     parser.add_argument("--trace", type=Path, help="write the Chrome trace of the pipelined board run here")
 
 
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--profiles {','.join(sorted(unknown))}: use board and/or host")
     trace = args.trace
     if args.plot is not None and trace is None:
-        trace = args.plot.with_name(args.plot.stem + "-trace.json")
+        trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
     rows: List[Row] = []
     if "board" in profiles:
         rows += bench_board(bundle, frames, args.board, args.timing_only, args.threads, trace)
@@ -154,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
         from edgecap.plots import plot_bench, plot_timeline
 
         plot_bench(result, args.plot)
-        if trace is not None and trace.is_file():
-            plot_timeline(trace, args.plot.with_name(args.plot.stem + "-timeline.png"))
+        if trace.is_file():
+            plot_timeline(trace, args.timeline or args.plot.with_name(args.plot.stem + "-timeline.png"))
     return 0
 
 
