@@ -266,34 +266,40 @@ class Pipeline:
 
     def _feed(self, items: Iterable[Any], recorder: RunRecorder, live: bool) -> None:
         head = self._queues[0]
-        tracer = self._tracer
-        source = iter(items)
         try:
-            for seq in itertools.count():
-                if recorder.cancelled.is_set():
-                    break
-                start = time.perf_counter()
-                try:
-                    payload = next(source)
-                except StopIteration:
-                    break
-                t_in = time.perf_counter()
-                if tracer is not None:
-                    tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
-                recorder.item_in(t_in)
-                job = _Job(recorder, seq, payload, t_in)
-                if live:
-                    recorder.dropped += head.put_latest(job)
-                else:
-                    recorder.depth(self._queue_names[0], head.qsize())
-                    head.put(job)
+            source = iter(items)
+            try:
+                self._feed_from(source, head, recorder, live)
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
         except Exception as exc:
             recorder.fail(exc)
         finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
+            # Always sent, so the consumer and the close() drain never wait forever.
             head.put(_EndOfRun(recorder))
+
+    def _feed_from(self, source: Iterator[Any], head: _HeadQueue, recorder: RunRecorder, live: bool) -> None:
+        tracer = self._tracer
+        for seq in itertools.count():
+            if recorder.cancelled.is_set():
+                return
+            start = time.perf_counter()
+            try:
+                payload = next(source)
+            except StopIteration:
+                return
+            t_in = time.perf_counter()
+            if tracer is not None:
+                tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
+            recorder.item_in(t_in)
+            job = _Job(recorder, seq, payload, t_in)
+            if live:
+                recorder.dropped += head.put_latest(job)
+            else:
+                recorder.depth(self._queue_names[0], head.qsize())
+                head.put(job)
 
     def _run_inline(self, items: Iterable[Any], recorder: RunRecorder) -> Generator[Any, None, None]:
         # The sequential schedule: the calling thread owns the resources.

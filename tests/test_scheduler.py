@@ -229,3 +229,21 @@ def test_trace_has_one_track_per_worker_and_a_slice_per_invoke(tmp_path):
     assert [e["args"]["frame"] for e in tracks["tpu:0"]] == list(range(6))
     assert sorted(e["name"] for e in tracks["cpu"]) == ["rnn"] * 6 + ["tail"] * 6
     assert all(e["dur"] >= 0 for e in tracks["cpu"])
+
+
+def test_a_source_that_is_not_iterable_or_fails_to_close_is_an_error_not_a_hang():
+    class BadClose:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            raise StopIteration
+
+        def close(self):
+            raise OSError("close failed")
+
+    with Pipeline([_step("a", "cpu")]) as pipe:
+        with pytest.raises(TypeError):
+            list(pipe.run(42))
+        with pytest.raises(OSError, match="close failed"):
+            list(pipe.run(BadClose()))
