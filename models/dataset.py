@@ -59,12 +59,14 @@ SYMMETRY_DEG = {"square": 90.0, "triangle": 120.0, "star": 72.0}
 FRAMES = 16
 FPS = 16.0
 SIZE = 128
-# Every other frame is sampled at the bundle's 8 fps, so the largest per-frame
-# turn (9 deg -> 18 deg per sample) stays under half the star's 72 deg period.
-TURN_DEG_PER_FRAME = (6.0, 9.0)
+# Turn per frame as a fraction of the outline's symmetry period. Every other frame
+# is sampled at the bundle's 8 fps, so a sample turns by 0.24-0.3 of the period:
+# large enough to see at 64x64, and clear of the half period where clockwise and
+# counterclockwise look alike.
+TURN_PERIOD_PER_FRAME = (0.12, 0.15)
 SHIFT_PX_PER_FRAME = (1.6, 2.4)  # at SIZE; scaled for other sizes
-GROW_TOTAL = (1.6, 1.9)
-SHRINK_TOTAL = (0.5, 0.62)
+GROW_TOTAL = (1.5, 1.8)
+SHRINK_TOTAL = (0.55, 0.65)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def random_spec(rng: np.random.Generator, frames: int = FRAMES, size: int = SIZE
         motion=motion,
         x0=float(rng.uniform(0.32, 0.68)),
         y0=float(rng.uniform(0.32, 0.68)),
-        radius0=float(rng.uniform(0.11, 0.17)),
+        radius0=float(rng.uniform(0.15, 0.21)),
         angle0=float(rng.uniform(0.0, 360.0)),
         rate=float(rng.uniform(0.0, 1.0)),
         background=BACKGROUNDS[rng.integers(len(BACKGROUNDS))],
@@ -137,7 +139,7 @@ def _trajectory(spec: ClipSpec) -> np.ndarray:
     r = np.full_like(t, spec.radius0 * s)
     a = np.full_like(t, spec.angle0)
     shift = _lerp(SHIFT_PX_PER_FRAME, spec.rate) * s / SIZE * t
-    turn = _lerp(TURN_DEG_PER_FRAME, spec.rate) * t
+    turn = _lerp(TURN_PERIOD_PER_FRAME, spec.rate) * SYMMETRY_DEG.get(spec.shape, 0.0) * t
     if spec.motion == "moves left":
         x = x - shift
     elif spec.motion == "moves right":
