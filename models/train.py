@@ -17,10 +17,10 @@ Same data, seed and arguments give the same bundle (op determinism is on).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
@@ -110,19 +110,78 @@ def _decode(tokens: np.ndarray, vocab: Sequence[str]) -> List[str]:
     return out
 
 
+@dataclass
+class Windows:
+    """Caption windows ready for training: one row per (clip, reference caption).
+
+    Attributes:
+      frames: RGB uint8 ``[B,N,S,S,3]``.
+      words_in: Teacher-forcing inputs ``[B,L+1]``.
+      targets: Next-word targets ``[B,L+1]``.
+    """
+
+    frames: np.ndarray
+    words_in: np.ndarray
+    targets: np.ndarray
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    from models.export import PIXEL_MEAN, PIXEL_STD
+
+    return (x.astype(np.float32) - PIXEL_MEAN) / PIXEL_STD
+
+
+def _cnn_features(cnn, windows: np.ndarray) -> np.ndarray:
+    flat = _normalise(windows.reshape((-1,) + windows.shape[2:]))
+    return cnn.predict(flat, batch_size=256, verbose=0).reshape(windows.shape[:2] + (-1,))
+
+
+def _fit_end_to_end(cnn, rnn, config, vocab_size: int, data: Windows, args) -> None:
+    import keras
+
+    from models.architectures import build_captioner
+
+    model = build_captioner(cnn, rnn, config, vocab_size)
+    steps_per_epoch = -(-len(data.frames) // args.batch)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        args.lr, decay_steps=steps_per_epoch * args.epochs, alpha=0.05
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(schedule, clipnorm=1.0),
+        loss={"caption": _masked_caption_loss,
+              "bag": keras.losses.BinaryCrossentropy(from_logits=True)},
+        loss_weights={"caption": 1.0, "bag": args.bag_weight},
+    )
+    model.fit(
+        {"frames": data.frames, "words": data.words_in},
+        {"caption": data.targets,
+         "bag": _bag_targets(data.targets, vocab_size, config.window_frames)},
+        batch_size=args.batch, epochs=args.epochs, shuffle=True, verbose=2,
+    )
+
+
+def _finetune_rnn_on_int8(cnn, rnn, int8_encoder: bytes, data: Windows, args) -> None:
+    import keras
+
+    from models.export import PIXEL_MEAN, PIXEL_STD
+    from models.heldout import FrameEncoder
+
+    quantized = FrameEncoder(int8_encoder, [PIXEL_MEAN] * 3, [PIXEL_STD] * 3).windows(data.frames)
+    features = np.concatenate([_cnn_features(cnn, data.frames), quantized])
+    rnn.compile(optimizer=keras.optimizers.Adam(args.lr * 0.1, clipnorm=1.0),
+                loss=_masked_caption_loss)
+    rnn.fit({"features": features, "words": np.concatenate([data.words_in, data.words_in])},
+            np.concatenate([data.targets, data.targets]), batch_size=args.batch,
+            epochs=args.finetune_epochs, shuffle=True, verbose=2)
+
+
 def train(args: argparse.Namespace) -> Dict[str, object]:
-    """Runs the whole recipe; returns the held-out figures."""
+    """Runs the whole recipe (see the module docstring); returns the held-out figures."""
     import keras
     import tensorflow as tf
 
     from models import export, heldout
-    from models.architectures import (
-        ModelConfig,
-        build_captioner,
-        build_frame_encoder,
-        build_rnn,
-        greedy_decode,
-    )
+    from models.architectures import ModelConfig, build_frame_encoder, build_rnn, greedy_decode
 
     keras.utils.set_random_seed(args.seed)
     tf.config.experimental.enable_op_determinism()
@@ -130,124 +189,89 @@ def train(args: argparse.Namespace) -> Dict[str, object]:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     began = time.perf_counter()
 
-    config = ModelConfig(
-        feature_size=args.feature_size,
-        width=args.width,
-        hidden_size=args.hidden_size,
-        max_caption_length=args.max_len,
-    )
+    config = ModelConfig(feature_size=args.feature_size, width=args.width,
+                         hidden_size=args.hidden_size, max_caption_length=args.max_len)
     dataset = read_dataset(args.data)
     train_ids = dataset.splits["train"][: args.train_clips or None]
     test_ids = dataset.splits["test"][: args.test_clips or None]
     vocab = build_vocab([c for i in train_ids for c in dataset.captions[i]])
     # A clip with several references contributes one sample per reference.
     samples = [(i, c) for i in train_ids for c in dataset.captions[i]]
-    frames = load_windows(dataset, [i for i, _ in samples], config.window_frames,
-                          config.input_size, SAMPLE_FPS)
-    words_in, targets = encode_captions([c for _, c in samples], vocab, config.max_caption_length)
+    data = Windows(
+        load_windows(dataset, [i for i, _ in samples], config.window_frames, config.input_size,
+                     SAMPLE_FPS),
+        *encode_captions([c for _, c in samples], vocab, config.max_caption_length),
+    )
     test_frames = load_windows(dataset, test_ids, config.window_frames, config.input_size, SAMPLE_FPS)
     print(f"loaded {len(samples)} training and {len(test_ids)} test windows, "
           f"vocab {len(vocab)}, in {time.perf_counter() - began:.0f} s", flush=True)
 
     cnn = build_frame_encoder(config)
     rnn = build_rnn(config, len(vocab))
-    model = build_captioner(cnn, rnn, config, len(vocab))
-    steps_per_epoch = -(-len(samples) // args.batch)
-    schedule = keras.optimizers.schedules.CosineDecay(
-        args.lr, decay_steps=steps_per_epoch * args.epochs, alpha=0.05
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(schedule, clipnorm=1.0),
-        loss={
-            "caption": _masked_caption_loss,
-            "bag": keras.losses.BinaryCrossentropy(from_logits=True),
-        },
-        loss_weights={"caption": 1.0, "bag": args.bag_weight},
-    )
-    model.fit(
-        {"frames": frames, "words": words_in},
-        {"caption": targets, "bag": _bag_targets(targets, len(vocab), config.window_frames)},
-        batch_size=args.batch,
-        epochs=args.epochs,
-        shuffle=True,
-        verbose=2,
-    )
+    _fit_end_to_end(cnn, rnn, config, len(vocab), data, args)
     trained_s = time.perf_counter() - began
 
-    normalise = lambda x: (x.astype(np.float32) - export.PIXEL_MEAN) / export.PIXEL_STD  # noqa: E731
-    calib_rng = np.random.default_rng(args.seed)
-    flat = frames.reshape((-1,) + frames.shape[2:])
-    calibration = normalise(flat[calib_rng.choice(len(flat), args.calibration_frames, replace=False)])
+    flat = data.frames.reshape((-1,) + data.frames.shape[2:])
+    picks = np.random.default_rng(args.seed).choice(len(flat), args.calibration_frames, replace=False)
     models = {
-        "encoder": export.int8_encoder(cnn, config.input_size, calibration),
+        "encoder": export.int8_encoder(cnn, config.input_size, _normalise(flat[picks])),
         "reference_encoder": export.float_encoder(cnn, config.input_size),
     }
-
-    def cnn_features(x: np.ndarray) -> np.ndarray:
-        flat_x = normalise(x.reshape((-1,) + x.shape[2:]))
-        return cnn.predict(flat_x, batch_size=256, verbose=0).reshape(x.shape[:2] + (-1,))
-
     if args.finetune_epochs:
-        int8_encoder = heldout.FrameEncoder(models["encoder"], [export.PIXEL_MEAN] * 3,
-                                            [export.PIXEL_STD] * 3)
-        mixed = np.concatenate([cnn_features(frames), int8_encoder.windows(frames)])
-        rnn.compile(optimizer=keras.optimizers.Adam(args.lr * 0.1, clipnorm=1.0),
-                    loss=_masked_caption_loss)
-        rnn.fit({"features": mixed, "words": np.concatenate([words_in, words_in])},
-                np.concatenate([targets, targets]), batch_size=args.batch,
-                epochs=args.finetune_epochs, shuffle=True, verbose=2)
-
+        _finetune_rnn_on_int8(cnn, rnn, models["encoder"], data, args)
     models.update(export.step_models(rnn, config))
-    float_captions = _decode(
-        greedy_decode(rnn, cnn_features(test_frames), BOS, config.max_caption_length + 1).numpy(),
+
+    keras_captions = _decode(
+        greedy_decode(rnn, _cnn_features(cnn, test_frames), BOS,
+                      config.max_caption_length + 1).numpy(),
         vocab,
     )
-    references = [dataset.captions[i] for i in test_ids]
     provenance: Dict[str, object] = {
         "recipe": "python -m models.train " + " ".join(args.argv),
         "seed": args.seed,
         "data": str(Path(args.data).name),
         "train_windows": len(samples),
     }
-    export.write_bundle(Path(args.out), args.name, config, vocab, models, SAMPLE_FPS,
-                        dict(zip(("pad", "bos", "eos", "unk"), (PAD, BOS, EOS, UNK))), provenance)
-
-    int8_pipe = heldout.TfliteCaptioner(Path(args.out))
-    float_pipe = heldout.TfliteCaptioner(Path(args.out), reference=True)
-    int8_captions = [int8_pipe.caption(w) for w in test_frames]
-    ref_captions = [float_pipe.caption(w) for w in test_frames]
+    tokens = dict(zip(("pad", "bos", "eos", "unk"), (PAD, BOS, EOS, UNK)))
+    out = Path(args.out)
+    # Written twice: the held-out check reads the exported files back, and its
+    # figures then go into the provenance.
+    export.write_bundle(out, args.name, config, vocab, models, SAMPLE_FPS, tokens, provenance)
+    int8_captions = [heldout.TfliteCaptioner(out).caption(w) for w in test_frames]
+    float_captions = [heldout.TfliteCaptioner(out, reference=True).caption(w) for w in test_frames]
+    references = [dataset.captions[i] for i in test_ids]
     figures = {
         "test_windows": len(test_ids),
-        "exact_match_keras_float": heldout.exact_match(float_captions, references),
-        "exact_match_tflite_float": heldout.exact_match(ref_captions, references),
+        "exact_match_keras_float": heldout.exact_match(keras_captions, references),
+        "exact_match_tflite_float": heldout.exact_match(float_captions, references),
         "exact_match_tflite_int8": heldout.exact_match(int8_captions, references),
-        "int8_float_agreement": float(np.mean([a == b for a, b in zip(int8_captions, ref_captions)])),
+        "int8_float_agreement": float(np.mean([a == b for a, b in zip(int8_captions, float_captions)])),
         "train_seconds": round(trained_s),
         "total_seconds": round(time.perf_counter() - began),
     }
     provenance["heldout"] = figures
-    export.write_bundle(Path(args.out), args.name, config, vocab, models, SAMPLE_FPS,
-                        dict(zip(("pad", "bos", "eos", "unk"), (PAD, BOS, EOS, UNK))), provenance)
+    export.write_bundle(out, args.name, config, vocab, models, SAMPLE_FPS, tokens, provenance)
     for key, value in figures.items():
         print(f"{key:28s} {value:.4f}" if isinstance(value, float) else f"{key:28s} {value}")
-    misses = [(p, r[0]) for p, r in zip(int8_captions, references) if p not in r][:10]
-    for pred, ref in misses:
-        print(f"  miss: {pred!r} (expected {ref!r})")
+    for pred, refs in [(p, r) for p, r in zip(int8_captions, references) if p not in r][:10]:
+        print(f"  miss: {pred!r} (expected {refs[0]!r})")
     return figures
 
 
-def _parse(argv: Sequence[str]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parses the recipe's command line (``python -m models.train --help``)."""
     parser = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="dataset directory (clips/ + captions.json)")
     parser.add_argument("--out", required=True, help="bundle directory to write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="edgecap-demo-shapes", help="bundle name")
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--finetune-epochs", type=int, default=3,
                         help="RNN-only epochs on mixed int8/float features (0: none)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--bag-weight", type=float, default=0.5)
+    parser.add_argument("--bag-weight", type=float, default=0.5,
+                        help="weight of the per-frame bag-of-words loss")
     parser.add_argument("--width", type=float, default=1.0, help="CNN channel multiplier")
     parser.add_argument("--feature-size", type=int, default=128)
     parser.add_argument("--hidden-size", type=int, default=128)
@@ -263,7 +287,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     """Command-line entry point; see the module docstring."""
-    train(_parse(argv))
+    train(parse_args(argv))
     return 0
 
 

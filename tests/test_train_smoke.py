@@ -17,7 +17,7 @@ def test_tiny_training_run_writes_a_complete_int8_bundle(tmp_path):
 
     dataset.write_dataset(tmp_path / "data", 10, seed=0, size=64)
     out = tmp_path / "bundle"
-    figures = train.train(train._parse([
+    figures = train.train(train.parse_args([
         "--data", str(tmp_path / "data"), "--out", str(out), "--seed", "0",
         "--epochs", "1", "--finetune-epochs", "1", "--batch", "4",
         "--width", "0.25", "--feature-size", "16", "--hidden-size", "16",
