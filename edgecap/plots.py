@@ -43,6 +43,7 @@ def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:
             ax.axhline(bounds[0], color="#c44e52", linestyle="--", linewidth=1,
                        label=f"pipeline bound {bounds[0]:.0f} fps")
             ax.legend(loc="upper left", fontsize=8)
+        ax.set_ylim(0, 1.15 * max([r["fps"] for r in rows] + bounds))
         ax.set_xticks(range(len(rows)), names, rotation=20, fontsize=8)
         ax.set_ylabel("frames/s")
         ax.set_title(profile)
@@ -85,7 +86,8 @@ def plot_timeline(
             ax.broken_barh([(start, dur)], (row - 0.4, 0.8), color=colors[frame % len(colors)],
                            edgecolor="black", linewidth=0.3)
             if dur > span_ms / 60:
-                ax.text(start + dur / 2, row, str(frame), ha="center", va="center", fontsize=6)
+                ax.text(start + dur / 2, row, str(frame), ha="center", va="center", fontsize=6,
+                        clip_on=True)
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set_xlim(0, span_ms)
