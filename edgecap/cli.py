@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from edgecap import __version__
 from edgecap.errors import EdgecapError
@@ -45,9 +45,17 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-fps", type=float, help="sampling rate, 0 = every frame")
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object per caption")
+    p.add_argument("--plan", type=Path, help="plan.json (or its directory) from `edgecap compile`")
+    p.add_argument("--board", default="auto",
+                   help="with no --plan: auto (whole CNN on the CPU) or a board profile to plan "
+                        "for, e.g. devboard-usb (TPUs it lacks are emulated)")
+    p.add_argument("--emulate", action="store_true", default=None,
+                   help="run TPU stages on emulated EdgeTPUs even when TPUs are attached")
+    p.add_argument("--trace", type=Path,
+                   help="write a Chrome trace-event JSON of the run (opens in ui.perfetto.dev)")
 
 
-def _timing_table(captions: list, frames_per_window: int) -> str:
+def _timing_table(captions: list, frames_per_window: int, stats: Any) -> str:
     """Mean milliseconds per stage: per sampled frame for the per-frame stages, per window for decode."""
     n = len(captions)
     per_frame = n * frames_per_window
@@ -59,6 +67,10 @@ def _timing_table(captions: list, frames_per_window: int) -> str:
     out = ["", f"{'stage':<12}{'ms':>9}  per", "-" * 28]
     out += [f"{name:<12}{ms:>9.2f}  {unit}" for name, ms, unit in rows]
     out.append(f"({n} windows of {frames_per_window} sampled frames)")
+    if stats is not None:
+        util = ", ".join(f"{w} {u:.0%}" for w, u in stats.worker_utilization().items())
+        out.append(f"{stats.fps_out:.1f} frames/s through the pipeline; busy: {util}; "
+                   f"dropped {stats.dropped}")
     return "\n".join(out)
 
 
@@ -74,7 +86,8 @@ def _cmd_caption(args: argparse.Namespace) -> int:
         if truth.is_file():
             expected = [w["caption"] for w in json.loads(truth.read_text())["windows"]]
     captions = []
-    with EdgeCaptioner(bundle, frames=args.frames, stride=args.stride,
+    with EdgeCaptioner(bundle, plan=args.plan, board=args.board, emulate=args.emulate,
+                       trace=args.trace, frames=args.frames, stride=args.stride,
                        sample_fps=args.sample_fps, num_threads=args.threads) as cap:
         for c in cap.stream(source):
             captions.append(c)
@@ -89,7 +102,7 @@ def _cmd_caption(args: argparse.Namespace) -> int:
     if not captions:
         print(f"edgecap: {source}: shorter than one window; no caption", file=sys.stderr)
     elif not args.json:
-        print(_timing_table(captions, cap.window.frames))
+        print(_timing_table(captions, cap.window.frames, cap.stats()))
     return 0
 
 
