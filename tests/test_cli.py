@@ -86,3 +86,19 @@ def test_console_script_exit_code_and_no_traceback(tmp_path: Path, shipped_bundl
                         "--bundle", str(shipped_bundle)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_caption_on_emulated_board_writes_trace(clip: Path, shipped_bundle: Path, tmp_path: Path,
+                                                capsys) -> None:
+    trace = tmp_path / "run.json"
+    assert main(["caption", str(clip), "--bundle", str(shipped_bundle),
+                 "--board", "devboard-usb", "--trace", str(trace)]) == 0
+    assert "emu-tpu:0" in capsys.readouterr().out
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"emu-tpu:0", "cpu"} <= tracks
+
+
+def test_unknown_board(clip: Path, shipped_bundle: Path, capsys) -> None:
+    code = main(["caption", str(clip), "--bundle", str(shipped_bundle), "--board", "nosuch"])
+    _one_line_error(capsys, code, "unknown board 'nosuch'")
