@@ -14,6 +14,8 @@ from edgecap.errors import BundleError
 from edgecap.interpreter import make_cpu_interpreter
 
 SCHEMA_VERSION = 1
+# The shipped demo (bundle, sample clip and its ground truth), in a source checkout.
+DEMO_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 _QUANTIZED = (np.int8, np.uint8)
 _ENCODER_STEP_IO = ({"feature", "h", "c"}, {"h_out", "c_out"})
 _DECODER_STEP_IO = ({"word", "h", "c"}, {"logits", "h_out", "c_out"})
@@ -73,6 +75,12 @@ class Bundle:
         """Returns the sentence for token ids, dropping special tokens."""
         special = {self.tokens.pad, self.tokens.bos, self.tokens.eos}
         return " ".join(self.vocab[i] for i in ids if i not in special)
+
+
+def default_bundle() -> Path:
+    """Returns the bundle to use when none is given: $EDGECAP_BUNDLE, else the shipped demo."""
+    env = os.environ.get("EDGECAP_BUNDLE")
+    return Path(env) if env else DEMO_DIR / "bundle"
 
 
 class _Reader:

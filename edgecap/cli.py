@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from edgecap import __version__
+from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.errors import EdgecapError
 
-_REPO = Path(__file__).resolve().parent.parent
-DEMO_DIR = _REPO / "models" / "demo"
 
 # Subcommands implemented by the host-side compiler; it parses its own
 # arguments, and importing it lazily keeps it off the runtime's import path.
@@ -29,12 +28,6 @@ _MODULE_COMMANDS: Dict[str, tuple] = {
     "devices": ("edgecap.devices", "list the CPU and the Coral EdgeTPUs present"),
     "bench": ("edgecap.bench", "compare schedules: CPU only, one TPU, placement, full pipeline"),
 }
-
-
-def default_bundle() -> Path:
-    """Returns the bundle to use when none is given: $EDGECAP_BUNDLE, else the shipped demo."""
-    env = os.environ.get("EDGECAP_BUNDLE")
-    return Path(env) if env else DEMO_DIR / "bundle"
 
 
 def _add_window_args(p: argparse.ArgumentParser) -> None:
@@ -126,9 +119,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Returns the argument parser of the ``edgecap`` command."""
-    parser = argparse.ArgumentParser(prog="edgecap", description=__doc__)
+def build_parser(selected: Sequence[str] = tuple(_MODULE_COMMANDS)) -> argparse.ArgumentParser:
+    """Returns the argument parser of the ``edgecap`` command.
+
+    Args:
+      selected: Module-backed subcommands whose modules to import and whose
+        arguments to add (default: all of them).
+    """
+    parser = argparse.ArgumentParser(
+        prog="edgecap", description="Caption video on ARM boards with Coral EdgeTPUs.",
+        epilog="Bad input exits with code 2 and one line on stderr.")
     parser.add_argument("--version", action="version", version=f"edgecap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -156,9 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, (module, help_text) in _MODULE_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
-        mod = importlib.import_module(module)
-        mod.add_arguments(p)
-        p.set_defaults(func=mod.run)
+        # Only the chosen command's module is imported: `edgecap validate`
+        # should not pay for the benchmark's imports.
+        if name in selected:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(func=mod.run)
 
     for name, help_text in _COMPILER_COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -174,7 +177,7 @@ def _run(argv: Sequence[str]) -> int:
                                "from a source checkout") from None
         main_: Callable[[List[str]], int] = compiler.main
         return main_(list(argv))
-    parser = build_parser()
+    parser = build_parser(selected=[a for a in argv[:1] if a in _MODULE_COMMANDS])
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -65,6 +65,10 @@ def read_split(data_dir: Path, split: str) -> Dict[str, List[str]]:
         raise ConfigError(f"{path}: malformed dataset index ({e}): see models/README.md") from None
     if split not in splits:
         raise ConfigError(f"{path}: no split '{split}' (has {', '.join(sorted(splits))})")
+    unknown = [cid for cid in splits[split] if cid not in clips]
+    if unknown:
+        raise ConfigError(f"{path}: split '{split}' lists clip '{unknown[0]}' that \"clips\" "
+                          "does not caption: add its captions or drop it from the split")
     return {cid: list(clips[cid]) for cid in splits[split]}
 
 
@@ -105,11 +109,13 @@ def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.Path
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
 
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit {limit}: must be at least 1")
     start = time.perf_counter()
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
     data_dir = Path(data_dir)
     refs = read_split(data_dir, split)
-    ids = list(refs)[:limit] if limit else list(refs)
+    ids = list(refs)[:limit]
     if not ids:
         raise ConfigError(f"{data_dir}: split '{split}' has no clips")
     with EdgeCaptioner(b) as cap:

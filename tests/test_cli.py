@@ -102,3 +102,25 @@ def test_caption_on_emulated_board_writes_trace(clip: Path, shipped_bundle: Path
 def test_unknown_board(clip: Path, shipped_bundle: Path, capsys) -> None:
     code = main(["caption", str(clip), "--bundle", str(shipped_bundle), "--board", "nosuch"])
     _one_line_error(capsys, code, "unknown board 'nosuch'")
+
+
+def test_eval_split_names_unknown_clip(tmp_path: Path, shipped_bundle: Path, capsys) -> None:
+    (tmp_path / "captions.json").write_text(json.dumps(
+        {"clips": {"a": ["a red circle grows"]}, "splits": {"test": ["a", "zzz"]}}))
+    code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path)])
+    _one_line_error(capsys, code, "'zzz'")
+
+
+def test_eval_limit_must_be_positive(tmp_path: Path, shipped_bundle: Path, capsys) -> None:
+    code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path), "--limit", "0"])
+    _one_line_error(capsys, code, "--limit 0")
+
+
+def test_help_lists_every_command(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for command in ("caption", "camera", "eval", "validate", "devices", "bench", "compile",
+                    "calibrate"):
+        assert command in out
