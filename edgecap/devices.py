@@ -251,15 +251,42 @@ def open_stage(
     return PacedSegment(runner, stage.predicted_ms) if paced else runner
 
 
-def _open_edgetpu(spec: DeviceSpec, segment: "str | os.PathLike[str] | None") -> Segment:
+def load_edgetpu_delegate(spec: DeviceSpec) -> Any:
+    """Loads libedgetpu's delegate for one EdgeTPU.
+
+    Args:
+      spec: A parsed ``tpu`` device (see ``parse_device``).
+
+    Returns:
+      The delegate, for ``interpreter.make_delegate_interpreter``.
+
+    Raises:
+      EdgecapError: If the Edge TPU runtime is not installed or the device
+        cannot be opened.
+    """
+    fix = "install the Edge TPU runtime, check `edgecap devices`, or run on cpu / emu-tpu:N"
+    # Probe the library first: when load_delegate fails to load it, the
+    # backend's half-built Delegate prints tracebacks from its __del__.
     try:
-        delegate = interpreter.load_delegate(EDGETPU_LIBRARY, {"device": spec.delegate_option})
-    except (ValueError, OSError) as exc:
+        ctypes.CDLL(EDGETPU_LIBRARY)
+    except OSError:
+        raise EdgecapError(f"{spec}: {EDGETPU_LIBRARY} not found; {fix}") from None
+    try:
+        return interpreter.load_delegate(EDGETPU_LIBRARY, {"device": spec.delegate_option})
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise EdgecapError(f"{spec}: cannot open the EdgeTPU ({exc}); {fix}") from None
+
+
+def _open_edgetpu(spec: DeviceSpec, segment: "str | os.PathLike[str]") -> Segment:
+    delegate = load_edgetpu_delegate(spec)
+    try:
+        interp = interpreter.make_delegate_interpreter(segment, [delegate])
+    except (ValueError, RuntimeError) as exc:
         raise EdgecapError(
-            f"{spec}: cannot open the EdgeTPU through {EDGETPU_LIBRARY} ({exc}); install the "
-            "Edge TPU runtime, check `edgecap devices`, or run on cpu / emu-tpu:N"
+            f"{spec}: cannot run {Path(segment).name} on the EdgeTPU ({exc}); "
+            "re-run `edgecap compile`, or run on cpu / emu-tpu:N"
         ) from None
-    return InterpreterSegment(interpreter.make_delegate_interpreter(segment, [delegate]))
+    return InterpreterSegment(interp)
 
 
 def list_devices() -> List[DeviceInfo]:

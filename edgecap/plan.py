@@ -29,6 +29,16 @@ class TensorSpec:
     scale: float
     zero_point: int
 
+    def to_json(self) -> Dict[str, Any]:
+        """Returns the tensor as plan.json writes it (docs/plan.md)."""
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "scale": self.scale,
+            "zero_point": self.zero_point,
+        }
+
 
 @dataclass(frozen=True)
 class Stage:

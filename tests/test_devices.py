@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -124,13 +125,54 @@ def test_emulation_needs_a_prediction(tmp_path: Path) -> None:
         open_stage(stage, "emu-tpu:0")
 
 
-def test_tpu_without_runtime_is_a_one_line_error(plan, monkeypatch) -> None:
-    def no_library(library, options):
+@pytest.fixture
+def libedgetpu(monkeypatch):
+    """Pretends libedgetpu.so.1 is installed (only the ctypes probe; the delegate is stubbed per test)."""
+    real = devices.ctypes.CDLL
+
+    def cdll(name, *args, **kwargs):
+        return object() if name == devices.EDGETPU_LIBRARY else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(devices.ctypes, "CDLL", cdll)
+
+
+def test_missing_libedgetpu_is_one_line_before_load_delegate(monkeypatch) -> None:
+    def no_library(name, *args, **kwargs):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    def load_delegate(library, options):
+        raise AssertionError("load_delegate must not run without the library")
+
+    monkeypatch.setattr(devices.ctypes, "CDLL", no_library)
+    monkeypatch.setattr(devices.interpreter, "load_delegate", load_delegate)
+    with pytest.raises(EdgecapError, match="usb:1: libedgetpu.so.1 not found; install") as err:
+        devices.load_edgetpu_delegate(parse_device("usb:1"))
+    assert "\n" not in str(err.value)
+
+
+def test_delegate_failure_is_a_one_line_error(libedgetpu, monkeypatch) -> None:
+    seen = {}
+
+    def no_device(library, options):
+        seen.update(options)
         raise ValueError(f"Failed to load delegate from {library}")
 
-    monkeypatch.setattr(devices.interpreter, "load_delegate", no_library)
-    with pytest.raises(EdgecapError, match="tpu:0: cannot open the EdgeTPU") as err:
-        open_stage(plan.stages[0])
+    monkeypatch.setattr(devices.interpreter, "load_delegate", no_device)
+    with pytest.raises(EdgecapError, match="tpu:1: cannot open the EdgeTPU") as err:
+        devices.load_edgetpu_delegate(parse_device("tpu:1"))
+    assert "\n" not in str(err.value)
+    assert seen == {"device": ":1"}
+
+
+def test_delegate_interpreter_failure_is_a_one_line_error(plan, libedgetpu, monkeypatch) -> None:
+    def interpreter_fails(model, delegates):
+        raise RuntimeError("Encountered unresolved custom op: edgetpu-custom-op")
+
+    monkeypatch.setattr(devices.interpreter, "load_delegate", lambda library, options: object())
+    monkeypatch.setattr(devices.interpreter, "make_delegate_interpreter", interpreter_fails)
+    stage = dataclasses.replace(plan.stages[0], compiled_segment=plan.stages[0].segment)
+    with pytest.raises(EdgecapError, match="tpu:0: cannot run .* on the EdgeTPU") as err:
+        open_stage(stage)
     assert "\n" not in str(err.value)
 
 

@@ -41,6 +41,13 @@ def test_reads_stages_in_order(plan_dir: Path) -> None:
     assert len(passing) == 1
 
 
+def test_tensor_json_round_trips_as_written(plan_dir: Path) -> None:
+    plan = load_plan(plan_dir)
+    written = json.loads((plan_dir / "plan.json").read_text())["stages"]
+    for stage, raw in zip(plan.stages, written):
+        assert [t.to_json() for t in stage.inputs + stage.outputs] == raw["inputs"] + raw["outputs"]
+
+
 def test_empty_stage_is_skipped(tmp_path: Path) -> None:
     write_plan(TINY, [0, 3], ["tpu:0", "tpu:1", "cpu"], tmp_path, [0.0, 1.0, 1.0])
     plan = load_plan(tmp_path / "plan.json")
