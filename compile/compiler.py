@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from edgecap_compile.boards import Board, load_board
 from edgecap_compile.calibration import apply_calibration
 from edgecap_compile.cost_model import CostModel
@@ -15,7 +17,7 @@ from edgecap_compile.edgetpu import EdgeTpuReport, compile_segment, find_compile
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import read_graph
 from edgecap_compile.model_source import resolve_source
-from edgecap_compile.partitioner import partition
+from edgecap_compile.partitioner import Partition, evaluate, partition
 from edgecap_compile.plan import build_plan, write_plan
 from edgecap_compile.segments import Segment, write_segments
 from edgecap_compile.timing import measure_invoke_ms
@@ -74,7 +76,8 @@ def _clear_old_segments(out_dir: Path, stem: str) -> None:
 def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[str, os.PathLike],
                   tpus: Optional[int] = None, sram: Optional[int] = None,
                   calibration: Optional[Union[str, os.PathLike]] = None, report: bool = False,
-                  min_runtime_version: Optional[int] = None) -> CompileResult:
+                  min_runtime_version: Optional[int] = None,
+                  ranges: Optional[Sequence[Tuple[int, int]]] = None) -> CompileResult:
     """Splits an int8 model into TPU segments and a CPU tail and writes them with plan.json.
 
     Args:
@@ -87,13 +90,15 @@ def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[st
       calibration: A file from ``edgecap calibrate`` for one of the board's devices.
       report: Also write report.md and split.png.
       min_runtime_version: edgetpu_compiler ``-m`` value.
+      ranges: A fixed split instead of the best one: one ``(start, end)`` op
+        range per stage (TPUs, then the CPU), contiguous from op 0 to the last.
 
     Returns:
       The ``CompileResult``.
 
     Raises:
       CompileError: On bad input (unreadable or float model, unknown board, bad
-        budget, more stages than ops, ...).
+        budget, more stages than ops, ranges that do not cover the model, ...).
     """
     model_source = resolve_source(source)
     graph = read_graph(model_source.encoder)
@@ -105,7 +110,8 @@ def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[st
             f"has only {len(graph.ops)} ops; use --tpus {len(graph.ops) - 1} or fewer")
     rnn_ms = rnn_step_ms(model_source.rnn_step, chosen) if model_source.rnn_step else 0.0
     model = CostModel(graph, [*chosen.tpus, chosen.cpu], rnn_ms)
-    split = partition([model.matrix(k) for k in range(stages)])
+    costs = [model.matrix(k) for k in range(stages)]
+    split = partition(costs) if ranges is None else _fixed_split(costs, ranges, graph.name)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,6 +131,19 @@ def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[st
     figure = out / "split.png"
     plot_split(model, split, figure)
     return CompileResult(plan, plan_path, table, figure)
+
+
+def _fixed_split(costs: Sequence[np.ndarray], ranges: Sequence[Tuple[int, int]],
+                 model: str) -> Partition:
+    n = costs[0].shape[0] - 1
+    cuts = [0, *(end for _, end in ranges)]
+    contiguous = [start for start, _ in ranges] == cuts[:-1]
+    if (len(ranges) != len(costs) or not contiguous or cuts[-1] != n
+            or any(b < a for a, b in zip(cuts, cuts[1:]))):
+        raise CompileError(f"ranges {list(map(tuple, ranges))} do not split the {n} ops of "
+                           f"{model} into {len(costs)} contiguous stages from op 0 to {n}; "
+                           "give one (start, end) per TPU and one for the CPU")
+    return evaluate(costs, cuts)
 
 
 def _compile_tpu_segments(ranges: Sequence[Tuple[int, int]], segments: Sequence[Segment],

@@ -13,12 +13,13 @@ import hashlib
 import os
 import shutil
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 from edgecap.bundle import Bundle
 from edgecap.errors import ConfigError
-from edgecap.plan import Plan, load_plan
+from edgecap.plan import PLAN_VERSION, Plan, load_plan
 
 
 def cache_root() -> Path:
@@ -48,6 +49,8 @@ def plan_for_board(
     """
     try:
         from edgecap_compile import compiler
+        from edgecap_compile.edgetpu import find_compiler
+        from edgecap_compile.graph import read_graph
     except ImportError as exc:
         raise ConfigError(
             f"planning for board {board!r} needs the compiler ({exc}); install edgecap from a "
@@ -57,38 +60,28 @@ def plan_for_board(
     key = hashlib.sha256()
     for path in (bundle.encoder, bundle.encoder_step):
         key.update(path.read_bytes())
-    key.update(repr((chosen, whole_on_tpu)).encode())
+    # A plan made without edgetpu_compiler, or by another compiler or plan
+    # version, must not be reused once that changes (edgecap_compile ships in
+    # the edgecap distribution, so its version is edgecap's).
+    key.update(repr((chosen, whole_on_tpu, find_compiler(), PLAN_VERSION,
+                     metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
     if not (out / "plan.json").is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=".staging-"))
-        if whole_on_tpu:
-            _compile_whole_on_tpu(compiler, bundle, chosen, staging)
-        else:
-            compiler.compile_model(bundle.root, board, staging, tpus=tpus)
+        try:
+            if whole_on_tpu:
+                # Coral's default: every op on tpu:0, only the RNN on the CPU.
+                n = len(read_graph(bundle.encoder).ops)
+                compiler.compile_model(bundle.root, board, staging, tpus=1,
+                                       ranges=[(0, n), (n, n)])
+            else:
+                compiler.compile_model(bundle.root, board, staging, tpus=tpus)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         try:
             staging.rename(out)  # atomic: a concurrent planner's identical result may win
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
     return load_plan(out)
-
-
-def _compile_whole_on_tpu(compiler, bundle: Bundle, board, out: Path) -> None:
-    # The compiler picks the best split; here the split is fixed: every op on tpu:0.
-    from edgecap_compile.cost_model import CostModel
-    from edgecap_compile.edgetpu import EdgeTpuReport, compile_segment, find_compiler
-    from edgecap_compile.graph import read_graph
-    from edgecap_compile.partitioner import evaluate
-    from edgecap_compile.plan import build_plan, write_plan
-    from edgecap_compile.segments import write_segments
-
-    graph = read_graph(bundle.encoder)
-    model = CostModel(graph, [*board.tpus, board.cpu], compiler.rnn_step_ms(bundle.encoder_step, board))
-    n = len(graph.ops)
-    split = evaluate([model.matrix(k) for k in range(2)], [0, n, n])
-    segments = write_segments(graph, list(split.ranges), out)
-    tool = find_compiler()
-    edgetpu = {0: compile_segment(tool, segments[0].path) if tool else
-               EdgeTpuReport(compiled=False, reason="edgetpu_compiler not on PATH")}
-    plan = build_plan(graph, bundle.encoder.name, board, model, split, segments, edgetpu)
-    write_plan(plan, out / "plan.json")

@@ -1,0 +1,73 @@
+"""A fixed split through ``compile_model(ranges=...)`` and the runtime's plan cache built on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgecap import planning
+from edgecap.bundle import load_bundle
+from edgecap_compile import compiler, edgetpu
+from edgecap_compile.errors import CompileError
+
+MODEL = Path(__file__).parent / "data" / "compile" / "tiny_inception.tflite"
+
+
+@pytest.fixture(autouse=True)
+def plan_cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "edgecap" / "plans"
+
+
+@pytest.fixture(scope="module")
+def bundle(shipped_bundle):
+    return load_bundle(shipped_bundle)
+
+
+def test_fixed_ranges_replace_the_search(tmp_path):
+    result = compiler.compile_model(MODEL, "rpi4-2usb", tmp_path, tpus=1,
+                                    ranges=[(0, 21), (21, 21)])
+    stages = [(s["device"], s["ops"]) for s in result.plan["stages"]]
+    assert stages == [("tpu:0", [0, 21]), ("cpu", [21, 21])]
+    best = compiler.compile_model(MODEL, "rpi4-2usb", tmp_path / "best", tpus=1)
+    assert best.plan["stages"][1]["ops"] != [21, 21]  # the search would not have chosen it
+
+
+@pytest.mark.parametrize("ranges", [[(0, 21)], [(0, 10), (11, 21)], [(0, 10), (10, 20)],
+                                    [(0, 12), (12, 10)], [(1, 10), (10, 21)]])
+def test_ranges_that_do_not_split_the_model_are_one_line(tmp_path, ranges):
+    with pytest.raises(CompileError) as e:
+        compiler.compile_model(MODEL, "rpi4-2usb", tmp_path, tpus=1, ranges=ranges)
+    assert "contiguous stages from op 0 to 21" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_whole_on_tpu_plan_is_the_compilers_plan(bundle):
+    plan = planning.plan_for_board(bundle, "devboard-usb", whole_on_tpu=True)
+    n = plan.stages[0].ops[1]
+    assert [(s.device, s.ops) for s in plan.stages] == [("tpu:0", (0, n)), ("cpu", (n, n))]
+    assert plan.model_file == "encoder.tflite" and plan.rnn_ms > 0
+
+
+def test_a_failed_compile_leaves_no_staging_folder(bundle, plan_cache, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compiler, "compile_model", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        planning.plan_for_board(bundle, "devboard-usb")
+    assert plan_cache.is_dir() and list(plan_cache.iterdir()) == []
+
+
+@pytest.mark.parametrize("change", ["edgetpu_compiler", "plan_version", "edgecap_version"])
+def test_the_cache_key_covers_the_tools(bundle, monkeypatch, change):
+    first = planning.plan_for_board(bundle, "devboard-usb").path.parent
+    assert planning.plan_for_board(bundle, "devboard-usb").path.parent == first
+    if change == "edgetpu_compiler":
+        monkeypatch.setattr(edgetpu, "find_compiler", lambda: "/usr/bin/edgetpu_compiler")
+    elif change == "plan_version":
+        monkeypatch.setattr(planning, "PLAN_VERSION", planning.PLAN_VERSION + 1)
+    else:
+        monkeypatch.setattr(planning.metadata, "version", lambda name: "99.0")
+    # The compile itself runs without edgetpu_compiler: only the key sees the change.
+    assert planning.plan_for_board(bundle, "devboard-usb").path.parent != first
