@@ -1,4 +1,8 @@
-"""plan.json (docs/plan.md): the split the runtime follows, with the cost model's predictions."""
+"""plan.json (docs/plan.md): the split the runtime follows, with the cost model's predictions.
+
+The format (version, tensor records) is the runtime's, ``edgecap.plan``; this
+module fills it in.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
+from edgecap.plan import PLAN_VERSION, TensorSpec
 from edgecap_compile.boards import Board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.edgetpu import EdgeTpuReport
@@ -14,13 +19,12 @@ from edgecap_compile.graph import Graph
 from edgecap_compile.partitioner import Partition
 from edgecap_compile.segments import Segment
 
-PLAN_VERSION = 1
-
 
 def _tensor(graph: Graph, index: int) -> dict:
     t = graph.tensors[index]
-    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
-            "scale": t.scale, "zero_point": t.zero_point}
+    # The runtime's record of a tensor is the format: 0 scale for an unquantized one.
+    spec = TensorSpec(t.name, tuple(t.shape), t.dtype, t.scale or 0.0, t.zero_point or 0)
+    return spec.to_json()
 
 
 def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
