@@ -21,7 +21,7 @@ import numpy as np
 from edgecap import devices
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
 from edgecap.errors import ConfigError, PlanError
-from edgecap.plan import Plan, Stage, load_plan, single_cpu_plan
+from edgecap.plan import Plan, Stage, file_sha256, load_plan, single_cpu_plan
 from edgecap.preprocess import Preprocessor, dequantize
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
 from edgecap.scheduler import Pipeline, Step
@@ -404,6 +404,11 @@ def _check_plan_fits(plan: Plan, bundle: Bundle) -> None:
         raise PlanError(
             f"{plan.path or 'plan'}: outputs {[list(t.shape) for t in plan.outputs]}, not the bundle's "
             f"{bundle.feature_size} features; compile the bundle's encoder.tflite"
+        )
+    if plan.model_sha256 != file_sha256(bundle.encoder):
+        raise PlanError(
+            f"{plan.path or 'plan'}: compiled from another model than {bundle.encoder} "
+            f"(sha256 differs); re-run `edgecap compile {bundle.root}`"
         )
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgecap import interpreter
-from edgecap.errors import ConfigError, EdgecapError
+from edgecap.errors import ConfigError, EdgecapError, PlanError
 
 if TYPE_CHECKING:
     from edgecap.plan import Stage, TensorSpec
@@ -130,16 +130,56 @@ class Segment:
 class InterpreterSegment(Segment):
     """A segment run by a TFLite interpreter (the CPU, or an EdgeTPU delegate)."""
 
-    def __init__(self, interp: Any) -> None:
+    def __init__(self, interp: Any, stage: "Stage") -> None:
+        """Wraps an allocated interpreter of ``stage``'s segment.
+
+        Args:
+          interp: The interpreter.
+          stage: The plan stage it runs.
+
+        Raises:
+          PlanError: If the segment's inputs are not among the stage's inputs,
+            or a stage output is neither computed by it nor forwarded, or a
+            tensor's shape or dtype differs from the plan.
+        """
+        ins, outs = interp.get_input_details(), interp.get_output_details()
+        _check_tensors(stage, "input", ins, stage.inputs)
+        _check_tensors(stage, "output", outs, stage.outputs)
+        computed = {d["name"] for d in outs} | {t.name for t in stage.inputs}
+        missing = [t.name for t in stage.outputs if t.name not in computed]
+        if missing:
+            raise _segment_mismatch(stage, f"does not output {', '.join(missing)}")
         self._interp = interp
-        self._inputs = [(d["name"], d["index"]) for d in interp.get_input_details()]
-        self._outputs = [(d["name"], d["index"]) for d in interp.get_output_details()]
+        self._inputs = [(d["name"], d["index"]) for d in ins]
+        self._outputs = [(d["name"], d["index"]) for d in outs]
 
     def __call__(self, tensors: Tensors) -> Tensors:
         for name, index in self._inputs:
             self._interp.set_tensor(index, tensors[name])
         self._interp.invoke()
         return {name: self._interp.get_tensor(index) for name, index in self._outputs}
+
+
+def _check_tensors(stage: "Stage", kind: str, details: Sequence[Dict[str, Any]],
+                   specs: Sequence["TensorSpec"]) -> None:
+    by_name = {t.name: t for t in specs}
+    for d in details:
+        spec = by_name.get(d["name"])
+        has = (tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]).name)
+        if spec is None and kind == "input":
+            raise _segment_mismatch(stage, f"reads {d['name']}, which the plan's inputs do not list")
+        if spec is not None and has != (spec.shape, spec.dtype):
+            raise _segment_mismatch(
+                stage, f"{kind} {d['name']} is {has[1]}{list(has[0])}, the plan says "
+                f"{spec.dtype}{list(spec.shape)}"
+            )
+
+
+def _segment_mismatch(stage: "Stage", what: str) -> PlanError:
+    return PlanError(
+        f"stage {stage.index} ({stage.device}): segment {stage.segment.name} {what}; "
+        "the segment files do not match plan.json, re-run `edgecap compile`"
+    )
 
 
 class ZeroSegment(Segment):
@@ -231,6 +271,8 @@ def open_stage(
 
     Raises:
       ConfigError: If pacing is asked for and the stage has no ``predicted_ms``.
+      PlanError: If the segment file does not match the stage, or a real
+        EdgeTPU is to run a segment edgetpu_compiler did not compile.
       EdgecapError: If no EdgeTPU runtime or device can be opened.
     """
     spec = parse_device(device or stage.device) if not isinstance(device, DeviceSpec) else device
@@ -243,9 +285,15 @@ def open_stage(
     if timing_only and paced:
         segment: Segment = ZeroSegment(stage.outputs)
     elif spec.kind == "tpu":
-        segment = _open_edgetpu(spec, stage.compiled_segment or stage.segment)
+        if stage.compiled_segment is None:
+            # libedgetpu would run an uncompiled segment's every op on the CPU, silently.
+            raise PlanError(
+                f"stage {stage.index} on {spec}: {stage.segment.name} was not compiled by "
+                "edgetpu_compiler; install it and re-run `edgecap compile`, or run on emu-tpu:N"
+            )
+        segment = _open_edgetpu(spec, stage)
     else:
-        segment = InterpreterSegment(interpreter.make_cpu_interpreter(stage.segment, num_threads))
+        segment = InterpreterSegment(interpreter.make_cpu_interpreter(stage.segment, num_threads), stage)
     runner: Segment = StageRunner(segment, stage.outputs)
     # Pacing wraps the whole stage, forwarding included: that is the device's invoke.
     return PacedSegment(runner, stage.predicted_ms) if paced else runner
@@ -277,7 +325,8 @@ def load_edgetpu_delegate(spec: DeviceSpec) -> Any:
         raise EdgecapError(f"{spec}: cannot open the EdgeTPU ({exc}); {fix}") from None
 
 
-def _open_edgetpu(spec: DeviceSpec, segment: "str | os.PathLike[str]") -> Segment:
+def _open_edgetpu(spec: DeviceSpec, stage: "Stage") -> Segment:
+    segment = stage.compiled_segment
     delegate = load_edgetpu_delegate(spec)
     try:
         interp = interpreter.make_delegate_interpreter(segment, [delegate])
@@ -286,7 +335,7 @@ def _open_edgetpu(spec: DeviceSpec, segment: "str | os.PathLike[str]") -> Segmen
             f"{spec}: cannot run {Path(segment).name} on the EdgeTPU ({exc}); "
             "re-run `edgecap compile`, or run on cpu / emu-tpu:N"
         ) from None
-    return InterpreterSegment(interp)
+    return InterpreterSegment(interp, stage)
 
 
 def list_devices() -> List[DeviceInfo]:

@@ -6,7 +6,9 @@ validates them, so the runtime never needs the compiler installed.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +57,6 @@ class Stage:
     inputs: Tuple[TensorSpec, ...]
     outputs: Tuple[TensorSpec, ...]
     predicted_ms: Optional[float]
-    param_bytes_on_chip: int = 0
-    param_bytes_streamed: int = 0
-    macs: int = 0
     compiled_segment: Optional[Path] = None
 
     @property
@@ -68,17 +67,17 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """A validated plan: stages in pipeline order plus the compiler's predictions."""
+    """A validated plan: stages in pipeline order, for one source model.
+
+    ``model_sha256`` is the hex SHA-256 of the model file the plan was cut from.
+    """
 
     path: Optional[Path]
     board: str
-    board_version: int
     model_file: str
+    model_sha256: str
     stages: Tuple[Stage, ...]
     rnn_ms: Optional[float] = None
-    sram_bytes: Optional[int] = None
-    predicted_fps: Optional[float] = None
-    predicted_latency_ms: Optional[float] = None
 
     @property
     def active_stages(self) -> Tuple[Stage, ...]:
@@ -142,7 +141,8 @@ def single_cpu_plan(encoder: "str | os.PathLike[str]") -> Plan:
         interp = make_cpu_interpreter(encoder)
     except (ValueError, OSError) as exc:
         raise PlanError(f"{encoder}: not a TFLite model ({exc}); check the bundle's encoder") from None
-    ops = _operator_count(encoder.read_bytes())
+    # The model's own nodes come first; the delegates the backend applied are appended.
+    ops = sum(1 for op in interp._get_ops_details() if op["op_name"] != "DELEGATE")
     stage = Stage(
         index=0,
         device="cpu",
@@ -152,13 +152,18 @@ def single_cpu_plan(encoder: "str | os.PathLike[str]") -> Plan:
         outputs=tuple(_spec_from_details(d) for d in interp.get_output_details()),
         predicted_ms=None,
     )
-    return Plan(path=None, board="host", board_version=0, model_file=encoder.name, stages=(stage,))
+    return Plan(
+        path=None,
+        board="host",
+        model_file=encoder.name,
+        model_sha256=file_sha256(encoder),
+        stages=(stage,),
+    )
 
 
-def _operator_count(model: bytes) -> int:
-    from ai_edge_litert import schema_py_generated as schema
-
-    return schema.Model.GetRootAs(model, 0).Subgraphs(0).OperatorsLength()
+def file_sha256(path: "str | os.PathLike[str]") -> str:
+    """Returns the hex SHA-256 of a file, as plans record their model's."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _spec_from_details(d: Dict[str, Any]) -> TensorSpec:
@@ -176,7 +181,7 @@ def _parse(doc: Any, path: Path) -> Plan:
     where = str(path)
     if not isinstance(doc, dict):
         raise PlanError(f"{where}: top level must be a JSON object")
-    if doc.get("plan_version") != PLAN_VERSION:
+    if isinstance(doc.get("plan_version"), bool) or doc.get("plan_version") != PLAN_VERSION:
         raise PlanError(
             f"{where}: plan_version is {doc.get('plan_version')!r}, this runtime reads "
             f"{PLAN_VERSION}; re-run `edgecap compile`"
@@ -189,17 +194,13 @@ def _parse(doc: Any, path: Path) -> Plan:
     stages = [_parse_stage(raw, i, path.parent, where) for i, raw in enumerate(raw_stages)]
     _check_order(stages, where)
     _check_chain(stages, where)
-    predicted = doc.get("predicted") or {}
     return Plan(
         path=path,
-        board=str(_field(board, "name", str, f"{where}: board")),
-        board_version=int(board.get("version", 0)),
-        model_file=str(_field(model, "file", str, f"{where}: model")),
+        board=_field(board, "name", str, f"{where}: board"),
+        model_file=_field(model, "file", str, f"{where}: model"),
+        model_sha256=_field(model, "sha256", str, f"{where}: model"),
         stages=tuple(stages),
         rnn_ms=_optional_number(doc, "rnn_ms", where),
-        sram_bytes=doc.get("sram_bytes"),
-        predicted_fps=_optional_number(predicted, "fps", f"{where}: predicted"),
-        predicted_latency_ms=_optional_number(predicted, "latency_ms", f"{where}: predicted"),
     )
 
 
@@ -207,7 +208,7 @@ def _parse_stage(raw: Any, position: int, base: Path, where: str) -> Stage:
     here = f"{where}: stages[{position}]"
     if not isinstance(raw, dict):
         raise PlanError(f"{here} must be an object")
-    if raw.get("index") != position:
+    if isinstance(raw.get("index"), bool) or raw.get("index") != position:
         raise PlanError(f"{here}: index is {raw.get('index')!r}, expected {position}")
     device = _field(raw, "device", str, here)
     try:
@@ -215,7 +216,7 @@ def _parse_stage(raw: Any, position: int, base: Path, where: str) -> Stage:
     except EdgecapError as exc:
         raise PlanError(f"{here}: {exc}") from None
     ops = _field(raw, "ops", list, here)
-    if len(ops) != 2 or not all(isinstance(x, int) for x in ops) or not 0 <= ops[0] <= ops[1]:
+    if len(ops) != 2 or not all(_is_int(x) for x in ops) or not 0 <= ops[0] <= ops[1]:
         raise PlanError(f"{here}: ops must be [start, end) with 0 <= start <= end, got {ops!r}")
     empty = ops[0] == ops[1]
     segment = raw.get("segment")
@@ -223,9 +224,6 @@ def _parse_stage(raw: Any, position: int, base: Path, where: str) -> Stage:
         raise PlanError(f"{here}: an empty stage (ops {ops}) must have segment null")
     if not empty and not isinstance(segment, str):
         raise PlanError(f"{here}: segment must name the stage's .tflite file")
-    param_bytes = raw.get("param_bytes") or {}
-    edgetpu = raw.get("edgetpu") or {}
-    compiled = edgetpu.get("compiled_segment") if edgetpu.get("compiled") else None
     return Stage(
         index=position,
         device=device,
@@ -234,11 +232,20 @@ def _parse_stage(raw: Any, position: int, base: Path, where: str) -> Stage:
         inputs=_tensors(raw, "inputs", here),
         outputs=_tensors(raw, "outputs", here),
         predicted_ms=_optional_number(raw, "predicted_ms", here),
-        param_bytes_on_chip=int(param_bytes.get("on_chip", 0)),
-        param_bytes_streamed=int(param_bytes.get("streamed", 0)),
-        macs=int(raw.get("macs", 0)),
-        compiled_segment=_inside(base, compiled, here) if compiled else None,
+        compiled_segment=_compiled_segment(raw, base, here),
     )
+
+
+def _compiled_segment(raw: Dict[str, Any], base: Path, where: str) -> Optional[Path]:
+    edgetpu = raw.get("edgetpu")
+    if edgetpu is None:
+        return None
+    here = f"{where}: edgetpu"
+    if not isinstance(edgetpu, dict):
+        raise PlanError(f"{here} must be an object or null")
+    if not _field(edgetpu, "compiled", bool, here):
+        return None
+    return _inside(base, _field(edgetpu, "compiled_segment", str, here), here)
 
 
 def _inside(base: Path, name: str, where: str) -> Path:
@@ -258,16 +265,22 @@ def _tensors(raw: Dict[str, Any], key: str, where: str) -> Tuple[TensorSpec, ...
         if not isinstance(t, dict):
             raise PlanError(f"{here} must be an object")
         shape = _field(t, "shape", list, here)
+        if not all(_is_int(x) and x >= 0 for x in shape):
+            raise PlanError(f"{here}: shape must be a list of sizes >= 0, got {shape!r}")
         dtype = _field(t, "dtype", str, here)
         if dtype not in _DTYPES:
             raise PlanError(f"{here}: dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+        # Float tensors carry no quantisation: the compiler writes null.
+        zero_point = t.get("zero_point")
+        if zero_point is not None and not _is_int(zero_point):
+            raise PlanError(f"{here}: zero_point must be an integer or null, got {zero_point!r}")
         specs.append(
             TensorSpec(
                 name=_field(t, "name", str, here),
-                shape=tuple(int(x) for x in shape),
+                shape=tuple(shape),
                 dtype=dtype,
-                scale=float(t.get("scale") or 0.0),
-                zero_point=int(t.get("zero_point") or 0),
+                scale=_optional_number(t, "scale", here) or 0.0,
+                zero_point=zero_point or 0,
             )
         )
     return tuple(specs)
@@ -301,9 +314,14 @@ def _check_chain(stages: List[Stage], where: str) -> None:
             )
 
 
+def _is_int(value: Any) -> bool:
+    # JSON true/false arrive as bool, which Python counts as int.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _field(obj: Dict[str, Any], key: str, kind: type, where: str) -> Any:
     value = obj.get(key)
-    if not isinstance(value, kind):
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise PlanError(f"{where}: field {key!r} missing or not a {kind.__name__}")
     return value
 
@@ -312,6 +330,6 @@ def _optional_number(obj: Dict[str, Any], key: str, where: str) -> Optional[floa
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise PlanError(f"{where}: {key} must be a non-negative number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise PlanError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
     return float(value)

@@ -12,7 +12,7 @@ import pytest
 
 from edgecap import devices
 from edgecap.devices import DeviceSpec, list_devices, open_stage, parse_device
-from edgecap.errors import ConfigError, EdgecapError
+from edgecap.errors import ConfigError, EdgecapError, PlanError
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.plan import load_plan
 from runtime_plans import write_plan
@@ -203,13 +203,46 @@ def test_this_machine_lists_its_cpu() -> None:
 
 
 @pytest.mark.tpu
-def test_real_edgetpu_runs_a_segment_like_the_cpu(plan) -> None:
-    if not any(i.kind in ("pci", "usb") for i in list_devices()):
-        pytest.skip("no Coral EdgeTPU attached")
-    stage = plan.stages[0]
-    x = {plan.inputs[0].name: _frame(4)}
-    name = stage.outputs[0].name
-    np.testing.assert_array_equal(open_stage(stage, "tpu:0")(x)[name], open_stage(stage, "cpu")(x)[name])
+def test_uncompiled_segment_is_refused_on_a_real_edgetpu(plan, monkeypatch) -> None:
+    def load_delegate(library, options):
+        raise AssertionError("no delegate may be loaded for an uncompiled segment")
+
+    monkeypatch.setattr(devices.interpreter, "load_delegate", load_delegate)
+    with pytest.raises(PlanError, match="stage 0 on tpu:0: .* not compiled by edgetpu_compiler") as err:
+        open_stage(plan.stages[0])
+    assert "\n" not in str(err.value)
+    open_stage(plan.stages[0], "emu-tpu:0")  # the way out the message names
+
+
+def _edited_stage(tmp_path: Path, edit, index: int = 0):
+    write_plan(TINY, [1, 2], ["tpu:0", "tpu:1", "cpu"], tmp_path, [30.0, 20.0, 1.0])
+    path = tmp_path / "plan.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    return load_plan(path).stages[index]
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["stages"][0].update(segment=d["stages"][1]["segment"]), "reads .*, which the plan's inputs"),
+    (lambda d: d["stages"][0]["inputs"][0].update(name="renamed"), "reads .*, which the plan's inputs"),
+    (lambda d: d["stages"][0]["inputs"][0].update(dtype="uint8"), r"input .* is int8\[1, 16, 16, 3\], the plan says uint8"),
+    (lambda d: d["stages"][0]["outputs"][0].update(shape=[1, 2]), r"output .* the plan says int8\[1, 2\]"),
+])
+def test_segment_that_does_not_match_its_stage_is_a_plan_error(tmp_path: Path, edit, message) -> None:
+    stage = _edited_stage(tmp_path, edit)
+    with pytest.raises(PlanError, match=message) as err:
+        open_stage(stage, "cpu")
+    assert "\n" not in str(err.value) and "re-run `edgecap compile`" in str(err.value)
+
+
+def test_stage_output_neither_computed_nor_forwarded_is_a_plan_error(tmp_path: Path) -> None:
+    def edit(doc):
+        extra = dict(doc["stages"][2]["outputs"][0], name="ghost")
+        doc["stages"][2]["outputs"].append(extra)
+
+    with pytest.raises(PlanError, match="does not output ghost"):
+        open_stage(_edited_stage(tmp_path, edit, 2), "cpu")
 
 
 def test_devices_command_prints_the_table_and_json(capsys) -> None:

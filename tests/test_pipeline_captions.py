@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -200,6 +201,15 @@ def test_plan_for_another_model_is_rejected(shipped_bundle, tmp_path):
     write_plan(tiny, [], ["cpu"], tmp_path)
     with pytest.raises(PlanError, match="bundle's encoder"):
         EdgeCaptioner(shipped_bundle, plan=tmp_path)
+
+
+def test_plan_for_another_model_of_the_same_shape_is_rejected(shipped_bundle, tmp_path):
+    plan = write_plan(shipped_bundle / "encoder.tflite", [], ["cpu"], tmp_path)
+    doc = json.loads(plan.read_text())
+    doc["model"]["sha256"] = "0" * 64
+    plan.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match="compiled from another model .* re-run `edgecap compile "):
+        EdgeCaptioner(shipped_bundle, plan=plan)
 
 
 def test_sample_clip_through_two_emulated_tpus_equals_the_cpu_path(plans, shipped_bundle):

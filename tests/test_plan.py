@@ -85,13 +85,45 @@ def test_single_cpu_plan_of_a_non_model(tmp_path: Path) -> None:
     (lambda d: d["stages"][1].update(ops=[1, 1]), "must have segment null"),
     (lambda d: d["stages"][2]["inputs"][0].update(name="renamed"), "reads renamed which stages"),
     (lambda d: d["stages"][0]["inputs"][0].update(dtype="bfloat16"), "dtype 'bfloat16'"),
-    (lambda d: d["stages"][0].update(predicted_ms=-1), "predicted_ms must be a non-negative"),
+    (lambda d: d["stages"][0].update(predicted_ms=-1), "predicted_ms must be a finite number >= 0"),
+    (lambda d: d["stages"][0].update(predicted_ms=float("nan")), "predicted_ms must be a finite number"),
+    (lambda d: d.update(rnn_ms="1"), "rnn_ms must be a finite number"),
+    (lambda d: d["model"].pop("sha256"), "model: field 'sha256' missing"),
+    (lambda d: d["stages"][1].update(index=True), "index is True, expected 1"),
+    (lambda d: d["stages"][0].update(ops=[False, 1]), "ops must be"),
+    (lambda d: d["stages"][0]["inputs"][0].update(shape=["a"]), "shape must be a list of sizes"),
+    (lambda d: d["stages"][0]["inputs"][0].update(shape=[1, True]), "shape must be a list of sizes"),
+    (lambda d: d["stages"][0]["inputs"][0].update(scale="abc"), r"inputs\[0\]: scale must be a finite"),
+    (lambda d: d["stages"][0]["outputs"][0].update(zero_point=1.5), "zero_point must be an integer"),
+    (lambda d: d["stages"][0].update(edgetpu="yes"), "edgetpu must be an object or null"),
+    (lambda d: d["stages"][0].update(edgetpu={"compiled": "yes"}), "'compiled' missing or not a bool"),
+    (lambda d: d["stages"][0].update(edgetpu={"compiled": True, "compiled_segment": 3}),
+     "'compiled_segment' missing or not a str"),
 ])
 def test_bad_plans_are_rejected_in_one_line(plan_dir: Path, edit, message: str) -> None:
     path = _edit(plan_dir, edit)
     with pytest.raises(PlanError, match=message) as err:
         load_plan(path)
     assert "\n" not in str(err.value)
+
+
+def test_fields_the_runtime_does_not_read_are_not_parsed(plan_dir: Path) -> None:
+    def edit(doc):
+        doc["board"]["version"] = "x"
+        doc.update(sram_bytes="x", predicted=[1])
+        doc["stages"][0].update(param_bytes="x", macs="x")
+
+    assert load_plan(_edit(plan_dir, edit)).board == "test"
+
+
+def test_compiled_segment_is_read_when_compiled(plan_dir: Path) -> None:
+    def edit(doc):
+        doc["stages"][0]["edgetpu"] = {"compiled": True, "compiled_segment": doc["stages"][0]["segment"]}
+        doc["stages"][1]["edgetpu"] = {"compiled": False, "compiled_segment": None}
+
+    plan = load_plan(_edit(plan_dir, edit))
+    assert plan.stages[0].compiled_segment == plan.stages[0].segment
+    assert plan.stages[1].compiled_segment is None
 
 
 def test_missing_and_unreadable_plans(tmp_path: Path) -> None:
