@@ -1,17 +1,19 @@
 """What ``edgecap compile`` was pointed at: a .tflite file or a model bundle directory.
 
 A bundle (docs/bundle.md) names its int8 encoder, which is what gets split, and
-its RNN encoder step, whose per-frame time the CPU stage carries.
+its RNN encoder step, whose per-frame time the CPU stage carries. Bundles are
+read by the runtime's loader, so the compiler accepts exactly what the runtime runs.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from edgecap.bundle import load_bundle
+from edgecap.errors import BundleError
 from edgecap_compile.errors import CompileError
 
 
@@ -30,16 +32,6 @@ class ModelSource:
     file: str
 
 
-def _inside(root: Path, relative: object, field: str) -> Path:
-    if not isinstance(relative, str) or not relative:
-        raise CompileError(f"{root / 'bundle.json'}: '{field}' must name a file in the bundle")
-    path = (root / relative).resolve()
-    if root.resolve() not in path.parents:
-        raise CompileError(f"{root / 'bundle.json'}: '{field}' ({relative}) leaves the bundle "
-                           "directory; keep every file inside it")
-    return path
-
-
 def resolve_source(path: Union[str, os.PathLike]) -> ModelSource:
     """Resolves a MODEL.tflite or BUNDLE_DIR argument.
 
@@ -50,23 +42,14 @@ def resolve_source(path: Union[str, os.PathLike]) -> ModelSource:
       The ``ModelSource``.
 
     Raises:
-      CompileError: If a bundle's bundle.json is missing, malformed, or points outside it.
+      CompileError: If a bundle directory is not a valid bundle (docs/bundle.md).
     """
     path = Path(path)
     if not path.is_dir():
         return ModelSource(path, None, path.name)
-    manifest = path / "bundle.json"
     try:
-        bundle = json.loads(manifest.read_text())
-    except OSError as e:
-        raise CompileError(f"cannot read {manifest}: {e.strerror or e}; pass a bundle "
-                           "directory or a .tflite file") from None
-    except ValueError as e:
-        raise CompileError(f"{manifest} is not valid JSON: {e}") from None
-    if not isinstance(bundle, dict) or bundle.get("schema_version") != 1:
-        raise CompileError(f"{manifest}: schema_version must be 1 (see docs/bundle.md)")
-    encoder = _inside(path, bundle.get("encoder"), "encoder")
-    rnn = bundle.get("rnn") or {}
-    step = rnn.get("encoder_step") if isinstance(rnn, dict) else None
-    rnn_step = _inside(path, step, "rnn.encoder_step") if step is not None else None
-    return ModelSource(encoder, rnn_step, bundle["encoder"])
+        bundle = load_bundle(path)
+    except BundleError as e:
+        raise CompileError(str(e)) from None
+    return ModelSource(bundle.encoder, bundle.encoder_step,
+                       bundle.encoder.relative_to(bundle.root).as_posix())

@@ -111,14 +111,10 @@ def test_report_writes_a_table_and_a_picture(tmp_path, capsys):
 
 def _bundle(tmp_path: Path, encoder: str = "encoder.tflite") -> Path:
     bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    shutil.copy(MODEL, bundle / "encoder.tflite")
-    # Any float model will do as the RNN step for timing purposes.
-    shutil.copy(DATA / "tiny_float.tflite", bundle / "rnn_encoder_step.tflite")
-    (bundle / "bundle.json").write_text(json.dumps({
-        "schema_version": 1, "encoder": encoder,
-        "rnn": {"encoder_step": "rnn_encoder_step.tflite",
-                "decoder_step": "rnn_decoder_step.tflite", "hidden_size": 8}}))
+    shutil.copytree(DEMO_BUNDLE, bundle)
+    meta = json.loads((bundle / "bundle.json").read_text())
+    meta["encoder"] = encoder
+    (bundle / "bundle.json").write_text(json.dumps(meta))
     return bundle
 
 
@@ -128,12 +124,6 @@ def test_a_bundle_charges_its_rnn_step_to_the_cpu_stage(tmp_path, board):
     assert plan["model"]["file"] == "encoder.tflite"
     assert plan["rnn_ms"] > 0
     assert plan["stages"][-1]["predicted_ms"] >= plan["rnn_ms"]
-
-
-@pytest.mark.skipif(not (DEMO_BUNDLE / "bundle.json").is_file(), reason="no demo bundle yet")
-def test_compiles_the_demo_bundle_into_a_plan_the_runtime_reads(tmp_path):
-    plan = _compile(DEMO_BUNDLE, "--board", "devboard-usb", "-o", tmp_path)
-    assert plan["rnn_ms"] > 0 and plan["model"]["file"] == "encoder.tflite"
 
 
 def test_a_model_with_an_unknown_op_still_compiles(tmp_path, caplog):
@@ -162,6 +152,8 @@ BAD = [
     (lambda d: [d / "missing.tflite", "--board", "devboard"], "cannot read model"),
     (lambda d: [DATA / "make_fixtures.py", "--board", "devboard"], "not a TFLite flatbuffer"),
     (lambda d: [_bundle(d, "../escape.tflite"), "--board", "devboard"], "leaves the bundle"),
+    (lambda d: [_bundle(d, "missing.tflite"), "--board", "devboard"], "'encoder' of"),
+    (lambda d: [d, "--board", "devboard"], "bundle.json: missing"),
     (lambda d: [MODEL, "--board", "host", "--calibration", d / "none.json"],
      "cannot read calibration"),
 ]
