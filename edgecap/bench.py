@@ -122,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
     """Runs the benchmark; prints the table. Returns the exit code."""
     from edgecap.cli import DEMO_DIR, default_bundle
 
+    if args.threads < 1:
+        raise ConfigError(f"--threads {args.threads}: use 1 or more")
+    if args.frames < 1:
+        raise ConfigError(f"--frames {args.frames}: use 1 or more")
     bundle = load_bundle(args.bundle or default_bundle())
     clips = args.clips or [str(DEMO_DIR / "sample.mp4")]
     frames = _load_frames(clips, args.frames)

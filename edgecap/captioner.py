@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import numpy as np
 
 from edgecap import devices
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
-from edgecap.errors import ConfigError, PlanError
+from edgecap.errors import ConfigError, EdgecapError, PlanError
 from edgecap.plan import Plan, Stage, file_sha256, load_plan, single_cpu_plan
 from edgecap.preprocess import Preprocessor, dequantize
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
@@ -250,9 +251,13 @@ class EdgeCaptioner:
             stride=w.stride if stride is None else stride,
             sample_fps=w.sample_fps if sample_fps is None else sample_fps,
         )
-        if self.window.frames <= 0 or self.window.stride <= 0 or self.window.sample_fps < 0:
+        if self.window.frames <= 0 or self.window.stride <= 0 or not 0 <= self.window.sample_fps < math.inf:
             raise ConfigError(f"window {self.window}: frames and stride must be > 0 and "
-                              "sample_fps >= 0")
+                              "sample_fps a finite number >= 0")
+        if num_threads is not None and num_threads < 1:
+            raise ConfigError(f"num_threads {num_threads}: use 1 or more, or None for all cores")
+        if queue_size < 1:
+            raise ConfigError(f"queue_size {queue_size}: each queue must hold at least 1 frame")
         if reference_encoder:
             if self.bundle.reference_encoder is None:
                 raise ConfigError(f"{self.bundle.root}: bundle has no reference_encoder; "
@@ -280,6 +285,7 @@ class EdgeCaptioner:
         self._tracer = Tracer() if trace is not None else None
         self._trace_path = trace
         self._source: Optional[FrameSource] = None
+        self._closed = False
         self._pipeline = Pipeline(
             self._steps(), pipelined=pipelined, queue_size=queue_size, tracer=self._tracer
         )
@@ -331,19 +337,23 @@ class EdgeCaptioner:
 
         Raises:
           SourceError: If the source cannot be opened or read.
+          EdgecapError: If the captioner is closed.
         """
+        if self._closed:
+            raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         in_memory_rate = fps or self.window.sample_fps or 30.0
         src = open_source(source, fps=in_memory_rate)
         self._source = src
-        run = self._pipeline.run(self._jobs(src), live=src.live)
         try:
-            for job in run:
-                yield from job.captions
+            run = self._pipeline.run(self._jobs(src), live=src.live)
+            try:
+                for job in run:
+                    yield from job.captions
+            finally:
+                run.close()
         finally:
-            run.close()
             src.close()
-            if self._tracer is not None:
-                self._tracer.write(self._trace_path)
+            self._write_trace()
 
     def _jobs(self, src: FrameSource) -> Iterator[_FrameJob]:
         # Runs on the pipeline's feeder thread: read, sample, preprocess.
@@ -367,7 +377,11 @@ class EdgeCaptioner:
 
     def close(self) -> None:
         """Stops the run in progress and joins every worker thread; idempotent."""
+        self._closed = True
         self._pipeline.close()
+        self._write_trace()
+
+    def _write_trace(self) -> None:
         if self._tracer is not None:
             self._tracer.write(self._trace_path)
 

@@ -82,6 +82,13 @@ def test_unknown_board_is_a_one_line_error(shipped_bundle, capsys):
     assert code == 2 and len(err) == 1 and "nosuchboard" in err[0]
 
 
+@pytest.mark.parametrize("option,value", [("--threads", "-1"), ("--threads", "0"), ("--frames", "0")])
+def test_out_of_range_counts_are_one_line_errors(shipped_bundle, capsys, option, value):
+    code = main(["bench", "--bundle", str(shipped_bundle), option, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{option} {value}: use 1 or more" in err[0]
+
+
 def test_the_runtime_never_imports_the_compiler(shipped_bundle):
     code = (
         "import sys, numpy as np\n"

@@ -9,7 +9,7 @@ import pytest
 
 from edgecap.bundle import WindowSpec
 from edgecap.captioner import Caption, EdgeCaptioner, _windows_of
-from edgecap.errors import ConfigError
+from edgecap.errors import ConfigError, EdgecapError
 from edgecap.sources import ArraySource
 
 
@@ -73,9 +73,18 @@ def test_window_state_is_independent(shipped_bundle: Path) -> None:
     assert overlapped[1].tokens == alone[0].tokens
 
 
-def test_bad_override(shipped_bundle: Path) -> None:
-    with pytest.raises(ConfigError, match="frames and stride"):
-        EdgeCaptioner(shipped_bundle, frames=0)
+@pytest.mark.parametrize("options,message", [
+    (dict(frames=0), "frames and stride"),
+    (dict(sample_fps=float("nan")), "sample_fps a finite number"),
+    (dict(sample_fps=float("inf")), "sample_fps a finite number"),
+    (dict(sample_fps=-1.0), "sample_fps a finite number"),
+    (dict(num_threads=-3), "num_threads -3: use 1 or more"),
+    (dict(num_threads=0), "num_threads 0: use 1 or more"),
+    (dict(queue_size=0), "queue_size 0: each queue must hold"),
+])
+def test_bad_override(shipped_bundle: Path, options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        EdgeCaptioner(shipped_bundle, **options)
 
 
 class _TrackedSource(ArraySource):
@@ -91,3 +100,13 @@ def test_early_stop_closes_source(captioner: EdgeCaptioner) -> None:
     assert next(it).window == 0 and not src.closed
     it.close()
     assert src.closed
+
+
+def test_stream_after_close_is_one_line_and_opens_nothing(shipped_bundle: Path, monkeypatch) -> None:
+    cap = EdgeCaptioner(shipped_bundle, num_threads=1)
+    cap.close()
+    opened = []
+    monkeypatch.setattr("edgecap.captioner.open_source", lambda *a, **k: opened.append(a))
+    with pytest.raises(EdgecapError, match="EdgeCaptioner is closed; create a new one"):
+        next(cap.stream(_clip(4)))
+    assert opened == []
