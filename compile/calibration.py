@@ -23,8 +23,12 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from edgecap.devices import load_edgetpu_delegate, parse_device
+from edgecap.errors import EdgecapError
+from edgecap.interpreter import make_delegate_interpreter
 from edgecap_compile.boards import Board, Device
 from edgecap_compile.cost_model import CostModel
+from edgecap_compile.edgetpu import compile_segment, find_compiler
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import Graph
 from edgecap_compile.segments import build_segment
@@ -164,18 +168,16 @@ def random_ranges(n_ops: int, count: int, rng: np.random.Generator) -> List[Tupl
     return sorted(pairs)
 
 
-def _tpu_timer(device: Device) -> Callable[[bytes], float]:
+def _tpu_timer(device: Device, repeats: int) -> Callable[[bytes], float]:
     # Real EdgeTPU: compile each segment, then time it through libedgetpu.
-    from edgecap.interpreter import load_delegate, make_delegate_interpreter
-    from edgecap_compile.edgetpu import compile_segment, find_compiler
-
     compiler = find_compiler()
     if compiler is None:
-        raise CompileError("calibrating a TPU needs edgetpu_compiler on PATH")
+        raise CompileError("calibrating a TPU needs edgetpu_compiler on PATH; install it, "
+                           "or calibrate --device cpu")
     try:
-        delegate = load_delegate("libedgetpu.so.1", {"device": ":" + device.name.split(":")[1]})
-    except (ValueError, OSError) as e:
-        raise CompileError(f"no EdgeTPU {device.name} to calibrate: {e}") from None
+        delegate = load_edgetpu_delegate(parse_device(device.name))
+    except EdgecapError as e:
+        raise CompileError(f"cannot calibrate {device.name}: {e}") from None
 
     def timer(segment: bytes) -> float:
         with tempfile.TemporaryDirectory() as tmp:
@@ -185,8 +187,14 @@ def _tpu_timer(device: Device) -> Callable[[bytes], float]:
             if not report.compiled:
                 raise CompileError(f"edgetpu_compiler failed on a calibration segment: "
                                    f"{report.reason}")
-            return time_invokes(make_delegate_interpreter(path.parent / report.compiled_segment,
-                                                          [delegate]))
+            try:
+                interp = make_delegate_interpreter(path.parent / report.compiled_segment,
+                                                   [delegate])
+            except (ValueError, RuntimeError) as e:
+                raise CompileError(f"{device.name} cannot run a calibration segment ({e}); "
+                                   "check the Edge TPU runtime and edgetpu_compiler "
+                                   "versions match") from None
+            return time_invokes(interp, repeats=repeats)
 
     return timer
 
@@ -209,15 +217,20 @@ def calibrate(graphs: Sequence[Graph], board: Board, device: str = "cpu",
       The ``Calibration``.
 
     Raises:
-      CompileError: If the device is not on the board or cannot be timed.
+      CompileError: If the device is not on the board or cannot be timed, or a
+        count is below 1.
     """
+    for flag, value in (("--threads", threads), ("--segments", segments),
+                        ("--repeats", repeats)):
+        if value is not None and value < 1:
+            raise CompileError(f"{flag} must be >= 1, got {value}")
     devices = {d.name: d for d in [board.cpu, *board.tpus]}
     if device not in devices:
         raise CompileError(f"board {board.name} has no device '{device}'; "
                            f"choose one of {', '.join(devices)}")
     prior = devices[device]
     threads = threads or prior.cores or 1
-    timer = (_tpu_timer(prior) if prior.is_tpu
+    timer = (_tpu_timer(prior, repeats) if prior.is_tpu
              else lambda seg: measure_invoke_ms(seg, threads=threads, repeats=repeats))
     rng = np.random.default_rng(seed)
     samples = []

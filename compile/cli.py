@@ -72,8 +72,6 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    if args.segments < 1 or args.repeats < 1:
-        raise CompileError("--segments and --repeats must be >= 1")
     graphs = [read_graph(resolve_source(m).encoder) for m in args.models]
     result = calibrate(graphs, load_board(args.board), device=args.device,
                        threads=args.threads, segments=args.segments, repeats=args.repeats,

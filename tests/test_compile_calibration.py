@@ -9,10 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgecap.devices import parse_device
+from edgecap_compile import calibration
 from edgecap_compile.boards import load_board
 from edgecap_compile.calibration import Sample, apply_calibration, fit
 from edgecap_compile.cli import main
+from edgecap_compile.edgetpu import EdgeTpuReport
 from edgecap_compile.errors import CompileError
+from edgecap_compile.graph import read_graph
 
 DATA = Path(__file__).parent / "data" / "compile"
 
@@ -88,3 +92,54 @@ def test_calibration_for_another_board_is_refused(tmp_path):
     with pytest.raises(CompileError, match="has no device 'tpu:0'"):
         main(["calibrate", str(DATA / "tiny_mobilenet.tflite"), "--board", "host",
               "--device", "tpu:0", "-o", str(path)])
+
+
+@pytest.mark.parametrize("flag, value", [("--threads", "-1"), ("--threads", "0"),
+                                         ("--segments", "0"), ("--repeats", "-3")])
+def test_counts_below_one_are_one_line_errors(tmp_path, flag, value):
+    with pytest.raises(CompileError) as e:
+        main(["calibrate", str(DATA / "tiny_mobilenet.tflite"), "--board", "host", flag, value,
+              "-o", str(tmp_path / "cal.json")])
+    assert f"{flag} must be >= 1, got {value}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_tpu_without_its_runtime_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(calibration, "find_compiler", lambda: "/usr/bin/edgetpu_compiler")
+    with pytest.raises(CompileError) as e:
+        main(["calibrate", str(DATA / "tiny_mobilenet.tflite"), "--board", "devboard",
+              "--device", "tpu:0", "-o", str(tmp_path / "cal.json")])
+    assert "cannot calibrate tpu:0" in str(e.value) and "libedgetpu" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+class _Timed(Exception):
+    pass
+
+
+def test_tpu_segments_are_timed_on_the_named_tpu_with_the_repeats(tmp_path, monkeypatch):
+    delegate, seen = object(), {}
+
+    def compile_segment(compiler, path):
+        compiled = path.with_name("segment_edgetpu.tflite")
+        compiled.write_bytes(path.read_bytes())
+        return EdgeTpuReport(compiled=True, compiled_segment=compiled.name)
+
+    def load_edgetpu_delegate(spec):
+        seen["spec"] = spec
+        return delegate
+
+    def make_delegate_interpreter(path, delegates):
+        seen["delegates"] = delegates
+        return object()
+
+    def time_invokes(interp, repeats):
+        seen["repeats"] = repeats
+        raise _Timed
+
+    monkeypatch.setattr(calibration, "find_compiler", lambda: "/usr/bin/edgetpu_compiler")
+    for fake in (load_edgetpu_delegate, compile_segment, make_delegate_interpreter, time_invokes):
+        monkeypatch.setattr(calibration, fake.__name__, fake)
+    with pytest.raises(_Timed):
+        calibration.calibrate([read_graph(DATA / "tiny_mobilenet.tflite")],
+                              load_board("rpi4-2usb"), device="tpu:1", repeats=4)
+    assert seen == {"spec": parse_device("tpu:1"), "delegates": [delegate], "repeats": 4}
