@@ -15,6 +15,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -244,6 +245,8 @@ class EdgeCaptioner:
           ConfigError: If an option is out of range.
           EdgecapError: If a device cannot be opened.
         """
+        if trace is not None and (Path(trace).is_dir() or not Path(trace).parent.is_dir()):
+            raise ConfigError(f"trace {trace}: not a file in an existing directory; choose a writable path")
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         w = self.bundle.window
         self.window = WindowSpec(

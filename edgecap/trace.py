@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any, Deque, Dict, Iterable, List
 
+from edgecap.errors import ConfigError
+
 
 class Tracer:
     """Collects slices from pipeline threads and writes them as trace-event JSON.
@@ -66,9 +68,16 @@ class Tracer:
         return meta + list(self._events)
 
     def write(self, path: "str | os.PathLike[str]") -> None:
-        """Writes the trace as JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump({"traceEvents": self.events(), "displayTimeUnit": "ms"}, f)
+        """Writes the trace as JSON to ``path``.
+
+        Raises:
+          ConfigError: If ``path`` cannot be written.
+        """
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({"traceEvents": self.events(), "displayTimeUnit": "ms"}, f)
+        except OSError as exc:
+            raise ConfigError(f"trace {path}: cannot write it ({exc.strerror}); choose a writable path") from None
 
 
 def load_slices(path: "str | os.PathLike[str]") -> Dict[str, List[Dict[str, Any]]]:

@@ -11,6 +11,7 @@ from edgecap.bundle import WindowSpec
 from edgecap.captioner import Caption, EdgeCaptioner, _windows_of
 from edgecap.errors import ConfigError, EdgecapError
 from edgecap.sources import ArraySource
+from edgecap.trace import Tracer
 
 
 @pytest.mark.parametrize("frames,stride,k,expected", [
@@ -110,3 +111,18 @@ def test_stream_after_close_is_one_line_and_opens_nothing(shipped_bundle: Path, 
     with pytest.raises(EdgecapError, match="EdgeCaptioner is closed; create a new one"):
         next(cap.stream(_clip(4)))
     assert opened == []
+
+
+@pytest.mark.parametrize("where", ["missing/trace.json", "."])
+def test_trace_path_that_cannot_be_written_is_refused_up_front(shipped_bundle: Path, tmp_path: Path,
+                                                              where: str) -> None:
+    with pytest.raises(ConfigError, match="not a file in an existing directory"):
+        EdgeCaptioner(shipped_bundle, num_threads=1, trace=tmp_path / where)
+
+
+def test_trace_write_failure_is_a_config_error(tmp_path: Path) -> None:
+    tracer = Tracer()
+    tracer.add_tracks(["cpu"])
+    with pytest.raises(ConfigError, match=f"trace {tmp_path}: cannot write it") as err:
+        tracer.write(tmp_path)  # a directory
+    assert "\n" not in str(err.value)
