@@ -121,10 +121,14 @@ class CameraSource(FrameSource):
     """A camera read by its own thread, which keeps only the newest frame.
 
     A slow consumer therefore always gets the most recent image, and frames it
-    could not take are counted in ``dropped`` instead of queuing up.
+    could not take are counted in ``dropped`` instead of queuing up. The reader
+    thread owns the capture and releases it when it ends, so ``close()`` never
+    waits longer than ``CLOSE_TIMEOUT_S`` on a read that hangs (an unplugged
+    V4L2 camera) and never releases the capture under a read.
     """
 
     live = True
+    CLOSE_TIMEOUT_S = 2.0
 
     def __init__(self, device: Union[int, str]):
         super().__init__()
@@ -140,6 +144,7 @@ class CameraSource(FrameSource):
         self._cond = threading.Condition()
         self._latest: Optional[Frame] = None
         self._ended = False
+        self._error: Optional[str] = None
         self._stop = threading.Event()
         self._t0: Optional[float] = None
         self._thread = threading.Thread(target=self._read, name=f"edgecap-{self.name}",
@@ -148,21 +153,27 @@ class CameraSource(FrameSource):
 
     def _read(self) -> None:
         index = 0
-        while not self._stop.is_set():
-            ok, image = self._cap.read()
-            if not ok:
-                break
-            now = time.monotonic()
-            self._t0 = now if self._t0 is None else self._t0
+        try:
+            while not self._stop.is_set():
+                ok, image = self._cap.read()
+                if not ok:
+                    break
+                now = time.monotonic()
+                self._t0 = now if self._t0 is None else self._t0
+                with self._cond:
+                    if self._latest is not None:
+                        self.dropped += 1
+                    self._latest = Frame(index, now - self._t0, image)
+                    self._cond.notify()
+                index += 1
+        except cv2.error as exc:
+            # OpenCV's messages span lines; the consumer reports one.
+            self._error = " ".join(str(exc).split()) or type(exc).__name__
+        finally:
+            self._cap.release()
             with self._cond:
-                if self._latest is not None:
-                    self.dropped += 1
-                self._latest = Frame(index, now - self._t0, image)
+                self._ended = True
                 self._cond.notify()
-            index += 1
-        with self._cond:
-            self._ended = True
-            self._cond.notify()
 
     def __iter__(self) -> Iterator[Frame]:
         while True:
@@ -170,13 +181,14 @@ class CameraSource(FrameSource):
                 self._cond.wait_for(lambda: self._latest is not None or self._ended)
                 frame, self._latest = self._latest, None
             if frame is None:
-                return
+                break
             yield frame
+        if self._error is not None:
+            raise SourceError(f"{self.name}: read failed ({self._error}); check that it is still plugged in")
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
-        self._cap.release()
+        self._thread.join(timeout=self.CLOSE_TIMEOUT_S)
 
 
 def _is_camera_path(text: str) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
+from edgecap import sources
 from edgecap.errors import SourceError
 from edgecap.sources import ArraySource, Frame, open_source, sample
 
@@ -75,3 +77,69 @@ def test_array_source_checks_frames() -> None:
 def test_array_shape_checked() -> None:
     with pytest.raises(SourceError, match=r"\[T,H,W,3\]"):
         open_source(np.zeros((4, 4, 3), np.uint8))
+
+
+class _FakeCamera:
+    """Stands in for cv2.VideoCapture: ``frames`` images, then ``fail`` (an exception or a hang)."""
+
+    def __init__(self, frames: int, fail: str) -> None:
+        self.frames, self.fail = frames, fail
+        self.unblock = threading.Event()
+        self.reading = threading.Event()
+        self.released = threading.Event()
+
+    def __call__(self, device):
+        return self
+
+    def isOpened(self) -> bool:
+        return True
+
+    def read(self):
+        if self.frames:
+            self.frames -= 1
+            return True, np.zeros((2, 2, 3), np.uint8)
+        if self.fail == "error":
+            raise cv2.error("OpenCV(4.x) videoio: VIDIOC_DQBUF: No such device")
+        self.reading.set()
+        self.unblock.wait()
+        return False, None
+
+    def release(self) -> None:
+        assert not self.reading.is_set() or self.unblock.is_set(), "released under a blocked read"
+        self.released.set()
+
+
+def _in_thread(fn, timeout: float = 5.0) -> list:
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "hung"
+    return result
+
+
+def test_camera_read_error_ends_the_stream_with_a_source_error(monkeypatch) -> None:
+    camera = _FakeCamera(3, "error")
+    monkeypatch.setattr(sources.cv2, "VideoCapture", camera)
+    src = open_source(0)
+
+    def drain():
+        with pytest.raises(SourceError, match="camera 0: read failed .*No such device.*plugged in"):
+            list(src)
+        return True
+
+    assert _in_thread(drain) == [True]
+    assert camera.released.wait(1.0)
+    src.close()
+
+
+def test_camera_close_does_not_wait_on_a_hung_read(monkeypatch) -> None:
+    camera = _FakeCamera(0, "hang")
+    monkeypatch.setattr(sources.cv2, "VideoCapture", camera)
+    monkeypatch.setattr(sources.CameraSource, "CLOSE_TIMEOUT_S", 0.1)
+    src = open_source(0)
+    assert camera.reading.wait(1.0)
+    _in_thread(src.close, timeout=2.0)
+    assert not camera.released.is_set()
+    camera.unblock.set()  # the read returns: the reader thread releases the camera
+    assert camera.released.wait(1.0)
