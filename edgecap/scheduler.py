@@ -127,6 +127,9 @@ class Pipeline:
             tracer.add_tracks([SOURCE_TRACK] + [name for name, _ in self._groups])
         if pipelined:
             self._start_workers()
+        else:
+            # Opened now, so a device that cannot open fails here, as with workers.
+            self._inline = [step.open() for step in self._steps]
 
     @property
     def workers(self) -> List[str]:
@@ -189,7 +192,7 @@ class Pipeline:
                         recorder.step(step.name, start, end)
                         if tracer is not None:
                             tracer.slice(name, step.name, job.seq, start, end)
-                except Exception as exc:
+                except BaseException as exc:  # a dead worker would leave the consumer waiting forever
                     recorder.fail(exc)
                     continue
                 recorder.depth(outbox_name, outbox.qsize())
@@ -274,7 +277,7 @@ class Pipeline:
                 close = getattr(source, "close", None)
                 if close is not None:
                     close()
-        except Exception as exc:
+        except BaseException as exc:  # reported to the consumer, like a step's
             recorder.fail(exc)
         finally:
             # Always sent, so the consumer and the close() drain never wait forever.
@@ -303,8 +306,6 @@ class Pipeline:
 
     def _run_inline(self, items: Iterable[Any], recorder: RunRecorder) -> Generator[Any, None, None]:
         # The sequential schedule: the calling thread owns the resources.
-        if self._inline is None:
-            self._inline = [step.open() for step in self._steps]
         tracer = self._tracer
         source = iter(items)
         try:

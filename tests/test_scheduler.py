@@ -247,3 +247,42 @@ def test_a_source_that_is_not_iterable_or_fails_to_close_is_an_error_not_a_hang(
             list(pipe.run(42))
         with pytest.raises(OSError, match="close failed"):
             list(pipe.run(BadClose()))
+
+
+class _Abort(BaseException):
+    """Not an Exception: what a step may raise that ``except Exception`` misses."""
+
+
+def test_a_step_raising_a_base_exception_is_raised_to_the_consumer_not_a_hang():
+    def abort(x):
+        if x == 3:
+            raise _Abort("step aborted")
+        return x
+
+    raised = []
+
+    def consume(pipe):
+        try:
+            list(pipe.run(range(10)))
+        except _Abort as exc:
+            raised.append(exc)
+
+    with Pipeline([_step("a", "tpu:0"), _step("b", "cpu", abort)]) as pipe:
+        consumer = threading.Thread(target=consume, args=(pipe,), daemon=True)
+        consumer.start()
+        consumer.join(5.0)
+        assert not consumer.is_alive(), "consumer hung on a dead worker"
+        assert [str(e) for e in raised] == ["step aborted"]
+        assert list(pipe.run([1, 2])) == [1, 2]  # the worker survived
+
+
+def test_sequential_schedule_opens_its_steps_in_the_constructor():
+    opened = []
+
+    def bad_open():
+        opened.append(threading.current_thread())
+        raise FileNotFoundError("segment missing")
+
+    with pytest.raises(FileNotFoundError):
+        Pipeline([_step("a", "tpu:0"), Step("b", "cpu", bad_open)], pipelined=False)
+    assert opened == [threading.current_thread()]
