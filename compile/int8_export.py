@@ -6,9 +6,27 @@ imports this module, so the compiler itself runs without TensorFlow.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Iterable, List, Sequence
 
 import numpy as np
+
+
+def configure_full_int8(converter: Any,
+                        representative: Callable[[], Iterable[List[np.ndarray]]]) -> None:
+    """Sets a converter up for the EdgeTPU: every op int8 builtin, int8 input and output.
+
+    Args:
+      converter: A ``tf.lite.TFLiteConverter``.
+      representative: Yields ``[input]`` lists of float32 samples from which the
+        quantization ranges are measured.
+    """
+    import tensorflow as tf
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = representative
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = tf.int8
+    converter.inference_output_type = tf.int8
 
 
 def export_int8(model, input_shape: Sequence[int], samples: int = 4, seed: int = 0,
@@ -30,9 +48,12 @@ def export_int8(model, input_shape: Sequence[int], samples: int = 4, seed: int =
     import tensorflow as tf
 
     shape = (1, *input_shape)
-    # A fixed batch of one: the TPU compiler and the segment writer want static shapes.
-    inputs = keras.Input(shape=tuple(input_shape), batch_size=1)
-    fixed = keras.Model(inputs, model(inputs, training=False))
+    if tuple(model.inputs[0].shape) == shape:
+        fixed = model  # already static: keeps its input's name
+    else:
+        # A fixed batch of one: the TPU compiler and the segment writer want static shapes.
+        inputs = keras.Input(shape=tuple(input_shape), batch_size=1)
+        fixed = keras.Model(inputs, model(inputs, training=False))
     rng = np.random.default_rng(seed)
 
     def representative():
@@ -40,9 +61,5 @@ def export_int8(model, input_shape: Sequence[int], samples: int = 4, seed: int =
             yield [rng.uniform(low, high, size=shape).astype(np.float32)]
 
     converter = tf.lite.TFLiteConverter.from_keras_model(fixed)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = representative
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    converter.inference_input_type = tf.int8
-    converter.inference_output_type = tf.int8
+    configure_full_int8(converter, representative)
     return converter.convert()

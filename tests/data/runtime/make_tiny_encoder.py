@@ -6,8 +6,9 @@ The skip connection makes a tensor pass through a middle stage when the model is
 
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
+
+from edgecap_compile.int8_export import export_int8
 
 HERE = Path(__file__).resolve().parent
 
@@ -25,20 +26,7 @@ def build() -> tf.keras.Model:
 
 def main() -> None:
     tf.keras.utils.set_random_seed(0)
-    model = build()
-    rng = np.random.default_rng(0)
-
-    def representative():
-        for _ in range(32):
-            yield [rng.uniform(-1, 1, (1, 16, 16, 3)).astype(np.float32)]
-
-    conv = tf.lite.TFLiteConverter.from_keras_model(model)
-    conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    conv.representative_dataset = representative
-    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    conv.inference_input_type = tf.int8
-    conv.inference_output_type = tf.int8
-    (HERE / "tiny_encoder.tflite").write_bytes(conv.convert())
+    (HERE / "tiny_encoder.tflite").write_bytes(export_int8(build(), (16, 16, 3), samples=32))
 
 
 if __name__ == "__main__":
