@@ -3,7 +3,8 @@
 The runtime reads plans and never needs the compiler, except here: asked for a
 board by name (``EdgeCaptioner(board="devboard-usb")``, ``edgecap bench``), it
 imports ``edgecap_compile`` lazily and compiles the bundle's encoder into a
-cache directory keyed by the models and the board profile, so a second run
+cache directory keyed by the models, the board profile and the tools (plan
+version, edgecap's version, edgetpu_compiler's presence), so a second run
 reuses the segments.
 """
 
