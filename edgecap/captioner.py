@@ -222,7 +222,9 @@ class EdgeCaptioner:
             the CPU stage to the board's predicted time. None: emulate when the
             plan has TPU stages and no EdgeTPU is attached.
           devices_map: Plan device -> device to run it on, e.g.
-            ``{"tpu:0": "cpu:1"}``; overrides ``emulate`` for those devices.
+            ``{"tpu:0": "cpu:1"}`` (any spelling ``parse_device`` reads);
+            overrides ``emulate`` for those devices. Each device needs a
+            worker of its own: ``cpu`` is the last stage's and the RNN step's.
           timing_only: Emulated stages compute nothing (zero outputs): for
             scheduler benchmarks; captions are then meaningless.
           pipelined: Run each device on its own thread; False runs every step
@@ -431,9 +433,15 @@ def _check_plan_fits(plan: Plan, bundle: Bundle) -> None:
 
 def _placement(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str]) -> Dict[str, str]:
     """Plan device -> worker device: TPU stages on EdgeTPUs, emulated ones, or as overridden."""
-    for name, target in overrides.items():
-        devices.parse_device(name)
-        devices.parse_device(target)
+    # Both sides normalised, so "TPU:0", ":0" and "tpu:0" name the same device.
+    wanted = {str(devices.parse_device(k)): str(devices.parse_device(v)) for k, v in overrides.items()}
+    planned = {str(devices.parse_device(s.device)): s.device for s in plan.active_stages}
+    unknown = sorted(set(wanted) - set(planned))
+    if unknown:
+        raise ConfigError(
+            f"devices_map names {', '.join(unknown)}, which the plan does not use; "
+            f"map the plan's devices: {', '.join(planned)}"
+        )
     tpus = [s.device for s in plan.active_stages if devices.parse_device(s.device).kind == "tpu"]
     if emulate is None:
         attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb")) if tpus else 0
@@ -441,12 +449,30 @@ def _placement(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str]
     placement: Dict[str, str] = {}
     for stage in plan.active_stages:
         spec = devices.parse_device(stage.device)
-        if stage.device in overrides:
-            placement[stage.device] = overrides[stage.device]
+        if str(spec) in wanted:
+            placement[stage.device] = wanted[str(spec)]
         elif spec.kind == "tpu" and emulate:
             placement[stage.device] = f"emu-tpu:{spec.index or 0}"
         elif spec.kind == "cpu":
             placement[stage.device] = CPU_WORKER
         else:
             placement[stage.device] = stage.device
+    _check_consecutive(plan, placement)
     return placement
+
+
+def _check_consecutive(plan: Plan, placement: Mapping[str, str]) -> None:
+    # A worker runs consecutive steps only (see edgecap.scheduler); the RNN step
+    # and the decoder follow the last stage on their own workers.
+    order = [(f"stage {s.index} ({s.device})", placement[s.device]) for s in plan.active_stages]
+    order += [("the RNN step", CPU_WORKER), ("the decoder", DECODE_WORKER)]
+    first: Dict[str, str] = {}
+    prev = None
+    for name, worker in order:
+        if worker != prev and worker in first:
+            raise ConfigError(
+                f"devices_map puts {first[worker]} and {name} on worker {worker} with other steps "
+                "between them; give each device a worker of its own, e.g. cpu:1"
+            )
+        first.setdefault(worker, name)
+        prev = worker

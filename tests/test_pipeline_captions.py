@@ -15,7 +15,7 @@ from edgecap.captioner import EdgeCaptioner
 from edgecap.devices import open_stage
 from edgecap.plan import load_plan, single_cpu_plan
 from edgecap.preprocess import Preprocessor
-from edgecap.errors import PlanError
+from edgecap.errors import ConfigError, PlanError
 from edgecap.sources import ArraySource
 from edgecap.trace import load_slices
 from runtime_plans import write_plan
@@ -201,6 +201,24 @@ def test_plan_for_another_model_is_rejected(shipped_bundle, tmp_path):
     write_plan(tiny, [], ["cpu"], tmp_path)
     with pytest.raises(PlanError, match="bundle's encoder"):
         EdgeCaptioner(shipped_bundle, plan=tmp_path)
+
+
+@pytest.mark.parametrize("key", ["TPU:0", ":0", "tpu:0"])
+def test_devices_map_keys_are_device_strings_in_any_spelling(plans, shipped_bundle, key):
+    with EdgeCaptioner(shipped_bundle, plan=plans["2tpu+cpu"], num_threads=1,
+                       devices_map={key: "CPU:1"}) as cap:
+        assert cap.devices == {"tpu:0": "cpu:1", "tpu:1": "emu-tpu:1", "cpu": "cpu"}
+
+
+@pytest.mark.parametrize("devices_map,message", [
+    ({"tpu:7": "cpu:1"}, "names tpu:7, which the plan does not use; map the plan's devices: tpu:0, tpu:1, cpu"),
+    ({"usb:0": "cpu:1"}, "names usb:0, which the plan does not use"),
+    ({"tpu:0": "cpu"}, r"puts stage 0 \(tpu:0\) and stage 2 \(cpu\) on worker cpu .* e.g. cpu:1"),
+    ({"tpu:0": "cpu:1", "cpu": "cpu:1"}, r"puts stage 0 \(tpu:0\) and stage 2 \(cpu\) on worker cpu:1"),
+])
+def test_devices_map_that_cannot_run_is_a_config_error(plans, shipped_bundle, devices_map, message):
+    with pytest.raises(ConfigError, match=message):
+        EdgeCaptioner(shipped_bundle, plan=plans["2tpu+cpu"], num_threads=1, devices_map=devices_map)
 
 
 def test_plan_for_another_model_of_the_same_shape_is_rejected(shipped_bundle, tmp_path):
