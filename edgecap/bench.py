@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edgecap.bundle import Bundle, load_bundle
+from edgecap.bundle import DEMO_DIR, Bundle, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError
 from edgecap.plan import Plan
@@ -120,8 +120,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the benchmark; prints the table. Returns the exit code."""
-    from edgecap.cli import DEMO_DIR, default_bundle
-
     if args.threads < 1:
         raise ConfigError(f"--threads {args.threads}: use 1 or more")
     if args.frames < 1:

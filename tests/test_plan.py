@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,9 @@ def test_missing_and_unreadable_plans(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(PlanError, match="not readable JSON"):
         load_plan(bad)
+
+
+def test_single_cpu_plan_needs_no_schema_bindings(monkeypatch) -> None:
+    # Coral boards have tflite_runtime, which ships no schema_py_generated.
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.schema_py_generated", None)
+    assert single_cpu_plan(TINY).stages[0].ops == (0, 6)
