@@ -214,6 +214,21 @@ def test_uncompiled_segment_is_refused_on_a_real_edgetpu(plan, monkeypatch) -> N
     open_stage(plan.stages[0], "emu-tpu:0")  # the way out the message names
 
 
+@pytest.mark.tpu
+def test_real_edgetpu_runs_a_compiled_segment_like_the_cpu(plan) -> None:
+    from edgecap_compile.edgetpu import compile_segment, find_compiler
+
+    if not any(i.kind in ("pci", "usb") for i in list_devices()) or find_compiler() is None:
+        pytest.skip("needs a Coral EdgeTPU and edgetpu_compiler")
+    stage = plan.stages[0]
+    report = compile_segment(find_compiler(), stage.segment)
+    assert report.compiled, report.reason
+    compiled = dataclasses.replace(stage, compiled_segment=stage.segment.parent / report.compiled_segment)
+    x = {plan.inputs[0].name: _frame(4)}
+    name = stage.outputs[0].name
+    np.testing.assert_array_equal(open_stage(compiled, "tpu:0")(x)[name], open_stage(stage, "cpu")(x)[name])
+
+
 def _edited_stage(tmp_path: Path, edit, index: int = 0):
     write_plan(TINY, [1, 2], ["tpu:0", "tpu:1", "cpu"], tmp_path, [30.0, 20.0, 1.0])
     path = tmp_path / "plan.json"
