@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from edgecap_compile.int8_export import configure_full_int8
 from models.architectures import ModelConfig, StepModels
 
 SCHEMA_VERSION = 1
@@ -70,14 +71,8 @@ def int8_encoder(cnn: keras.Model, size: int, calibration: np.ndarray) -> bytes:
         for frame in calibration:
             yield [frame[None].astype(np.float32)]
 
-    def configure(converter: tf.lite.TFLiteConverter) -> None:
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = representative
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        converter.inference_input_type = tf.int8
-        converter.inference_output_type = tf.int8
-
-    return _convert_frame_encoder(cnn, size, configure)
+    return _convert_frame_encoder(
+        cnn, size, lambda converter: configure_full_int8(converter, representative))
 
 
 def step_models(rnn: keras.Model, config: ModelConfig) -> Dict[str, bytes]:

@@ -1,13 +1,11 @@
-"""Held-out check of an exported bundle: greedy captions from its TFLite files alone.
+"""Held-out check of an exported bundle: the features and captions its TFLite files give.
 
-This is the recipe's own check that the exported files caption as the Keras
-model did; the runtime's captioner (edgecap.captioner) is the product code path
-and ``edgecap eval`` the full evaluation.
+Captions come from the runtime's own captioner (edgecap.captioner), so the
+recipe's figures are the product's; ``edgecap eval`` is the full evaluation.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Sequence, Union
 
@@ -55,49 +53,20 @@ class FrameEncoder:
         return np.stack([np.concatenate([self(f) for f in w]) for w in windows])
 
 
-class TfliteCaptioner:
-    """Captions preprocessed windows with a bundle's encoder (int8 or reference) and step models."""
+def caption_windows(bundle_dir: Path, windows: np.ndarray, reference: bool = False) -> List[str]:
+    """Greedily captions RGB uint8 windows ``[B,N,S,S,3]`` with the runtime's own captioner.
 
-    def __init__(self, bundle_dir: Path, reference: bool = False, num_threads: int = 1):
-        """Loads the bundle's models.
+    Args:
+      bundle_dir: The exported bundle.
+      windows: Preprocessed windows, as the recipe trains on them.
+      reference: Use the bundle's float ``reference_encoder`` instead of the int8 one.
+    """
+    from edgecap.captioner import EdgeCaptioner
 
-        Args:
-          bundle_dir: The bundle directory.
-          reference: Use ``reference_encoder`` (float) instead of ``encoder``.
-          num_threads: Interpreter threads.
-        """
-        meta = json.loads((bundle_dir / "bundle.json").read_text())
-        encoder_file = meta["reference_encoder" if reference else "encoder"]
-        self._encoder = FrameEncoder(bundle_dir / encoder_file, meta["input"]["mean"],
-                                     meta["input"]["std"], num_threads)
-        self._enc_step = make_cpu_interpreter(
-            bundle_dir / meta["rnn"]["encoder_step"], num_threads
-        ).get_signature_runner("serving_default")
-        self._dec_step = make_cpu_interpreter(
-            bundle_dir / meta["rnn"]["decoder_step"], num_threads
-        ).get_signature_runner("serving_default")
-        self._vocab = (bundle_dir / meta["vocab"]).read_text(encoding="utf-8").splitlines()
-        self._hidden = meta["rnn"]["hidden_size"]
-        self._max_len = meta["max_caption_length"]
-        self._bos, self._eos = meta["tokens"]["bos"], meta["tokens"]["eos"]
-
-    def caption(self, window: np.ndarray) -> str:
-        """Greedily captions one window of RGB uint8 frames ``[N,S,S,3]``."""
-        h = np.zeros((1, self._hidden), np.float32)
-        c = np.zeros_like(h)
-        for frame in window:
-            state = self._enc_step(feature=self._encoder(frame), h=h, c=c)
-            h, c = state["h_out"], state["c_out"]
-        word = self._bos
-        words: List[str] = []
-        for _ in range(self._max_len + 1):
-            out = self._dec_step(word=np.array([word], np.int32), h=h, c=c)
-            h, c = out["h_out"], out["c_out"]
-            word = int(np.argmax(out["logits"][0]))
-            if word == self._eos:
-                break
-            words.append(self._vocab[word])
-        return " ".join(words)
+    with EdgeCaptioner(bundle_dir, reference_encoder=reference, pipelined=False,
+                       num_threads=1) as cap:
+        # The runtime takes frames as OpenCV gives them: BGR.
+        return [cap.caption_frames(np.ascontiguousarray(w[..., ::-1]))[0].text for w in windows]
 
 
 def exact_match(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:

@@ -185,8 +185,13 @@ def train(args: argparse.Namespace) -> Dict[str, object]:
 
     keras.utils.set_random_seed(args.seed)
     tf.config.experimental.enable_op_determinism()
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:
+        # TensorFlow already ran in this process (another test, a notebook): its
+        # thread pools are fixed; training still runs, only --threads is ignored.
+        print("TensorFlow already initialised: --threads ignored", file=sys.stderr)
     began = time.perf_counter()
 
     config = ModelConfig(feature_size=args.feature_size, width=args.width,
@@ -237,8 +242,8 @@ def train(args: argparse.Namespace) -> Dict[str, object]:
     # Written twice: the held-out check reads the exported files back, and its
     # figures then go into the provenance.
     export.write_bundle(out, args.name, config, vocab, models, SAMPLE_FPS, tokens, provenance)
-    int8_captions = [heldout.TfliteCaptioner(out).caption(w) for w in test_frames]
-    float_captions = [heldout.TfliteCaptioner(out, reference=True).caption(w) for w in test_frames]
+    int8_captions = heldout.caption_windows(out, test_frames)
+    float_captions = heldout.caption_windows(out, test_frames, reference=True)
     references = [dataset.captions[i] for i in test_ids]
     figures = {
         "test_windows": len(test_ids),
