@@ -284,7 +284,20 @@ class Pipeline:
             head.put(_EndOfRun(recorder))
 
     def _feed_from(self, source: Iterator[Any], head: _HeadQueue, recorder: RunRecorder, live: bool) -> None:
-        tracer = self._tracer
+        for seq, payload, t_in in self._pull(source, recorder):
+            job = _Job(recorder, seq, payload, t_in)
+            if live:
+                recorder.dropped += head.put_latest(job)
+            else:
+                recorder.depth(self._queue_names[0], head.qsize())
+                head.put(job)
+
+    def _pull(self, source: Iterator[Any], recorder: RunRecorder) -> Iterator[Tuple[int, Any, float]]:
+        """Yields (sequence number, item, arrival time) from the source, tracing each read.
+
+        Checks for cancellation before each read, so a stopped run reads no
+        further frame.
+        """
         for seq in itertools.count():
             if recorder.cancelled.is_set():
                 return
@@ -294,31 +307,17 @@ class Pipeline:
             except StopIteration:
                 return
             t_in = time.perf_counter()
-            if tracer is not None:
-                tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
+            if self._tracer is not None:
+                self._tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
             recorder.item_in(t_in)
-            job = _Job(recorder, seq, payload, t_in)
-            if live:
-                recorder.dropped += head.put_latest(job)
-            else:
-                recorder.depth(self._queue_names[0], head.qsize())
-                head.put(job)
+            yield seq, payload, t_in
 
     def _run_inline(self, items: Iterable[Any], recorder: RunRecorder) -> Generator[Any, None, None]:
         # The sequential schedule: the calling thread owns the resources.
         tracer = self._tracer
         source = iter(items)
         try:
-            for seq in itertools.count():
-                start = time.perf_counter()
-                try:
-                    payload = next(source)
-                except StopIteration:
-                    break
-                t_in = time.perf_counter()
-                if tracer is not None:
-                    tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
-                recorder.item_in(t_in)
+            for seq, payload, t_in in self._pull(source, recorder):
                 for step, fn in zip(self._steps, self._inline):
                     start = time.perf_counter()
                     payload = fn(payload)
