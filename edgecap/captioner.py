@@ -235,7 +235,7 @@ class EdgeCaptioner:
           sample_fps: Rate frames are sampled from sources; 0 keeps every frame
             (default: the bundle's).
           num_threads: CPU threads of each CPU encoder stage's interpreter
-            (default: all cores); the RNN step models use one.
+            (default: the physical cores); the RNN step models use one.
           reference_encoder: Use the bundle's float reference encoder instead of
             the int8 one (for measuring quantisation loss); CPU only.
           trace: Write a Chrome trace-event JSON of the runs here (on ``close()``
@@ -260,7 +260,7 @@ class EdgeCaptioner:
             raise ConfigError(f"window {self.window}: frames and stride must be > 0 and "
                               "sample_fps a finite number >= 0")
         if num_threads is not None and num_threads < 1:
-            raise ConfigError(f"num_threads {num_threads}: use 1 or more, or None for all cores")
+            raise ConfigError(f"num_threads {num_threads}: use 1 or more, or None for the physical cores")
         if queue_size < 1:
             raise ConfigError(f"queue_size {queue_size}: each queue must hold at least 1 frame")
         if reference_encoder:
@@ -272,7 +272,7 @@ class EdgeCaptioner:
             self.plan = single_cpu_plan(self.bundle.reference_encoder)
         else:
             self.plan = _resolve_plan(self.bundle, plan, board)
-        self._threads = num_threads or os.cpu_count() or 1
+        self._threads = num_threads or devices.cpu_cores()
         self._timing_only = timing_only
         self.devices = _placement(self.plan, emulate, devices_map or {})
         if emulate is None:

@@ -35,7 +35,7 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int, help="sampled frames per window (default: bundle's)")
     p.add_argument("--stride", type=int, help="sampled frames between windows (default: bundle's)")
     p.add_argument("--sample-fps", type=float, help="sampling rate, 0 = every frame")
-    p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=int, help="CPU threads of the CNN (default: the physical cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object per caption")
     p.add_argument("--plan", type=Path, help="plan.json (or its directory) from `edgecap compile`")
     p.add_argument("--board", default="auto",

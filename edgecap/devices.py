@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import psutil
 
 from edgecap import interpreter
 from edgecap.errors import ConfigError, EdgecapError, PlanError
@@ -338,6 +339,11 @@ def _open_edgetpu(spec: DeviceSpec, stage: "Stage") -> Segment:
     return InterpreterSegment(interp, stage)
 
 
+def cpu_cores() -> int:
+    """Returns the physical CPU cores: interpreter threads beyond them only contend."""
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
 def list_devices() -> List[DeviceInfo]:
     """Lists the CPU and the EdgeTPUs present on this machine.
 
@@ -352,7 +358,8 @@ def list_devices() -> List[DeviceInfo]:
     cpu = DeviceInfo(
         device="cpu",
         kind="cpu",
-        path=f"{platform.machine()} x{os.cpu_count()}",
+        path=(f"{platform.machine()} {cpu_cores()} cores, "
+              f"{psutil.virtual_memory().total / 2**30:.1f} GiB"),
         runtime=backend,
     )
     edgetpu = _edgetpu_runtime_version()
