@@ -257,10 +257,13 @@ class EdgeCaptioner:
             sample_fps=w.sample_fps if sample_fps is None else sample_fps,
         )
         if self.window.frames <= 0 or self.window.stride <= 0 or not 0 <= self.window.sample_fps < math.inf:
-            raise ConfigError(f"window {self.window}: frames and stride must be > 0 and "
-                              "sample_fps a finite number >= 0")
+            w = self.window
+            raise ConfigError(f"window of {w.frames} frames, stride {w.stride}, sample fps "
+                              f"{w.sample_fps}: frames and stride must be > 0 and the sample "
+                              "fps a finite number >= 0")
         if num_threads is not None and num_threads < 1:
-            raise ConfigError(f"num_threads {num_threads}: use 1 or more, or None for the physical cores")
+            raise ConfigError(f"{num_threads} threads: use 1 or more (leave it out for one per "
+                              "physical core)")
         if queue_size < 1:
             raise ConfigError(f"queue_size {queue_size}: each queue must hold at least 1 frame")
         if reference_encoder:

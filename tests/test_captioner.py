@@ -76,11 +76,11 @@ def test_window_state_is_independent(shipped_bundle: Path) -> None:
 
 @pytest.mark.parametrize("options,message", [
     (dict(frames=0), "frames and stride"),
-    (dict(sample_fps=float("nan")), "sample_fps a finite number"),
-    (dict(sample_fps=float("inf")), "sample_fps a finite number"),
-    (dict(sample_fps=-1.0), "sample_fps a finite number"),
-    (dict(num_threads=-3), "num_threads -3: use 1 or more"),
-    (dict(num_threads=0), "num_threads 0: use 1 or more"),
+    (dict(sample_fps=float("nan")), "sample fps a finite number"),
+    (dict(sample_fps=float("inf")), "sample fps a finite number"),
+    (dict(sample_fps=-1.0), "sample fps a finite number"),
+    (dict(num_threads=-3), "-3 threads: use 1 or more"),
+    (dict(num_threads=0), "0 threads: use 1 or more"),
     (dict(queue_size=0), "queue_size 0: each queue must hold"),
 ])
 def test_bad_override(shipped_bundle: Path, options: dict, message: str) -> None:
