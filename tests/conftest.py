@@ -6,6 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,3 +28,13 @@ def bundle_copy(shipped_bundle: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "bundle"
     shutil.copytree(shipped_bundle, dst)
     return dst
+
+
+def write_noise_clip(path: Path, frames: int, size: int, fps: float = 16.0) -> Path:
+    """Writes an mp4v clip of random BGR frames (a video that is valid but means nothing)."""
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (size, size))
+    rng = np.random.default_rng(0)
+    for _ in range(frames):
+        w.write(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
+    w.release()
+    return path

@@ -7,10 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cv2
-import numpy as np
 import pytest
 
+from conftest import write_noise_clip
 from edgecap.bench import bench_overhead
 from edgecap.captioner import EdgeCaptioner
 from edgecap.cli import main
@@ -23,13 +22,7 @@ def plan_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("clip") / "clip.mp4"
-    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 16, (80, 80))
-    rng = np.random.default_rng(0)
-    for _ in range(24):
-        w.write(rng.integers(0, 255, (80, 80, 3), dtype=np.uint8))
-    w.release()
-    return path
+    return write_noise_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", 24, 80)
 
 
 def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, tmp_path, capsys):

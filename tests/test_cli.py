@@ -7,22 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cv2
-import numpy as np
 import pytest
 
+from conftest import write_noise_clip
 from edgecap.cli import main
 
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("clip") / "clip.mp4"
-    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 16, (96, 96))
-    rng = np.random.default_rng(0)
-    for _ in range(40):
-        w.write(rng.integers(0, 255, (96, 96, 3), dtype=np.uint8))
-    w.release()
-    return path
+    return write_noise_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", 40, 96)
 
 
 def _one_line_error(capsys: pytest.CaptureFixture, code: int, *needles: str) -> None:
