@@ -406,7 +406,9 @@ def _resolve_plan(bundle: Bundle, plan: Union[None, str, "os.PathLike[str]", Pla
     elif plan is not None:
         resolved = load_plan(plan)
     elif board == "auto":
-        resolved = single_cpu_plan(bundle.encoder)
+        # Built from the bundle's own encoder: it fits by construction, and
+        # checking would only hash the encoder a second time.
+        return single_cpu_plan(bundle.encoder)
     else:
         from edgecap.planning import plan_for_board  # imports the compiler lazily
 
