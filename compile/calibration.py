@@ -93,23 +93,33 @@ _NAMES = ("macs_per_s", "elements_per_s", "op_overhead_ms", "invoke_overhead_ms"
 _RATES = (0, 1, 4)
 
 
-def _nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int]) -> np.ndarray:
-    # Active-set non-negative least squares on relative error: a column whose
-    # coefficient goes negative is fixed at zero and the rest refitted.
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
+                     prior: np.ndarray) -> Tuple[np.ndarray, List[str]]:
+    # Active-set non-negative least squares on relative error. A column the data
+    # drive to or below zero is fixed and the rest refitted: an overhead at zero,
+    # a rate at the profile's value, since a zero cost per MAC or per element is
+    # not a device, only a sign that noisy timings cannot separate that term.
     weight = 1.0 / y
     c = np.zeros(x.shape[1])
     free = list(columns)
+    kept = []
     while free:
-        solution, *_ = np.linalg.lstsq(x[:, free] * weight[:, None], y * weight, rcond=None)
-        if solution.min() >= 0:
+        fixed = [j for j in columns if j not in free]
+        target = y - x[:, fixed] @ c[fixed]
+        solution, *_ = np.linalg.lstsq(x[:, free] * weight[:, None], target * weight,
+                                       rcond=None)
+        bad = [i for i, j in enumerate(free)
+               if solution[i] < 0 or (j in _RATES and solution[i] == 0)]
+        if not bad:
             c[free] = solution
             break
-        free.pop(int(np.argmin(solution)))
-    for j in columns:
-        if j in _RATES and c[j] <= 0:
-            raise CompileError(f"the timings cannot determine {_NAMES[j]}; calibrate on "
-                               "larger models or more segments")
-    return c
+        worst = min(bad, key=lambda i: solution[i])
+        j = free[worst]
+        if j in _RATES:
+            c[j] = prior[j]
+            kept.append(_NAMES[j])
+        free.pop(worst)
+    return c, kept
 
 
 def _device(prior: Device, c: np.ndarray) -> Device:
@@ -140,10 +150,11 @@ def fit(samples: Sequence[Sample], prior: Device) -> Tuple[Device, dict]:
     Returns:
       ``(device, error)``: the fitted device, and the fit's error over all
       samples (``all``) and when fitted on the even samples and scored on the
-      odd ones (``holdout``).
+      odd ones (``holdout``). ``kept_from_profile`` names the rates the
+      timings could not determine, which keep the profile's value.
 
     Raises:
-      CompileError: If there are too few samples, or they cannot determine a rate.
+      CompileError: If there are too few samples.
     """
     columns = [0, 1, 2, 3, 4] if prior.is_tpu else [0, 1, 2, 3]
     if len(samples) < 2 * len(columns):
@@ -151,10 +162,10 @@ def fit(samples: Sequence[Sample], prior: Device) -> Tuple[Device, dict]:
                            f"(got {len(samples)}); raise --segments")
     x = np.array([s.terms() for s in samples], dtype=np.float64)
     y = np.array([s.measured_ms for s in samples])
-    c = _nonnegative_fit(x, y, columns)
-    half = _nonnegative_fit(x[::2], y[::2], columns)
+    c, kept = _nonnegative_fit(x, y, columns, _coefficients(prior))
+    half, _ = _nonnegative_fit(x[::2], y[::2], columns, _coefficients(prior))
     error = {"all": _errors(x, y, c), "holdout": _errors(x[1::2], y[1::2], half),
-             "samples": len(samples)}
+             "samples": len(samples), "kept_from_profile": kept}
     return _device(prior, c), error
 
 

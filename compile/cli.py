@@ -86,6 +86,10 @@ def _calibrate(args: argparse.Namespace) -> int:
           f"{100 * err['all']['mean_abs_rel']:.1f}% (held-out half "
           f"{100 * err['holdout']['mean_abs_rel']:.1f}%), rms {err['all']['rms_ms']:.3f} ms; "
           f"wrote {args.out}")
+    if err["kept_from_profile"]:
+        print(f"the timings could not determine {', '.join(err['kept_from_profile'])}; "
+              f"kept the {result.board} profile's value (calibrate on larger models or "
+              "more segments to fit it)")
     return 0
 
 

@@ -57,6 +57,20 @@ def test_fit_keeps_coefficients_non_negative_and_reports_noise():
     assert 0.005 < error["all"]["mean_abs_rel"] < 0.2
 
 
+def test_a_rate_the_timings_cannot_determine_keeps_the_profile_value():
+    # Timings that fall as element work grows (noise on a real host can do
+    # this) would need a negative cost per element; the rate stays the prior's.
+    prior = load_board("host").cpu
+    truth = dataclasses.replace(prior, elements_per_s=-prior.elements_per_s)
+    samples = [dataclasses.replace(s, measured_ms=max(s.measured_ms, 1e-3))
+               for s in _samples(truth, np.random.default_rng(2), 20)]
+    fitted, error = fit(samples, prior)
+    assert error["kept_from_profile"] == ["elements_per_s"]
+    assert fitted.elements_per_s == prior.elements_per_s
+    assert fitted.macs_per_s > 0 and fitted.op_overhead_ms >= 0
+    assert fitted.invoke_overhead_ms >= 0
+
+
 def test_too_few_segments_is_an_error():
     cpu = load_board("host").cpu
     with pytest.raises(CompileError, match="at least 8 segments"):

@@ -103,7 +103,9 @@ def test_timing_only_emulation_outputs_zeros_at_the_predicted_pace(plan) -> None
     runner = open_stage(stage, "emu-tpu:1", timing_only=True)
     t0 = time.perf_counter()
     out = runner({})
-    assert stage.predicted_ms / 1000 <= time.perf_counter() - t0 < 3 * stage.predicted_ms / 1000
+    elapsed = time.perf_counter() - t0
+    # Paced, not computed: never early, and late by no more than a loaded host's sleep overshoot.
+    assert stage.predicted_ms / 1000 <= elapsed < stage.predicted_ms / 1000 + 0.02
     for spec in stage.outputs:
         assert out[spec.name].shape == spec.shape and out[spec.name].dtype == np.dtype(spec.dtype)
         assert not out[spec.name].any()

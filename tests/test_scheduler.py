@@ -211,8 +211,8 @@ def test_stats_measure_busy_time_and_rates():
     assert by_name["slow"].mean_ms >= 4.0
     assert by_name["slow"].utilization > by_name["fast"].utilization
     assert 0.6 < by_name["slow"].utilization <= 1.0
-    # Throughput is set by the slowest step (4 ms plus sleep overshoot).
-    assert 150 < stats.fps_out <= 250
+    # Throughput is set by the slowest step (4 ms plus sleep overshoot, which a loaded host stretches).
+    assert 100 < stats.fps_out <= 250
     assert stats.latency_ms["p50"] >= 5.0
     assert set(stats.worker_utilization()) == {"tpu:0", "cpu"}
 
