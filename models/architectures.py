@@ -114,8 +114,12 @@ def build_captioner(
     """Joins CNN and RNN for end-to-end training on uint8 RGB windows.
 
     Inputs are ``frames [B,N,S,S,3] uint8`` and ``words``; outputs are the caption
-    logits and, per frame, bag-of-words logits ``[B,N,V]``: an auxiliary target
-    that teaches the CNN what is in a frame before the LSTMs can pass it gradient.
+    logits and two per-frame auxiliary heads on the CNN features: bag-of-words
+    logits ``[B,N,V]``, which teach the CNN what is in a frame before the LSTMs
+    can pass it gradient, and ``orientation [B,N,2]``, the outline's angle as a
+    point on the circle of its symmetry period. The caption loss alone never
+    made the features carry that angle, so the encoder LSTM could not tell a
+    clockwise turn from a counterclockwise one.
     """
     s = config.input_size
     frames = keras.Input((config.window_frames, s, s, 3), dtype="uint8", name="frames")
@@ -124,7 +128,9 @@ def build_captioner(
     features = layers.TimeDistributed(cnn, name="per_frame_cnn")(x)
     caption = rnn([features, words])
     bag = layers.Dense(vocab_size, name="bag_of_words")(features)
-    return keras.Model([frames, words], {"caption": caption, "bag": bag}, name="captioner")
+    orientation = layers.Dense(2, name="orientation")(features)
+    return keras.Model([frames, words], {"caption": caption, "bag": bag,
+                                         "orientation": orientation}, name="captioner")
 
 
 class StepModels:

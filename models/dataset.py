@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple, Union
 
@@ -292,12 +292,17 @@ class Dataset:
       captions: Clip id -> reference captions.
       splits: Split name -> clip ids.
       fps: Frame rate the clips were written at.
+      orientation: Optional per-frame annotation, clip id -> ``{"period_deg": P,
+        "angles_deg": [one per frame]}``: the outline's angle, meaningful modulo
+        its symmetry period ``P``. The recipe uses it as an auxiliary target
+        where present; a real dataset has none.
     """
 
     root: Path
     captions: Dict[str, List[str]]
     splits: Dict[str, List[str]]
     fps: float
+    orientation: Dict[str, dict] = field(default_factory=dict)
 
     def clip_path(self, clip_id: str) -> Path:
         """Returns the video file of ``clip_id``."""
@@ -333,12 +338,18 @@ def write_dataset(
     root = Path(out_dir)
     (root / "clips").mkdir(parents=True, exist_ok=True)
     captions: Dict[str, List[str]] = {}
+    orientation: Dict[str, dict] = {}
     for i in range(n_clips):
         rng = np.random.default_rng([seed, i])
         clip_id = f"clip{i:05d}"
-        video, caption = render_clip(random_spec(rng, frames, size), rng)
+        spec = random_spec(rng, frames, size)
+        video, caption = render_clip(spec, rng)
         write_video(root / "clips" / f"{clip_id}.mp4", video, fps)
         captions[clip_id] = [caption]
+        if spec.shape in SYMMETRY_DEG:
+            orientation[clip_id] = {
+                "period_deg": SYMMETRY_DEG[spec.shape],
+                "angles_deg": [round(float(a), 3) for a in _trajectory(spec)[:, 3]]}
     ids = list(captions)
     n_train = round(split_fractions[0] * n_clips)
     n_val = round(split_fractions[1] * n_clips)
@@ -347,9 +358,9 @@ def write_dataset(
         "val": ids[n_train:n_train + n_val],
         "test": ids[n_train + n_val:],
     }
-    meta = {"clips": captions, "splits": splits, "fps": fps}
+    meta = {"clips": captions, "splits": splits, "fps": fps, "orientation": orientation}
     (root / "captions.json").write_text(json.dumps(meta, indent=1) + "\n")
-    return Dataset(root, captions, splits, fps)
+    return Dataset(root, captions, splits, fps, orientation)
 
 
 def read_dataset(root: Union[str, os.PathLike]) -> Dataset:
@@ -371,7 +382,8 @@ def read_dataset(root: Union[str, os.PathLike]) -> Dataset:
         raise ValueError(f"{meta_path}: 'clips' must map clip ids to caption lists")
     captions = {str(k): [str(c) for c in v] for k, v in meta["clips"].items()}
     splits = meta.get("splits") or {"train": [], "val": [], "test": list(captions)}
-    dataset = Dataset(root, captions, {k: list(v) for k, v in splits.items()}, 0.0)
+    dataset = Dataset(root, captions, {k: list(v) for k, v in splits.items()}, 0.0,
+                      dict(meta.get("orientation") or {}))
     for clip_id in captions:
         if not dataset.clip_path(clip_id).is_file():
             raise OSError(f"{dataset.clip_path(clip_id)} listed in captions.json is missing")
@@ -389,9 +401,15 @@ def sample_window(
     Returns:
       The sampled frames ``[n, H, W, C]``.
     """
+    return frames[sample_indices(len(frames), fps, sample_fps, n, start)]
+
+
+def sample_indices(
+    length: int, fps: float, sample_fps: float, n: int, start: int = 0
+) -> np.ndarray:
+    """Returns the frame indices ``sample_window`` picks from a clip of ``length`` frames."""
     step = fps / sample_fps if sample_fps > 0 else 1.0
-    idx = np.minimum(start + np.round(np.arange(n) * step).astype(int), len(frames) - 1)
-    return frames[idx]
+    return np.minimum(start + np.round(np.arange(n) * step).astype(int), length - 1)
 
 
 def _main(argv: Sequence[str]) -> int:

@@ -3,8 +3,10 @@
     python -m models.train --data DATA_DIR --out BUNDLE_DIR --seed 0
 
 1. End-to-end training on caption windows: per-frame CNN, encoder LSTM, decoder
-   LSTM with teacher forcing, plus a per-frame bag-of-words loss on the CNN
-   features that gives the CNN a direct signal early on.
+   LSTM with teacher forcing, plus per-frame auxiliary losses on the CNN
+   features: bag-of-words, which gives the CNN a direct signal early on, and,
+   where the dataset annotates it, the object's orientation, without which the
+   features do not carry the angle a rotation's direction is read from.
 2. Int8 export of the CNN, calibrated on training frames.
 3. Fine-tuning of the RNN alone on the int8 encoder's features mixed with the
    float ones, so int8 and float features yield the same captions.
@@ -27,7 +29,7 @@ from typing import Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
-from models.dataset import Dataset, read_dataset, read_video, sample_window
+from models.dataset import Dataset, read_dataset, read_video, sample_indices, sample_window
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 PAD, BOS, EOS, UNK = range(len(SPECIALS))
@@ -80,6 +82,35 @@ def load_windows(
     return out
 
 
+def orientation_targets(
+    dataset: Dataset, ids: Sequence[str], frames: int, sample_fps: float
+) -> np.ndarray:
+    """Per sampled frame, the annotated angle on the circle of its symmetry period.
+
+    Returns:
+      ``[B,N,3] float32``: ``(cos, sin, 1)``, or zeros (masked out) for a clip
+      with no orientation annotation.
+    """
+    out = np.zeros((len(ids), frames, 3), np.float32)
+    for i, clip_id in enumerate(ids):
+        note = dataset.orientation.get(clip_id)
+        if note is None:
+            continue
+        angles = np.asarray(note["angles_deg"], np.float64)
+        idx = sample_indices(len(angles), dataset.fps, sample_fps, frames)
+        phase = 2 * np.pi * angles[idx] / float(note["period_deg"])
+        out[i] = np.stack([np.cos(phase), np.sin(phase), np.ones_like(phase)], axis=1)
+    return out
+
+
+def _masked_orientation_loss(targets, predicted):
+    from keras import ops
+
+    mask = targets[..., 2]
+    error = ops.sum(ops.square(targets[..., :2] - predicted), axis=-1)
+    return ops.sum(error * mask) / ops.maximum(ops.sum(mask), 1.0)
+
+
 def _masked_caption_loss(targets, logits):
     import keras
     from keras import ops
@@ -118,11 +149,13 @@ class Windows:
       frames: RGB uint8 ``[B,N,S,S,3]``.
       words_in: Teacher-forcing inputs ``[B,L+1]``.
       targets: Next-word targets ``[B,L+1]``.
+      orientation: Per-frame orientation targets ``[B,N,3]`` (``orientation_targets``).
     """
 
     frames: np.ndarray
     words_in: np.ndarray
     targets: np.ndarray
+    orientation: np.ndarray
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -149,13 +182,16 @@ def _fit_end_to_end(cnn, rnn, config, vocab_size: int, data: Windows, args) -> N
     model.compile(
         optimizer=keras.optimizers.Adam(schedule, clipnorm=1.0),
         loss={"caption": _masked_caption_loss,
-              "bag": keras.losses.BinaryCrossentropy(from_logits=True)},
-        loss_weights={"caption": 1.0, "bag": args.bag_weight},
+              "bag": keras.losses.BinaryCrossentropy(from_logits=True),
+              "orientation": _masked_orientation_loss},
+        loss_weights={"caption": 1.0, "bag": args.bag_weight,
+                      "orientation": args.orientation_weight},
     )
     model.fit(
         {"frames": data.frames, "words": data.words_in},
         {"caption": data.targets,
-         "bag": _bag_targets(data.targets, vocab_size, config.window_frames)},
+         "bag": _bag_targets(data.targets, vocab_size, config.window_frames),
+         "orientation": data.orientation},
         batch_size=args.batch, epochs=args.epochs, shuffle=True, verbose=2,
     )
 
@@ -206,6 +242,7 @@ def train(args: argparse.Namespace) -> Dict[str, object]:
         load_windows(dataset, [i for i, _ in samples], config.window_frames, config.input_size,
                      SAMPLE_FPS),
         *encode_captions([c for _, c in samples], vocab, config.max_caption_length),
+        orientation_targets(dataset, [i for i, _ in samples], config.window_frames, SAMPLE_FPS),
     )
     test_frames = load_windows(dataset, test_ids, config.window_frames, config.input_size, SAMPLE_FPS)
     print(f"loaded {len(samples)} training and {len(test_ids)} test windows, "
@@ -236,6 +273,7 @@ def train(args: argparse.Namespace) -> Dict[str, object]:
         "seed": args.seed,
         "data": str(Path(args.data).name),
         "train_windows": len(samples),
+        "orientation_windows": int(data.orientation[:, 0, 2].sum()),
     }
     tokens = dict(zip(("pad", "bos", "eos", "unk"), (PAD, BOS, EOS, UNK)))
     out = Path(args.out)
@@ -277,6 +315,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--bag-weight", type=float, default=0.5,
                         help="weight of the per-frame bag-of-words loss")
+    parser.add_argument("--orientation-weight", type=float, default=1.0,
+                        help="weight of the per-frame orientation loss, where the data annotate it")
     parser.add_argument("--width", type=float, default=1.0, help="CNN channel multiplier")
     parser.add_argument("--feature-size", type=int, default=128)
     parser.add_argument("--hidden-size", type=int, default=128)

@@ -104,3 +104,27 @@ def test_sample_window_takes_every_other_frame_and_pads_short_clips():
     assert list(picked[:, 0, 0, 0]) == [0, 2, 4, 6, 8, 10, 12, 14]
     padded = ds.sample_window(frames, fps=16.0, sample_fps=8.0, n=8, start=8)
     assert list(padded[:, 0, 0, 0]) == [8, 10, 12, 14, 15, 15, 15, 15]
+
+
+def test_orientation_targets_turn_the_way_the_caption_says(tmp_path):
+    from models.train import SAMPLE_FPS, orientation_targets
+
+    data = ds.write_dataset(tmp_path, 40, seed=7, size=32, split_fractions=(1, 0, 0))
+    assert ds.read_dataset(tmp_path).orientation == data.orientation
+    ids = list(data.captions)
+    targets = orientation_targets(data, ids, 8, SAMPLE_FPS)
+    seen = set()
+    for clip_id, t in zip(ids, targets):
+        caption = data.captions[clip_id][0]
+        if "circle" in caption:
+            assert clip_id not in data.orientation and not t.any()
+            continue
+        np.testing.assert_allclose(np.hypot(t[:, 0], t[:, 1]), 1.0, atol=1e-6)
+        assert (t[:, 2] == 1).all()
+        # Sign of the turn between sampled frames, on the circle of the symmetry period.
+        turn = np.sign(t[:-1, 0] * t[1:, 1] - t[:-1, 1] * t[1:, 0])
+        motion = caption.split(maxsplit=3)[3]
+        expected = {"rotates clockwise": 1, "rotates counterclockwise": -1}.get(motion, 0)
+        assert (turn == expected).all() if expected else np.allclose(t[0], t[-1]), caption
+        seen.add(expected)
+    assert seen == {-1, 0, 1}
