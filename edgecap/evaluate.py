@@ -7,10 +7,11 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 from edgecap.bundle import Bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
+from edgecap.dataset import read_dataset
 from edgecap.errors import ConfigError, EdgecapError
 
 
@@ -39,44 +40,6 @@ class Report:
     agreement: Optional[float]
     seconds: float
     captions: Dict[str, Dict[str, object]] = field(default_factory=dict)
-
-
-def read_split(data_dir: Path, split: str) -> Dict[str, List[str]]:
-    """Reads a dataset in the MSVD-like layout of models/README.md.
-
-    Args:
-      data_dir: Directory holding ``captions.json`` and ``clips/``.
-      split: Name of the split to read (e.g. ``test``).
-
-    Returns:
-      Clip id -> reference captions, for the split's clips, in split order.
-
-    Raises:
-      ConfigError: If the layout is missing or malformed.
-    """
-    path = data_dir / "captions.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        clips, splits = meta["clips"], meta["splits"]
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: missing: --data must be a dataset directory "
-                          "(python -m models.dataset DIR writes one)") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: malformed dataset index ({e}): see models/README.md") from None
-    if split not in splits:
-        raise ConfigError(f"{path}: no split '{split}' (has {', '.join(sorted(splits))})")
-    unknown = [cid for cid in splits[split] if cid not in clips]
-    if unknown:
-        raise ConfigError(f"{path}: split '{split}' lists clip '{unknown[0]}' that \"clips\" "
-                          "does not caption: add its captions or drop it from the split")
-    return {cid: list(clips[cid]) for cid in splits[split]}
-
-
-def _clip_file(data_dir: Path, clip_id: str) -> Path:
-    matches = sorted((data_dir / "clips").glob(f"{clip_id}.*"))
-    if not matches:
-        raise ConfigError(f"{data_dir / 'clips'}: no file for clip '{clip_id}'")
-    return matches[0]
 
 
 def _first_caption(cap: EdgeCaptioner, clip: Path) -> str:
@@ -114,16 +77,17 @@ def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.Path
     start = time.perf_counter()
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
     data_dir = Path(data_dir)
-    refs = read_split(data_dir, split)
+    dataset = read_dataset(data_dir)
+    refs = dataset.split(split)
     ids = list(refs)[:limit]
     if not ids:
         raise ConfigError(f"{data_dir}: split '{split}' has no clips")
     with EdgeCaptioner(b) as cap:
-        hyps = {cid: _first_caption(cap, _clip_file(data_dir, cid)) for cid in ids}
+        hyps = {cid: _first_caption(cap, dataset.clip_path(cid)) for cid in ids}
     floats: Optional[Dict[str, str]] = None
     if b.reference_encoder is not None:
         with EdgeCaptioner(b, reference_encoder=True) as cap:
-            floats = {cid: _first_caption(cap, _clip_file(data_dir, cid)) for cid in ids}
+            floats = {cid: _first_caption(cap, dataset.clip_path(cid)) for cid in ids}
 
     gts = {cid: [_norm(r) for r in refs[cid]] for cid in ids}
     res = {cid: [_norm(hyps[cid])] for cid in ids}

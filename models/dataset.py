@@ -3,15 +3,17 @@
 Each clip shows one shape on a static textured background and is captioned from a
 template, e.g. "a red star rotates clockwise". The first frame depends only on the
 clip's start state, never on its motion, so the motion is visible only across
-frames. Clips are written in an MSVD-like layout that ``read_dataset`` also reads
-for real datasets:
+frames. Clips are written in the MSVD-like layout of ``edgecap.dataset``, which
+reads real datasets too, with each outline's per-frame angle as an extra
+annotation the training recipe uses:
 
     out_dir/clips/<id>.mp4
     out_dir/captions.json   {"clips": {id: [caption, ...]},
                              "splits": {"train": [id, ...], "val": [...], "test": [...]},
-                             "fps": 16.0}
+                             "fps": 16.0,
+                             "orientation": {id: {"period_deg": P, "angles_deg": [...]}}}
 
-Only numpy and OpenCV are used so the runtime's default tests can import it.
+It needs only numpy, OpenCV and ``edgecap.dataset``, so the default tests can import it.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
+
+from edgecap.dataset import Dataset
 
 SHAPES: Tuple[str, ...] = ("circle", "square", "triangle", "star")
 # BGR, as OpenCV draws.
@@ -283,32 +287,6 @@ def read_video(path: Union[str, os.PathLike]) -> Tuple[np.ndarray, float]:
     return np.stack(frames), fps
 
 
-@dataclass
-class Dataset:
-    """A captioned clip collection in the MSVD-like layout.
-
-    Attributes:
-      root: The dataset directory.
-      captions: Clip id -> reference captions.
-      splits: Split name -> clip ids.
-      fps: Frame rate the clips were written at.
-      orientation: Optional per-frame annotation, clip id -> ``{"period_deg": P,
-        "angles_deg": [one per frame]}``: the outline's angle, meaningful modulo
-        its symmetry period ``P``. The recipe uses it as an auxiliary target
-        where present; a real dataset has none.
-    """
-
-    root: Path
-    captions: Dict[str, List[str]]
-    splits: Dict[str, List[str]]
-    fps: float
-    orientation: Dict[str, dict] = field(default_factory=dict)
-
-    def clip_path(self, clip_id: str) -> Path:
-        """Returns the video file of ``clip_id``."""
-        return self.root / "clips" / f"{clip_id}.mp4"
-
-
 def write_dataset(
     out_dir: Union[str, os.PathLike],
     n_clips: int,
@@ -361,34 +339,6 @@ def write_dataset(
     meta = {"clips": captions, "splits": splits, "fps": fps, "orientation": orientation}
     (root / "captions.json").write_text(json.dumps(meta, indent=1) + "\n")
     return Dataset(root, captions, splits, fps, orientation)
-
-
-def read_dataset(root: Union[str, os.PathLike]) -> Dataset:
-    """Reads a dataset written by ``write_dataset`` or any other in the same layout.
-
-    A layout without ``splits`` is treated as all test; one without ``fps`` takes it
-    from the first clip's file.
-
-    Raises:
-      OSError: If ``captions.json`` is missing or names a clip with no file.
-      ValueError: If ``captions.json`` is malformed.
-    """
-    root = Path(root)
-    meta_path = root / "captions.json"
-    if not meta_path.is_file():
-        raise OSError(f"{meta_path} not found: a dataset needs captions.json next to clips/")
-    meta = json.loads(meta_path.read_text())
-    if not isinstance(meta.get("clips"), dict):
-        raise ValueError(f"{meta_path}: 'clips' must map clip ids to caption lists")
-    captions = {str(k): [str(c) for c in v] for k, v in meta["clips"].items()}
-    splits = meta.get("splits") or {"train": [], "val": [], "test": list(captions)}
-    dataset = Dataset(root, captions, {k: list(v) for k, v in splits.items()}, 0.0,
-                      dict(meta.get("orientation") or {}))
-    for clip_id in captions:
-        if not dataset.clip_path(clip_id).is_file():
-            raise OSError(f"{dataset.clip_path(clip_id)} listed in captions.json is missing")
-    dataset.fps = float(meta.get("fps") or read_video(dataset.clip_path(next(iter(captions))))[1])
-    return dataset
 
 
 def sample_window(

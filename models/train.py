@@ -29,7 +29,8 @@ from typing import Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
-from models.dataset import Dataset, read_dataset, read_video, sample_indices, sample_window
+from edgecap.dataset import Dataset, read_dataset
+from models.dataset import read_video, sample_indices, sample_window
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 PAD, BOS, EOS, UNK = range(len(SPECIALS))
@@ -96,6 +97,8 @@ def orientation_targets(
         note = dataset.orientation.get(clip_id)
         if note is None:
             continue
+        if not dataset.fps:
+            raise ValueError(f"{dataset.root}: orientation annotations need the dataset's fps")
         angles = np.asarray(note["angles_deg"], np.float64)
         idx = sample_indices(len(angles), dataset.fps, sample_fps, frames)
         phase = 2 * np.pi * angles[idx] / float(note["period_deg"])

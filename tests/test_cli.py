@@ -117,3 +117,14 @@ def test_help_lists_every_command(capsys) -> None:
     for command in ("caption", "camera", "eval", "validate", "devices", "bench", "compile",
                     "calibrate"):
         assert command in out
+
+
+@pytest.mark.parametrize("index, named", [
+    ({"clips": ["a red circle grows"]}, "malformed dataset index"),
+    ({"clips": {"a": ["a red circle grows"]}}, "no file for clip 'a'"),
+])
+def test_eval_bad_dataset_index_or_missing_clip(tmp_path: Path, shipped_bundle: Path, capsys,
+                                                index, named) -> None:
+    (tmp_path / "captions.json").write_text(json.dumps(index))
+    code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path)])
+    _one_line_error(capsys, code, named)

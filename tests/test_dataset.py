@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from edgecap.dataset import read_dataset
+from edgecap.errors import ConfigError
 from models import dataset as ds
 
 
@@ -75,7 +77,7 @@ def test_write_then_read_round_trips(tmp_path):
     written = ds.write_dataset(tmp_path, 6, seed=4, size=64)
     meta = json.loads((tmp_path / "captions.json").read_text())
     assert set(meta) >= {"clips", "splits", "fps"}
-    read = ds.read_dataset(tmp_path)
+    read = read_dataset(tmp_path)
     assert read.captions == written.captions
     assert read.splits == written.splits
     assert read.fps == ds.FPS
@@ -90,12 +92,12 @@ def test_write_then_read_round_trips(tmp_path):
 
 
 def test_read_dataset_rejects_missing_files(tmp_path):
-    with pytest.raises(OSError, match="captions.json"):
-        ds.read_dataset(tmp_path)
+    with pytest.raises(ConfigError, match="captions.json: missing"):
+        read_dataset(tmp_path)
     ds.write_dataset(tmp_path, 2, seed=0, size=32)
     (tmp_path / "clips" / "clip00001.mp4").unlink()
-    with pytest.raises(OSError, match="clip00001"):
-        ds.read_dataset(tmp_path)
+    with pytest.raises(ConfigError, match="no file for clip 'clip00001'"):
+        read_dataset(tmp_path).clip_path("clip00001")
 
 
 def test_sample_window_takes_every_other_frame_and_pads_short_clips():
@@ -110,7 +112,7 @@ def test_orientation_targets_turn_the_way_the_caption_says(tmp_path):
     from models.train import SAMPLE_FPS, orientation_targets
 
     data = ds.write_dataset(tmp_path, 40, seed=7, size=32, split_fractions=(1, 0, 0))
-    assert ds.read_dataset(tmp_path).orientation == data.orientation
+    assert read_dataset(tmp_path).orientation == data.orientation
     ids = list(data.captions)
     targets = orientation_targets(data, ids, 8, SAMPLE_FPS)
     seen = set()
