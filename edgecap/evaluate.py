@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
+
+import numpy as np
 
 from edgecap.bundle import Bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.dataset import read_dataset
 from edgecap.errors import ConfigError, EdgecapError
+from edgecap.sources import VideoFileSource, sample
 
 
 @dataclass
@@ -42,11 +47,14 @@ class Report:
     captions: Dict[str, Dict[str, object]] = field(default_factory=dict)
 
 
-def _first_caption(cap: EdgeCaptioner, clip: Path) -> str:
+def _first_window(clip: Path, frames: int, sample_fps: float) -> List[np.ndarray]:
     # A clip is scored by its first window; the demo's clips are one window long.
-    for caption in cap.stream(str(clip)):
-        return caption.text
-    raise EdgecapError(f"{clip}: shorter than one window of {cap.window.frames} sampled frames")
+    # Decoded once, it feeds the int8 and the float captioner alike.
+    with VideoFileSource(clip) as src:
+        window = [f.image for f in itertools.islice(sample(src, sample_fps), frames)]
+    if len(window) < frames:
+        raise EdgecapError(f"{clip}: shorter than one window of {frames} sampled frames")
+    return window
 
 
 def _norm(text: str) -> str:
@@ -82,12 +90,18 @@ def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.Path
     ids = list(refs)[:limit]
     if not ids:
         raise ConfigError(f"{data_dir}: split '{split}' has no clips")
-    with EdgeCaptioner(b) as cap:
-        hyps = {cid: _first_caption(cap, dataset.clip_path(cid)) for cid in ids}
-    floats: Optional[Dict[str, str]] = None
-    if b.reference_encoder is not None:
-        with EdgeCaptioner(b, reference_encoder=True) as cap:
-            floats = {cid: _first_caption(cap, dataset.clip_path(cid)) for cid in ids}
+    hyps: Dict[str, str] = {}
+    floats: Optional[Dict[str, str]] = None if b.reference_encoder is None else {}
+    with contextlib.ExitStack() as stack:
+        cap = stack.enter_context(EdgeCaptioner(b))
+        ref = (None if floats is None
+               else stack.enter_context(EdgeCaptioner(b, reference_encoder=True)))
+        for cid in ids:
+            window = _first_window(dataset.clip_path(cid), cap.window.frames,
+                                   cap.window.sample_fps)
+            hyps[cid] = cap.caption_frames(window)[0].text
+            if ref is not None:
+                floats[cid] = ref.caption_frames(window)[0].text
 
     gts = {cid: [_norm(r) for r in refs[cid]] for cid in ids}
     res = {cid: [_norm(hyps[cid])] for cid in ids}

@@ -50,3 +50,9 @@ def test_eval_report(shipped_bundle: Path, tmp_path: Path) -> None:
         assert report.bleu4 == pytest.approx(1.0, abs=1e-6)
     agree = np.mean([c["int8"] == c["float"] for c in report.captions.values()])
     assert report.agreement == pytest.approx(agree)
+    # Eval decodes a clip's first window once for both encoders; it must caption
+    # what streaming the file does.
+    with EdgeCaptioner(shipped_bundle) as cap:
+        for clip_id in list(report.captions)[:4]:
+            first = next(iter(cap.stream(str(data.clip_path(clip_id)))))
+            assert report.captions[clip_id]["int8"] == first.text
