@@ -21,6 +21,17 @@ _ENCODER_STEP_IO = ({"feature", "h", "c"}, {"h_out", "c_out"})
 _DECODER_STEP_IO = ({"word", "h", "c"}, {"logits", "h_out", "c_out"})
 
 
+def resolve_inside(root: Path, name: str) -> Optional[Path]:
+    """Returns ``root / name`` resolved, or None if it leaves ``root`` (``..``, a symlink).
+
+    Bundles and plans name their files relative to their own directory; a name
+    that escapes it would read whatever the file's author pointed at.
+    """
+    root = root.resolve()
+    target = (root / name).resolve()
+    return target if root in target.parents else None
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """What the encoder takes: frame size, channel order and normalisation."""
@@ -119,8 +130,8 @@ class _Reader:
         if rel is None:
             return None
         root = self.json_path.parent.resolve()
-        target = (root / rel).resolve()
-        if target != root and root not in target.parents:
+        target = resolve_inside(root, rel)
+        if target is None:
             raise self.fail(field, f"path '{rel}' leaves the bundle directory {root}: "
                             "keep every file inside the bundle")
         if not target.is_file():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from edgecap import devices
+from edgecap.bundle import resolve_inside
 from edgecap.errors import EdgecapError, PlanError
 
 PLAN_VERSION = 1
@@ -249,8 +250,8 @@ def _compiled_segment(raw: Dict[str, Any], base: Path, where: str) -> Optional[P
 
 
 def _inside(base: Path, name: str, where: str) -> Path:
-    resolved = (base / name).resolve()
-    if base.resolve() not in resolved.parents:
+    resolved = resolve_inside(base, name)
+    if resolved is None:
         raise PlanError(f"{where}: {name!r} resolves outside the plan directory; keep segments beside plan.json")
     if not resolved.is_file():
         raise PlanError(f"{where}: segment {name!r} not found beside plan.json; re-run `edgecap compile`")
