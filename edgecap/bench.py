@@ -111,6 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="emulated stages compute nothing (all board rows)")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads of each CPU encoder interpreter (default 1)")
+    parser.add_argument("--batch", type=int, default=8,
+                        help="frames per hand-off in the host's batched pipeline rows (default 8)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write a bar chart PNG here (needs matplotlib)")
     parser.add_argument("--timeline", type=Path, help="with --plot: PNG of the pipelined board run's "
@@ -124,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--threads {args.threads}: use 1 or more")
     if args.frames < 1:
         raise ConfigError(f"--frames {args.frames}: use 1 or more")
+    if args.batch < 1:
+        raise ConfigError(f"--batch {args.batch}: use 1 or more")
     bundle = load_bundle(args.bundle or default_bundle())
     clips = args.clips or [str(DEMO_DIR / "sample.mp4")]
     frames = _load_frames(clips, args.frames)
@@ -138,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if "board" in profiles:
         rows += bench_board(bundle, frames, args.board, args.timing_only, args.threads, trace)
     if "host" in profiles:
-        rows += bench_host(bundle, frames, args.board, args.threads)
+        rows += bench_host(bundle, frames, args.board, args.threads, args.batch)
     overhead = bench_overhead()
     scaling = bench_scaling(bundle) if "host" in profiles else []
     print(format_table(rows, overhead, scaling))
@@ -242,13 +246,14 @@ def bench_board(
     return rows
 
 
-def bench_host(bundle: Bundle, frames: List[np.ndarray], board: str, threads: int) -> List[Row]:
+def bench_host(bundle: Bundle, frames: List[np.ndarray], board: str, threads: int,
+               batch: int = 8) -> List[Row]:
     """Runs the four schedules with every stage computed on this machine's CPU.
 
     Returns:
       Rows a-d, plus "d one CNN worker" (the whole CNN on one CPU worker, the
-      RNN on another: the host's own best split) and "a 2 threads" (the
-      sequential path with XNNPACK on every core).
+      RNN on another), both pipelines again with ``batch`` frames per hand-off,
+      and "a 2 threads" (the sequential path with XNNPACK on every core).
     """
     whole = plan_for_board(bundle, board, whole_on_tpu=True)
     split = plan_for_board(bundle, board)
@@ -263,6 +268,9 @@ def bench_host(bundle: Bundle, frames: List[np.ndarray], board: str, threads: in
     reference: Optional[List[List[int]]] = None
     extra = [
         ("d one CNN worker", dict(plan=whole, devices_map={"tpu:0": "cpu:1"}, pipelined=True)),
+        (f"d batched {batch}", dict(plan=split, devices_map=on_cpus, batch=batch)),
+        (f"d one CNN worker, batched {batch}",
+         dict(plan=whole, devices_map={"tpu:0": "cpu:1"}, batch=batch)),
         ("a 2 threads", dict(pipelined=False)),
     ]
     for schedule, kwargs in configs + extra:

@@ -82,6 +82,7 @@ def test_window_state_is_independent(shipped_bundle: Path) -> None:
     (dict(num_threads=-3), "-3 threads: use 1 or more"),
     (dict(num_threads=0), "0 threads: use 1 or more"),
     (dict(queue_size=0), "queue_size 0: each queue must hold"),
+    (dict(batch=0), "batch 0: hand over at least 1 frame"),
 ])
 def test_bad_override(shipped_bundle: Path, options: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -120,6 +120,16 @@ def test_device_override_runs_tpu_stages_on_cpu_workers(plans, shipped_bundle, r
     assert workers == {"cpu:1", "cpu:2", "cpu", "decode"}
 
 
+@pytest.mark.parametrize("batch", [3, 8])
+def test_batched_hand_offs_give_the_same_captions(plans, shipped_bundle, reference, clips, batch):
+    with EdgeCaptioner(shipped_bundle, plan=plans["2tpu+cpu"], num_threads=1, frames=4, stride=2,
+                       devices_map={"tpu:0": "cpu:1", "tpu:1": "cpu:2"}, batch=batch) as cap:
+        got = [[(c.window, c.start_frame, c.end_frame, c.tokens) for c in cap.caption_frames(clip)]
+               for clip in clips]
+        assert cap.stats().frames_out == 24
+    assert got == reference
+
+
 def test_stopping_mid_stream_leaves_no_thread_behind(plans, shipped_bundle):
     cap = EdgeCaptioner(shipped_bundle, plan=plans["2tpu+cpu"], num_threads=1)
     it = cap.stream(_clip(400, 4), fps=0)

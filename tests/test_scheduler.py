@@ -286,3 +286,46 @@ def test_sequential_schedule_opens_its_steps_in_the_constructor():
     with pytest.raises(FileNotFoundError):
         Pipeline([_step("a", "tpu:0"), Step("b", "cpu", bad_open)], pipelined=False)
     assert opened == [threading.current_thread()]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_batched_hand_offs_give_every_item_in_order_with_per_item_stats(batch, tmp_path):
+    tracer = Tracer()
+    steps = [_step("a", "tpu:0", lambda x: x + ["a"]), _step("b", "cpu", lambda x: x + ["b"])]
+    with Pipeline(steps, batch=batch, tracer=tracer) as pipe:
+        out = list(pipe.run([i] for i in range(10)))  # 10 is no multiple of 3 or 8
+        stats = pipe.stats()
+    assert out == [[i, "a", "b"] for i in range(10)]
+    assert stats.frames_in == stats.frames_out == 10
+    assert {s.name: s.invokes for s in stats.stages} == {"a": 10, "b": 10}
+    tracer.write(tmp_path / "trace.json")
+    assert [e["args"]["frame"] for e in load_slices(tmp_path / "trace.json")["tpu:0"]] == list(range(10))
+
+
+def test_batched_hand_offs_bound_items_in_flight_and_stop_early():
+    alive = {"n": 0, "max": 0}
+
+    def source():
+        for i in range(200):
+            alive["n"] += 1
+            alive["max"] = max(alive["max"], alive["n"])
+            yield i
+
+    steps = [_step("a", "tpu:0"), _step("b", "cpu")]
+    with Pipeline(steps, queue_size=2, batch=4) as pipe:
+        for i, _ in enumerate(pipe.run(source())):
+            alive["n"] -= 1
+            time.sleep(0.001)
+        # 3 queues of 2 hand-offs, 2 workers and the consumer holding one each,
+        # the feeder filling the next: all of 4 items.
+        assert alive["max"] <= (3 * 2 + 3 + 1) * 4
+        for i, _ in enumerate(pipe.run(range(100))):
+            if i == 5:
+                break
+        assert list(pipe.run(range(3))) == [0, 1, 2]
+
+
+def test_batch_must_be_positive():
+    with pytest.raises(ValueError, match="batch"):
+        Pipeline([_step("a", "cpu")], batch=0)
+
