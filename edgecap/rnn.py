@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 
@@ -24,6 +24,27 @@ class State:
         return cls(z, z)
 
 
+class _StepModel:
+    """A step model run with fixed input shapes.
+
+    A signature runner resizes every input and re-allocates tensors on each
+    call; a step's shapes never change, so inputs are set by tensor index
+    instead, without that per-call work.
+    """
+
+    def __init__(self, path: "str | os.PathLike[str]", num_threads: int):
+        self._interp = make_cpu_interpreter(path, num_threads)
+        runner = self._interp.get_signature_runner("serving_default")
+        self._inputs = {k: d["index"] for k, d in runner.get_input_details().items()}
+        self._outputs = {k: d["index"] for k, d in runner.get_output_details().items()}
+
+    def __call__(self, **inputs: np.ndarray) -> Dict[str, np.ndarray]:
+        for name, value in inputs.items():
+            self._interp.set_tensor(self._inputs[name], value)
+        self._interp.invoke()
+        return {name: self._interp.get_tensor(i) for name, i in self._outputs.items()}
+
+
 class RnnEncoder:
     """Runs the encoder step model: reads one frame feature, carries (h, c).
 
@@ -31,7 +52,7 @@ class RnnEncoder:
     """
 
     def __init__(self, path: "str | os.PathLike[str]", num_threads: int = 1):
-        self._run = make_cpu_interpreter(path, num_threads).get_signature_runner("serving_default")
+        self._run = _StepModel(path, num_threads)
 
     def step(self, feature: np.ndarray, state: State) -> State:
         """Returns the state after reading ``feature`` (any shape with F values)."""
@@ -47,7 +68,7 @@ class RnnDecoder:
     """
 
     def __init__(self, path: "str | os.PathLike[str]", num_threads: int = 1):
-        self._run = make_cpu_interpreter(path, num_threads).get_signature_runner("serving_default")
+        self._run = _StepModel(path, num_threads)
 
     def decode(self, state: State, bos: int, eos: int, max_length: int) -> List[int]:
         """Returns the greedy caption's token ids, without bos and eos.
