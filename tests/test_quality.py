@@ -14,9 +14,10 @@ from models.dataset import FPS, random_spec, render_clip, write_dataset
 # Training data is rendered from default_rng([seed, i]) with small dataset seeds;
 # these seeds are far from any of them.
 FRESH_SEED = 90_210
-# The goal is 90%; the demo sits at 88.6-90.8% across held-out sets (README), so
-# this is a regression floor two points under the goal, not the goal itself.
-MIN_EXACT_MATCH = 0.88
+# The goal is 90%; the demo sits at 99.8-100% across held-out sets (README). The
+# floor is well above the goal, so a regression shows, yet leaves room for an
+# interpreter version that rounds an int8 kernel differently.
+MIN_EXACT_MATCH = 0.96
 
 
 @pytest.fixture(scope="module")
