@@ -13,7 +13,8 @@
 4. Export of the step models, vocab and bundle.json; greedy captions of the
    test split from the exported files, printed and recorded in provenance.
 
-Same data, seed and arguments give the same bundle (op determinism is on).
+Seeded, with op determinism on: small runs repeat bit for bit, full-size runs
+on this host do not (models/README.md).
 """
 
 from __future__ import annotations
