@@ -100,6 +100,10 @@ def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[st
       CompileError: On bad input (unreadable or float model, unknown board, bad
         budget, more stages than ops, ranges that do not cover the model, ...).
     """
+    if report:
+        from edgecap_compile.report import pyplot
+
+        pyplot()  # fail before writing anything, not after the segments
     model_source = resolve_source(source)
     graph = read_graph(model_source.encoder)
     chosen = make_board(board, tpus, sram, calibration)

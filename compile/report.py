@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
 from edgecap_compile.cost_model import CostModel
+from edgecap_compile.errors import CompileError
 from edgecap_compile.partitioner import Partition
 
 
@@ -49,6 +50,23 @@ def stage_table(plan: dict) -> str:
     return "\n".join(rows)
 
 
+def pyplot() -> Any:
+    """Returns matplotlib's pyplot on the Agg backend.
+
+    Raises:
+      CompileError: If matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+    except ImportError:
+        raise CompileError("--report draws split.png with matplotlib, which is not installed: "
+                           "pip install 'edgecap[plot]'") from None
+    return plt
+
+
 def plot_split(model: CostModel, split: Partition, path: Union[str, os.PathLike]) -> None:
     """Draws each op's predicted time on its stage's device along the graph, cuts marked.
 
@@ -57,11 +75,7 @@ def plot_split(model: CostModel, split: Partition, path: Union[str, os.PathLike]
       split: The chosen partition.
       path: PNG file to write.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
+    plt = pyplot()
     n = model.n_ops
     fig, (ax, params) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True,
                                      gridspec_kw={"height_ratios": [3, 1.4]})

@@ -75,10 +75,14 @@ def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.Path
       The ``Report``.
 
     Raises:
-      ConfigError: If the dataset is malformed; ImportError without pycocoevalcap.
+      ConfigError: If the dataset is malformed or pycocoevalcap is not installed.
     """
-    from pycocoevalcap.bleu.bleu import Bleu
-    from pycocoevalcap.cider.cider import Cider
+    try:
+        from pycocoevalcap.bleu.bleu import Bleu
+        from pycocoevalcap.cider.cider import Cider
+    except ImportError:
+        raise ConfigError("edgecap eval scores with pycocoevalcap, which is not installed: "
+                          "pip install 'edgecap[eval]'") from None
 
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit}: must be at least 1")
