@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 from pathlib import Path
@@ -28,6 +29,23 @@ def bundle_copy(shipped_bundle: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "bundle"
     shutil.copytree(shipped_bundle, dst)
     return dst
+
+
+@pytest.fixture
+def hide_module(monkeypatch):
+    """Call with a top-level package name: importing it (or its submodules) then raises ImportError."""
+
+    def hide(package: str) -> None:
+        real_import = builtins.__import__
+
+        def guarded(name, *args, **kwargs):
+            if name == package or name.startswith(package + "."):
+                raise ImportError(name)
+            return real_import(name, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "__import__", guarded)
+
+    return hide
 
 
 def write_noise_clip(path: Path, frames: int, size: int, fps: float = 16.0) -> Path:

@@ -131,16 +131,7 @@ def test_eval_bad_dataset_index_or_missing_clip(tmp_path: Path, shipped_bundle: 
 
 
 def test_eval_without_pycocoevalcap_names_the_extra(tmp_path: Path, shipped_bundle: Path, capsys,
-                                                    monkeypatch) -> None:
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_pycoco(name, *args, **kwargs):
-        if name.startswith("pycocoevalcap"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_pycoco)
+                                                    hide_module) -> None:
+    hide_module("pycocoevalcap")
     code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path)])
     _one_line_error(capsys, code, "edgecap[eval]")

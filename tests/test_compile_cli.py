@@ -174,17 +174,8 @@ def test_module_entry_point_exits_2_with_one_line(tmp_path):
     assert run.stderr.strip().count("\n") == 0 and "unknown board 'nano'" in run.stderr
 
 
-def test_report_without_matplotlib_fails_before_writing_anything(tmp_path, monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+def test_report_without_matplotlib_fails_before_writing_anything(tmp_path, hide_module):
+    hide_module("matplotlib")
     with pytest.raises(CompileError, match=r"edgecap\[plot\]") as e:
         main(["compile", str(MODEL), "--board", "devboard", "--report", "-o", str(tmp_path / "out")])
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()

@@ -27,6 +27,14 @@ def _sleepy(seconds, tag):
     return fn
 
 
+def _counting_source(n, alive):
+    # Counts items read but not yet consumed: the consumer decrements alive["n"].
+    for i in range(n):
+        alive["n"] += 1
+        alive["max"] = max(alive["max"], alive["n"])
+        yield i
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_threads():
     yield
@@ -119,16 +127,10 @@ def test_close_during_a_run_joins_every_thread():
 
 def test_slow_consumer_bounds_items_in_flight():
     alive = {"n": 0, "max": 0}
-
-    def source():
-        for i in range(200):
-            alive["n"] += 1
-            alive["max"] = max(alive["max"], alive["n"])
-            yield i
-
+    source = _counting_source(200, alive)
     steps = [_step("a", "tpu:0"), _step("b", "tpu:1"), _step("c", "cpu")]
     with Pipeline(steps, queue_size=2) as pipe:
-        for _ in pipe.run(source()):
+        for _ in pipe.run(source):
             alive["n"] -= 1
             time.sleep(0.001)
     # 4 queues of 2, 3 workers holding one each, the feeder holding one.
@@ -304,16 +306,10 @@ def test_batched_hand_offs_give_every_item_in_order_with_per_item_stats(batch, t
 
 def test_batched_hand_offs_bound_items_in_flight_and_stop_early():
     alive = {"n": 0, "max": 0}
-
-    def source():
-        for i in range(200):
-            alive["n"] += 1
-            alive["max"] = max(alive["max"], alive["n"])
-            yield i
-
+    source = _counting_source(200, alive)
     steps = [_step("a", "tpu:0"), _step("b", "cpu")]
     with Pipeline(steps, queue_size=2, batch=4) as pipe:
-        for i, _ in enumerate(pipe.run(source())):
+        for i, _ in enumerate(pipe.run(source)):
             alive["n"] -= 1
             time.sleep(0.001)
         # 3 queues of 2 hand-offs, 2 workers and the consumer holding one each,
