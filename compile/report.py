@@ -11,6 +11,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from edgecap import plots
+from edgecap.errors import ConfigError
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.errors import CompileError
 from edgecap_compile.partitioner import Partition
@@ -51,20 +53,16 @@ def stage_table(plan: dict) -> str:
 
 
 def pyplot() -> Any:
-    """Returns matplotlib's pyplot on the Agg backend.
+    """Returns matplotlib's pyplot on the Agg backend (``edgecap.plots.pyplot``).
 
     Raises:
       CompileError: If matplotlib is not installed.
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib import pyplot as plt
-    except ImportError:
+        return plots.pyplot()
+    except ConfigError:
         raise CompileError("--report draws split.png with matplotlib, which is not installed: "
                            "pip install 'edgecap[plot]'") from None
-    return plt
 
 
 def plot_split(model: CostModel, split: Partition, path: Union[str, os.PathLike]) -> None:

@@ -322,7 +322,7 @@ def _is_int(value: Any) -> bool:
 
 def _field(obj: Dict[str, Any], key: str, kind: type, where: str) -> Any:
     value = obj.get(key)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    if not isinstance(value, kind):
         raise PlanError(f"{where}: field {key!r} missing or not a {kind.__name__}")
     return value
 

@@ -8,7 +8,12 @@ from typing import Any, Dict, Optional
 from edgecap.trace import load_slices
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """Returns matplotlib's pyplot on the Agg backend (files only, no display).
+
+    Raises:
+      ConfigError: If matplotlib is not installed.
+    """
     try:
         import matplotlib
 
@@ -28,7 +33,7 @@ def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:
       result: The JSON document ``edgecap bench --json`` writes.
       path: The PNG to write.
     """
-    plt = _pyplot()
+    plt = pyplot()
     profiles = list(dict.fromkeys(r["profile"] for r in result["rows"]))
     fig, axes = plt.subplots(1, len(profiles), figsize=(6 * len(profiles), 4), squeeze=False)
     for ax, profile in zip(axes[0], profiles):
@@ -67,7 +72,7 @@ def plot_timeline(
       span_ms: Length of the stretch shown.
       start_ms: Where it starts (default: the middle of the run, past pipeline fill).
     """
-    plt = _pyplot()
+    plt = pyplot()
     tracks = {name: s for name, s in load_slices(trace).items() if s}
     if not tracks:
         raise ValueError(f"{trace}: no slices to draw")
