@@ -1,0 +1,155 @@
+"""Typed file contracts: one way to read and check a JSON or TOML document.
+
+Every file edgecap reads (bundle.json, plan.json, board profiles, calibration
+files, dataset indexes, the service's config) is declared as ``msgspec.Struct``
+types and read with ``decode``. msgspec checks types and ranges in its C
+decoder, so a document is parsed and validated in one pass; on an ARM board it
+imports in a few milliseconds and its wheel is a few hundred KB, where pydantic
+pulls in pydantic-core (several MB) and costs tens of milliseconds to import.
+
+Failures become one line that names the file, the field and the fix::
+
+    plan/plan.json: stages[1].predicted_ms: expected float <= 3600000.0; re-run `edgecap compile`
+
+Ranges are part of the types below: NaN and infinity never pass a bounded
+field, and sizes past any plausible bound are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional, Type, TypeVar, Union
+
+import msgspec
+
+try:  # Annotated is in typing from 3.9 on
+    from typing import Annotated
+except ImportError:  # pragma: no cover
+    from typing_extensions import Annotated  # type: ignore[assignment]
+
+from edgecap.errors import EdgecapError
+
+T = TypeVar("T")
+
+# Bounds: generous for any real model or board, small enough to refuse typos
+# and hostile files (a 10^9-frame window, a stage predicted at 10^9 ms).
+MAX_COUNT = 1_000_000  # frames per window, tokens, ops, features
+MAX_DIM = 1 << 20  # one tensor dimension
+MAX_BYTES = 1 << 40  # parameter or tensor bytes
+MAX_MS = 3_600_000.0  # one hour per invoke
+MAX_RATE = 1e18  # operations or bytes per second
+
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Positive = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
+Dim = Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
+Millis = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_MS)]
+Rate = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_RATE)]
+Fps = Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]
+Finite = Annotated[float, msgspec.Meta(ge=-1e30, le=1e30)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+
+def describe(exc: msgspec.MsgspecError) -> str:
+    """Returns msgspec's message as ``field: problem`` (lower-case, no ``$``)."""
+    m = _AT.match(str(exc).strip())
+    msg = m.group("msg").replace("`", "") if m else str(exc)
+    if msg[1:2].islower():  # "Expected ..." reads on after a colon; "JSON ..." stays
+        msg = msg[:1].lower() + msg[1:]
+    path = (m.group("path") or "").lstrip(".") if m else ""
+    return f"{path}: {msg}" if path else msg
+
+
+def convert(
+    obj: Any, type_: Type[T], *, where: str, fix: str, error: Type[EdgecapError] = EdgecapError
+) -> T:
+    """Checks already-parsed data (e.g. from TOML) against a schema type.
+
+    Args:
+      obj: Plain data (dicts, lists, numbers, strings).
+      type_: The ``msgspec.Struct`` (or other msgspec type) to produce.
+      where: What the data is, for messages (usually the file path).
+      fix: What the user should do, appended to any message.
+      error: The ``EdgecapError`` subclass to raise.
+
+    Returns:
+      The typed value.
+
+    Raises:
+      error: With one line ``where: field: problem; fix``.
+    """
+    try:
+        return msgspec.convert(obj, type_, strict=True)
+    except msgspec.ValidationError as exc:
+        raise error(f"{where}: {describe(exc)}; {fix}") from None
+
+
+def decode(
+    data: Union[bytes, str], type_: Type[T], *, where: str, fix: str,
+    error: Type[EdgecapError] = EdgecapError,
+) -> T:
+    """Parses and checks a JSON document against a schema type in one pass.
+
+    Args:
+      data: The JSON text.
+      type_: The ``msgspec.Struct`` (or other msgspec type) to produce.
+      where: What the document is, for messages (usually the file path).
+      fix: What the user should do, appended to any message.
+      error: The ``EdgecapError`` subclass to raise.
+
+    Returns:
+      The typed value.
+
+    Raises:
+      error: With one line ``where: field: problem; fix`` for malformed JSON,
+        a wrong type, a missing or unknown field or a value out of range.
+    """
+    try:
+        return msgspec.json.decode(data, type=type_)
+    except msgspec.ValidationError as exc:
+        raise error(f"{where}: {describe(exc)}; {fix}") from None
+    except msgspec.DecodeError as exc:
+        raise error(f"{where}: not valid JSON ({describe(exc)}); {fix}") from None
+
+
+def read_file(
+    path: "str | os.PathLike[str]", type_: Type[T], *, fix: str,
+    error: Type[EdgecapError] = EdgecapError, what: str = "file",
+) -> T:
+    """Reads a JSON file and checks it against a schema type.
+
+    Args:
+      path: The file.
+      type_: The schema type.
+      fix: What the user should do about a malformed file.
+      error: The ``EdgecapError`` subclass to raise.
+      what: What the file is, for the "missing" message.
+
+    Returns:
+      The typed value.
+
+    Raises:
+      error: If the file is missing, unreadable (named as such) or malformed.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}; {fix}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, not a {what}; {fix}") from None
+    except PermissionError:
+        raise error(f"{path}: permission denied; make the {what} readable by this user") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror or exc}); {fix}") from None
+    return decode(data, type_, where=str(path), fix=fix, error=error)
+
+
+def encode(value: Any) -> bytes:
+    """Returns ``value`` (Structs, dataclasses, plain data) as indented JSON with a final newline."""
+    return msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n"
+
