@@ -23,7 +23,8 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from edgecap.devices import load_edgetpu_delegate, parse_device
+from edgecap.devices import parse_device
+from edgecap.stages import load_edgetpu_delegate
 from edgecap.errors import EdgecapError
 from edgecap.interpreter import make_delegate_interpreter
 from edgecap_compile.boards import Board, Device

@@ -61,13 +61,12 @@ def _compile(args: argparse.Namespace) -> int:
     result = compile_model(args.model, args.board, args.out, tpus=args.tpus, sram=args.sram,
                            calibration=args.calibration, report=args.report,
                            min_runtime_version=args.min_runtime_version)
-    pred = result.plan["predicted"]
+    pred = result.plan.predicted
     if result.report:
         print(result.report)
-    devices = ", ".join(f"{s['device']} ops [{s['ops'][0]}, {s['ops'][1]})"
-                        for s in result.plan["stages"])
-    print(f"wrote {result.plan_path}: {devices}; predicted {pred['fps']} fps, "
-          f"latency {pred['latency_ms']:.2f} ms")
+    devices = ", ".join(f"{s.device} ops [{s.ops[0]}, {s.ops[1]})" for s in result.plan.stages)
+    print(f"wrote {result.plan_path}: {devices}; predicted {pred.fps} fps, "
+          f"latency {pred.latency_ms:.2f} ms")
     return 0
 
 

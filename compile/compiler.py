@@ -10,15 +10,17 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from edgecap.bundle import Bundle
+from edgecap.plan import EdgeTpuReport, Plan, write_plan
 from edgecap_compile.boards import Board, load_board
 from edgecap_compile.calibration import apply_calibration
 from edgecap_compile.cost_model import CostModel
-from edgecap_compile.edgetpu import EdgeTpuReport, compile_segment, find_compiler
+from edgecap_compile.edgetpu import compile_segment, find_compiler
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import read_graph
 from edgecap_compile.model_source import resolve_source
 from edgecap_compile.partitioner import Partition, evaluate, partition
-from edgecap_compile.plan import build_plan, write_plan
+from edgecap_compile.plan import build_plan
 from edgecap_compile.segments import Segment, write_segments
 from edgecap_compile.timing import measure_invoke_ms
 
@@ -30,13 +32,13 @@ class CompileResult:
     """What ``compile_model`` produced.
 
     Attributes:
-      plan: The plan.json document.
+      plan: The plan, as written.
       plan_path: Where it was written.
       report: The stage table (markdown) when a report was asked for, else None.
       figure: The PNG of the split when a report was asked for, else None.
     """
 
-    plan: dict
+    plan: Plan
     plan_path: Path
     report: Optional[str] = None
     figure: Optional[Path] = None
@@ -54,10 +56,11 @@ def rnn_step_ms(step_model: Path, board: Board) -> float:
     return CostModel(graph, [board.cpu]).stage(0, 0, len(graph.ops)).total_ms
 
 
-def make_board(name: str, tpus: Optional[int] = None, sram: Optional[int] = None,
+def make_board(name: Union[str, os.PathLike, Board], tpus: Optional[int] = None,
+               sram: Optional[int] = None,
                calibration: Optional[Union[str, os.PathLike]] = None) -> Board:
-    """Loads a board profile and applies the calibration, TPU count and SRAM budget."""
-    board = load_board(name)
+    """Loads a board profile (unless given one) and applies the calibration, TPU count and SRAM budget."""
+    board = name if isinstance(name, Board) else load_board(name)
     if calibration is not None:
         board = apply_calibration(board, calibration)
     if tpus is not None:
@@ -73,7 +76,8 @@ def _clear_old_segments(out_dir: Path, stem: str) -> None:
         old.unlink()
 
 
-def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[str, os.PathLike],
+def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.PathLike, Board],
+                  out_dir: Union[str, os.PathLike],
                   tpus: Optional[int] = None, sram: Optional[int] = None,
                   calibration: Optional[Union[str, os.PathLike]] = None, report: bool = False,
                   min_runtime_version: Optional[int] = None,
@@ -81,9 +85,9 @@ def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[st
     """Splits an int8 model into TPU segments and a CPU tail and writes them with plan.json.
 
     Args:
-      source: A .tflite model or a bundle directory (its encoder is split and its
-        RNN encoder step's time is charged to the CPU stage).
-      board: Board profile name or .json path.
+      source: A .tflite model, a bundle directory or a loaded ``Bundle`` (its
+        encoder is split and its RNN encoder step's time is charged to the CPU stage).
+      board: Board profile name, .json path or a loaded ``Board``.
       out_dir: Folder for the segments, plan.json and the report.
       tpus: Number of TPUs to use (default: the board's).
       sram: SRAM budget per TPU in bytes (default: the profile's).
@@ -122,9 +126,9 @@ def compile_model(source: Union[str, os.PathLike], board: str, out_dir: Union[st
     _clear_old_segments(out, graph.name)
     segments = write_segments(graph, list(split.ranges), out)
     edgetpu = _compile_tpu_segments(split.ranges, segments, len(chosen.tpus), min_runtime_version)
-    plan = build_plan(graph, model_source.file, chosen, model, split, segments, edgetpu)
-    plan_path = out / "plan.json"
-    write_plan(plan, plan_path)
+    plan = write_plan(build_plan(graph, model_source.file, chosen, model, split, segments,
+                                 edgetpu), out)
+    plan_path = plan.path
     if not report:
         return CompileResult(plan, plan_path)
     from edgecap_compile.report import plot_split, stage_table

@@ -12,9 +12,10 @@ import logging
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
+
+from edgecap.plan import EdgeTpuReport
 
 _log = logging.getLogger("edgecap_compile")
 
@@ -25,32 +26,6 @@ _SIZE = r"([0-9.]+)\s*(B|KiB|MiB|GiB)"
 _ON_CHIP = re.compile(r"On-chip memory used for caching model parameters:\s*" + _SIZE)
 _OFF_CHIP = re.compile(r"Off-chip memory used for streaming uncached model parameters:\s*" + _SIZE)
 _OP_ROW = re.compile(r"^([A-Z][A-Z0-9_]*)\s+(\d+)\s+(\S.*?)\s*$")
-
-
-@dataclass
-class EdgeTpuReport:
-    """What happened when a segment went through edgetpu_compiler (plan.json ``edgetpu``).
-
-    Attributes:
-      compiled: Whether a compiled segment was produced.
-      compiled_segment: Its file name, relative to the plan's folder.
-      reason: Why it was not compiled, or None.
-      on_chip_bytes: Parameter bytes cached in SRAM, as the compiler reported.
-      off_chip_bytes: Parameter bytes streamed every invoke, as reported.
-      cpu_ops: Ops the compiler left on the CPU: ``{"op", "count", "reason"}``.
-      log: The compiler's output (summary and operator table).
-    """
-
-    compiled: bool
-    compiled_segment: Optional[str] = None
-    reason: Optional[str] = None
-    on_chip_bytes: Optional[int] = None
-    off_chip_bytes: Optional[int] = None
-    cpu_ops: List[dict] = field(default_factory=list)
-    log: Optional[str] = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _bytes(match: Optional[re.Match]) -> Optional[int]:

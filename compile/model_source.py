@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from edgecap.bundle import load_bundle
+from edgecap.bundle import Bundle, load_bundle
 from edgecap.errors import BundleError
 from edgecap_compile.errors import CompileError
 
@@ -32,11 +32,12 @@ class ModelSource:
     file: str
 
 
-def resolve_source(path: Union[str, os.PathLike]) -> ModelSource:
-    """Resolves a MODEL.tflite or BUNDLE_DIR argument.
+def resolve_source(path: Union[str, os.PathLike, Bundle]) -> ModelSource:
+    """Resolves a MODEL.tflite or BUNDLE_DIR argument, or a loaded bundle.
 
     Args:
-      path: A .tflite file or a bundle directory holding bundle.json.
+      path: A .tflite file, a bundle directory holding bundle.json, or a
+        ``Bundle`` (used as it is: not loaded again).
 
     Returns:
       The ``ModelSource``.
@@ -44,12 +45,15 @@ def resolve_source(path: Union[str, os.PathLike]) -> ModelSource:
     Raises:
       CompileError: If a bundle directory is not a valid bundle (docs/bundle.md).
     """
-    path = Path(path)
-    if not path.is_dir():
-        return ModelSource(path, None, path.name)
-    try:
-        bundle = load_bundle(path)
-    except BundleError as e:
-        raise CompileError(str(e)) from None
+    if isinstance(path, Bundle):
+        bundle = path
+    else:
+        path = Path(path)
+        if not path.is_dir():
+            return ModelSource(path, None, path.name)
+        try:
+            bundle = load_bundle(path)
+        except BundleError as e:
+            raise CompileError(str(e)) from None
     return ModelSource(bundle.encoder, bundle.encoder_step,
                        bundle.encoder.relative_to(bundle.root).as_posix())

@@ -1,36 +1,33 @@
-"""plan.json (docs/plan.md): the split the runtime follows, with the cost model's predictions.
+"""Builds the runtime's ``Plan`` from a split, with the cost model's predictions.
 
-The format (version, tensor records) is the runtime's, ``edgecap.plan``; this
-module fills it in.
+The plan format and its writer are the runtime's (``edgecap.plan``); this
+module only fills the record in.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional
 
-from edgecap.plan import PLAN_VERSION, TensorSpec
+from edgecap.devices import parse_device
+from edgecap.modelfile import TensorSpec
+from edgecap.plan import EdgeTpuReport, ParamBytes, Plan, Prediction, Stage
 from edgecap_compile.boards import Board
 from edgecap_compile.cost_model import CostModel
-from edgecap_compile.edgetpu import EdgeTpuReport
 from edgecap_compile.graph import Graph
 from edgecap_compile.partitioner import Partition
 from edgecap_compile.segments import Segment
 
 
-def _tensor(graph: Graph, index: int) -> dict:
+def _tensor(graph: Graph, index: int) -> TensorSpec:
     t = graph.tensors[index]
     # The runtime's record of a tensor is the format: 0 scale for an unquantized one.
-    spec = TensorSpec(t.name, tuple(t.shape), t.dtype, t.scale or 0.0, t.zero_point or 0)
-    return spec.to_json()
+    return TensorSpec(t.name, tuple(t.shape), t.dtype, t.scale or 0.0, t.zero_point or 0)
 
 
 def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
                split: Partition, segments: List[Segment],
-               edgetpu: Dict[int, EdgeTpuReport]) -> dict:
-    """Builds the plan.json document.
+               edgetpu: Dict[int, EdgeTpuReport]) -> Plan:
+    """Builds the plan of a split.
 
     Args:
       graph: The split model.
@@ -42,7 +39,7 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
       edgetpu: Report of each TPU stage, by stage index.
 
     Returns:
-      The plan as a JSON-ready dict.
+      The ``Plan`` (not yet written; see ``edgecap.plan.write_plan``).
     """
     by_range = {s.ops: s for s in segments}
     stages = []
@@ -50,37 +47,37 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
         device = model.devices[k]
         cost = model.stage(k, start, end)
         segment: Optional[Segment] = by_range.get((start, end)) if end > start else None
-        # On the CPU every parameter stays resident in memory: "on chip", nothing streamed.
-        on_chip = cost.param_bytes - cost.streamed_bytes
-        stages.append({
-            "index": k,
-            "device": device.name,
-            "segment": segment.path.name if segment else None,
-            "ops": [start, end],
-            "param_bytes": {"on_chip": on_chip, "streamed": cost.streamed_bytes},
-            "macs": cost.macs,
-            "inputs": [_tensor(graph, t) for t in (segment.inputs if segment else ())],
+        compiled = edgetpu[k] if device.is_tpu else None
+        stages.append(Stage(
+            index=k,
+            spec=parse_device(device.name),
+            segment=segment.path.resolve() if segment else None,
+            ops=(start, end),
+            inputs=tuple(_tensor(graph, t) for t in (segment.inputs if segment else ())),
             # Everything later stages read: the segment's outputs and the tensors it forwards.
-            "outputs": [_tensor(graph, t) for t in (graph.live_across(end) if segment else ())],
-            "predicted_ms": round(cost.total_ms, 6),
-            "edgetpu": edgetpu[k].to_json() if device.is_tpu else None,
-        })
-    return {
-        "plan_version": PLAN_VERSION,
-        "model": {"file": model_file, "sha256": graph.sha256, "ops": len(graph.ops)},
-        "board": {"name": board.name, "version": board.version},
-        "sram_bytes": min((t.sram_bytes for t in board.tpus), default=None),
-        "rnn_ms": round(model.rnn_ms, 6),
-        "stages": stages,
-        "predicted": {
-            "fps": round(1e3 / split.bottleneck_ms, 2) if split.bottleneck_ms > 0 else None,
-            "latency_ms": round(split.latency_ms, 6),
-            "bottleneck_ms": round(split.bottleneck_ms, 6),
-            "bottleneck_stage": split.bottleneck_stage,
-        },
-    }
-
-
-def write_plan(plan: dict, path: Union[str, os.PathLike]) -> None:
-    """Writes ``plan`` as indented JSON."""
-    Path(path).write_text(json.dumps(plan, indent=2) + "\n")
+            outputs=tuple(_tensor(graph, t) for t in (graph.live_across(end) if segment else ())),
+            predicted_ms=round(cost.total_ms, 6),
+            compiled_segment=(segment.path.with_name(compiled.compiled_segment).resolve()
+                              if segment and compiled and compiled.compiled else None),
+            # On the CPU every parameter stays resident in memory: "on chip", nothing streamed.
+            param_bytes=ParamBytes(cost.param_bytes - cost.streamed_bytes, cost.streamed_bytes),
+            macs=cost.macs,
+            edgetpu=compiled,
+        ))
+    return Plan(
+        path=None,
+        board=board.name,
+        model_file=model_file,
+        model_sha256=graph.sha256,
+        stages=tuple(stages),
+        rnn_ms=round(model.rnn_ms, 6),
+        board_version=board.version,
+        model_ops=len(graph.ops),
+        sram_bytes=min((t.sram_bytes for t in board.tpus), default=None),
+        predicted=Prediction(
+            fps=round(1e3 / split.bottleneck_ms, 2) if split.bottleneck_ms > 0 else None,
+            latency_ms=round(split.latency_ms, 6),
+            bottleneck_ms=round(split.bottleneck_ms, 6),
+            bottleneck_stage=split.bottleneck_stage,
+        ),
+    )

@@ -13,6 +13,7 @@ import numpy as np
 
 from edgecap import plots
 from edgecap.errors import ConfigError
+from edgecap.plan import Plan
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.errors import CompileError
 from edgecap_compile.partitioner import Partition
@@ -26,29 +27,31 @@ def _size(n: float) -> str:
     return f"{n:.2f} MiB"
 
 
-def stage_table(plan: dict) -> str:
+def stage_table(plan: Plan) -> str:
     """Returns a markdown table of the plan's stages: device, op range, parameters vs SRAM,
     MACs, predicted ms and share of the bottleneck."""
-    bottleneck = plan["predicted"]["bottleneck_ms"]
-    sram = plan["sram_bytes"]
+    pred = plan.predicted
+    bottleneck = pred.bottleneck_ms if pred else 0.0
+    sram = plan.sram_bytes
     rows = ["| stage | device | ops | params on-chip / streamed | of SRAM | MACs | ms | "
             "of bottleneck |", "|---|---|---|---|---|---|---|---|"]
-    for s in plan["stages"]:
-        p = s["param_bytes"]
-        used = (f"{100.0 * p['on_chip'] / sram:.0f}%"
-                if sram and s["device"] != "cpu" else "-")
-        share = 100.0 * s["predicted_ms"] / bottleneck if bottleneck else 0.0
+    for s in plan.stages:
+        p = s.param_bytes
+        used = (f"{100.0 * p.on_chip / sram:.0f}%"
+                if sram and s.spec.kind != "cpu" else "-")
+        ms = s.predicted_ms or 0.0
+        share = 100.0 * ms / bottleneck if bottleneck else 0.0
         rows.append(
-            f"| {s['index']} | {s['device']} | [{s['ops'][0]}, {s['ops'][1]}) | "
-            f"{_size(p['on_chip'])} / {_size(p['streamed'])} | {used} | "
-            f"{s['macs'] / 1e6:.1f} M | {s['predicted_ms']:.3f} | {share:.0f}% |")
-    pred = plan["predicted"]
-    fps = f"{pred['fps']:.1f}" if pred["fps"] else "-"
-    rows.append("")
-    rows.append(f"Predicted: {fps} fps, latency {pred['latency_ms']:.3f} ms, bottleneck "
-                f"stage {pred['bottleneck_stage']} at {pred['bottleneck_ms']:.3f} ms"
-                + (f" (includes RNN step {plan['rnn_ms']:.3f} ms on the CPU)"
-                   if plan["rnn_ms"] else ""))
+            f"| {s.index} | {s.device} | [{s.ops[0]}, {s.ops[1]}) | "
+            f"{_size(p.on_chip)} / {_size(p.streamed)} | {used} | "
+            f"{s.macs / 1e6:.1f} M | {ms:.3f} | {share:.0f}% |")
+    if pred is not None:
+        fps = f"{pred.fps:.1f}" if pred.fps else "-"
+        rows.append("")
+        rows.append(f"Predicted: {fps} fps, latency {pred.latency_ms:.3f} ms, bottleneck "
+                    f"stage {pred.bottleneck_stage} at {pred.bottleneck_ms:.3f} ms"
+                    + (f" (includes RNN step {plan.rnn_ms:.3f} ms on the CPU)"
+                       if plan.rnn_ms else ""))
     return "\n".join(rows)
 
 

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+import msgspec
 import numpy as np
 
+from edgecap import schema
 from edgecap.errors import BundleError
-from edgecap.interpreter import make_cpu_interpreter
+from edgecap.modelfile import ModelFile, open_model
+
+try:
+    from typing import Annotated, Literal
+except ImportError:  # pragma: no cover - Python < 3.9 is not supported
+    from typing_extensions import Annotated, Literal  # type: ignore[assignment]
 
 SCHEMA_VERSION = 1
 # The shipped demo (bundle, sample clip and its ground truth), in a source checkout.
 DEMO_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
-_QUANTIZED = (np.int8, np.uint8)
+_QUANTIZED = ("int8", "uint8")
 _ENCODER_STEP_IO = ({"feature", "h", "c"}, {"h_out", "c_out"})
 _DECODER_STEP_IO = ({"word", "h", "c"}, {"logits", "h_out", "c_out"})
 
@@ -65,7 +71,12 @@ class Tokens:
 
 @dataclass(frozen=True)
 class Bundle:
-    """A validated model bundle; every path is absolute and inside ``root``."""
+    """A validated model bundle; every path is absolute and inside ``root``.
+
+    ``encoder_model``, ``encoder_step_model`` and ``decoder_step_model`` record
+    what validation read from each model file (tensors, op count, SHA-256), so
+    later code never opens or hashes them again to learn it.
+    """
 
     root: Path
     name: str
@@ -81,6 +92,9 @@ class Bundle:
     max_caption_length: int
     tokens: Tokens
     meta: Dict[str, Any]
+    encoder_model: ModelFile
+    encoder_step_model: ModelFile
+    decoder_step_model: ModelFile
 
     def detokenize(self, ids: List[int]) -> str:
         """Returns the sentence for token ids, dropping special tokens."""
@@ -94,67 +108,89 @@ def default_bundle() -> Path:
     return Path(env) if env else DEMO_DIR / "bundle"
 
 
-class _Reader:
-    """Reads typed fields of bundle.json, naming file and field in every error."""
-
-    def __init__(self, json_path: Path, data: Dict[str, Any]):
-        self.json_path = json_path
-        self.data = data
-
-    def fail(self, field: str, problem: str) -> BundleError:
-        return BundleError(f"{self.json_path}: field '{field}' {problem}")
-
-    def get(self, field: str, kind: type, default: Any = ...) -> Any:
-        node: Any = self.data
-        for part in field.split("."):
-            if not isinstance(node, dict) or part not in node:
-                if default is not ...:
-                    return default
-                raise self.fail(field, "is missing: add it (see docs/bundle.md)")
-            node = node[part]
-        ok = isinstance(node, kind) and not (kind in (int, float) and isinstance(node, bool))
-        if kind is float and isinstance(node, int) and not isinstance(node, bool):
-            node, ok = float(node), True
-        if not ok:
-            raise self.fail(field, f"must be {kind.__name__}, got {json.dumps(node)}")
-        return node
-
-    def positive(self, field: str) -> int:
-        value = self.get(field, int)
-        if value <= 0:
-            raise self.fail(field, f"must be > 0, got {value}")
-        return value
-
-    def path(self, field: str, optional: bool = False) -> Optional[Path]:
-        rel = self.get(field, str, None if optional else ...)
-        if rel is None:
-            return None
-        root = self.json_path.parent.resolve()
-        target = resolve_inside(root, rel)
-        if target is None:
-            raise self.fail(field, f"path '{rel}' leaves the bundle directory {root}: "
-                            "keep every file inside the bundle")
-        if not target.is_file():
-            raise BundleError(f"{target}: file named by field '{field}' of {self.json_path} "
-                              "is missing: restore it or fix the field")
-        return target
-
-    def floats(self, field: str, n: int) -> Tuple[float, ...]:
-        values = self.get(field, list)
-        if len(values) != n or not all(isinstance(v, (int, float)) for v in values):
-            raise self.fail(field, f"must be a list of {n} numbers, got {json.dumps(values)}")
-        return tuple(float(v) for v in values)
+_FIX = "fix it or re-export the bundle (docs/bundle.md)"
+_Mean = Annotated[float, msgspec.Meta(ge=-1e6, le=1e6)]
+_Std = Annotated[float, msgspec.Meta(gt=0.0, le=1e6)]
+_TokenId = Annotated[int, msgspec.Meta(ge=0, le=schema.MAX_COUNT)]
 
 
-def _open_model(path: Path) -> Any:
-    """Opens a .tflite file with the CPU interpreter, turning failures into a BundleError."""
-    with open(path, "rb") as f:
-        head = f.read(8)
+class _InputDoc(msgspec.Struct, forbid_unknown_fields=True):
+    height: Annotated[int, msgspec.Meta(ge=1, le=8192)]
+    width: Annotated[int, msgspec.Meta(ge=1, le=8192)]
+    channels: Annotated[int, msgspec.Meta(ge=1, le=4)]
+    mean: Tuple[_Mean, ...]
+    std: Tuple[_Std, ...]
+    color_order: Literal["RGB", "BGR"] = "RGB"
+
+
+class _RnnDoc(msgspec.Struct, forbid_unknown_fields=True):
+    encoder_step: schema.Name
+    decoder_step: schema.Name
+    hidden_size: Annotated[int, msgspec.Meta(ge=1, le=65536)]
+
+
+class _WindowDoc(msgspec.Struct, forbid_unknown_fields=True):
+    frames: Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+    stride: Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+    sample_fps: schema.Fps
+
+
+class _TokensDoc(msgspec.Struct, forbid_unknown_fields=True):
+    pad: _TokenId
+    bos: _TokenId
+    eos: _TokenId
+    unk: _TokenId
+
+
+class _BundleDoc(msgspec.Struct):
+    # Unknown top-level keys are allowed: bundles carry provenance and notes.
+    schema_version: int
+    encoder: schema.Name
+    rnn: _RnnDoc
+    vocab: schema.Name
+    input: _InputDoc
+    feature_size: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
+    window: _WindowDoc
+    max_caption_length: Annotated[int, msgspec.Meta(ge=1, le=1000)]
+    tokens: _TokensDoc
+    name: Optional[schema.Name] = None
+    reference_encoder: Optional[schema.Name] = None
+
+
+class _VersionDoc(msgspec.Struct):
+    schema_version: Any = None
+
+
+def _file(json_path: Path, field: str, rel: Optional[str]) -> Optional[Path]:
+    """Resolves a file named by bundle.json inside the bundle directory."""
+    if rel is None:
+        return None
+    root = json_path.parent.resolve()
+    target = resolve_inside(root, rel)
+    if target is None:
+        raise BundleError(f"{json_path}: field '{field}' path '{rel}' leaves the bundle "
+                          f"directory {root}: keep every file inside the bundle")
+    if target.is_dir():
+        raise BundleError(f"{target}: field '{field}' of {json_path} names a directory: "
+                          "name the file")
+    if not target.is_file():
+        raise BundleError(f"{target}: file named by field '{field}' of {json_path} "
+                          "is missing: restore it or fix the field")
+    return target
+
+
+def _open_model(path: Path) -> Tuple[ModelFile, Any]:
+    """Opens a .tflite file once on the CPU, turning failures into a BundleError."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except PermissionError:
+        raise BundleError(f"{path}: permission denied: make it readable by this user") from None
     # Every TFLite flatbuffer carries the file identifier "TFL3" at bytes 4..8.
     if len(head) < 8 or head[4:8] != b"TFL3":
         raise BundleError(f"{path}: not a TFLite model (no TFL3 identifier): re-export it")
     try:
-        return make_cpu_interpreter(path)
+        return open_model(path)
     except (ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BundleError(f"{path}: corrupt or truncated TFLite model ({first}): re-export it") from None
@@ -202,91 +238,79 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     if not json_path.is_file():
         raise BundleError(f"{json_path}: missing: a bundle directory needs a bundle.json")
     try:
-        data = json.loads(json_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BundleError(f"{json_path}: not valid JSON ({e}): fix or re-export it") from None
-    if not isinstance(data, dict):
-        raise BundleError(f"{json_path}: must hold a JSON object")
-    r = _Reader(json_path, data)
+        data = json_path.read_bytes()
+    except PermissionError:
+        raise BundleError(f"{json_path}: permission denied: make it readable by this user") from None
+    try:
+        version = msgspec.json.decode(data, type=_VersionDoc).schema_version
+    except msgspec.MsgspecError:
+        version = SCHEMA_VERSION  # not a JSON object: the full decode below says what is wrong
+    if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
+        raise BundleError(f"{json_path}: field 'schema_version' is {version}, this edgecap reads "
+                          f"version {SCHEMA_VERSION}: re-export the bundle or upgrade edgecap")
+    doc = schema.decode(data, _BundleDoc, where=str(json_path), fix=_FIX, error=BundleError)
+    raw = msgspec.json.decode(data)
 
-    version = r.get("schema_version", int)
-    if version != SCHEMA_VERSION:
-        raise r.fail("schema_version", f"is {version}, this edgecap reads version "
-                     f"{SCHEMA_VERSION}: re-export the bundle or upgrade edgecap")
+    d = doc.input
+    for name, values in (("mean", d.mean), ("std", d.std)):
+        if len(values) != d.channels:
+            raise BundleError(f"{json_path}: field 'input.{name}' must be a list of {d.channels} "
+                              f"numbers, got {list(values)}")
+    inp = InputSpec(d.height, d.width, d.channels, d.color_order, tuple(d.mean), tuple(d.std))
+    window = WindowSpec(doc.window.frames, doc.window.stride, doc.window.sample_fps)
+    tokens = Tokens(doc.tokens.pad, doc.tokens.bos, doc.tokens.eos, doc.tokens.unk)
+    feature_size, hidden_size = doc.feature_size, doc.rnn.hidden_size
 
-    channels = r.positive("input.channels")
-    inp = InputSpec(
-        height=r.positive("input.height"),
-        width=r.positive("input.width"),
-        channels=channels,
-        color_order=r.get("input.color_order", str, "RGB"),
-        mean=r.floats("input.mean", channels),
-        std=r.floats("input.std", channels),
-    )
-    if inp.color_order not in ("RGB", "BGR"):
-        raise r.fail("input.color_order", f"must be RGB or BGR, got {inp.color_order!r}")
-    if any(s == 0 for s in inp.std):
-        raise r.fail("input.std", "must not contain 0")
-
-    window = WindowSpec(
-        frames=r.positive("window.frames"),
-        stride=r.positive("window.stride"),
-        sample_fps=r.get("window.sample_fps", float),
-    )
-    if window.sample_fps < 0:
-        raise r.fail("window.sample_fps", "must be >= 0 (0 samples every frame)")
-    tokens = Tokens(**{k: r.get(f"tokens.{k}", int) for k in ("pad", "bos", "eos", "unk")})
-    feature_size = r.positive("feature_size")
-    hidden_size = r.positive("rnn.hidden_size")
-    max_len = r.positive("max_caption_length")
-
-    encoder = r.path("encoder")
-    reference = r.path("reference_encoder", optional=True)
-    encoder_step = r.path("rnn.encoder_step")
-    decoder_step = r.path("rnn.decoder_step")
-    vocab_path = r.path("vocab")
+    encoder = _file(json_path, "encoder", doc.encoder)
+    reference = _file(json_path, "reference_encoder", doc.reference_encoder)
+    es_path = _file(json_path, "rnn.encoder_step", doc.rnn.encoder_step)
+    ds_path = _file(json_path, "rnn.decoder_step", doc.rnn.decoder_step)
+    vocab_path = _file(json_path, "vocab", doc.vocab)
 
     try:
         vocab = tuple(vocab_path.read_text(encoding="utf-8").splitlines())
     except UnicodeDecodeError:
         raise BundleError(f"{vocab_path}: not UTF-8 text: write one token a line") from None
+    except PermissionError:
+        raise BundleError(f"{vocab_path}: permission denied: make it readable by this user") from None
     if not vocab:
         raise BundleError(f"{vocab_path}: empty vocabulary: write one token a line")
     for name, tid in tokens.__dict__.items():
         if not 0 <= tid < len(vocab):
-            raise r.fail(f"tokens.{name}", f"is {tid}, outside the {len(vocab)} tokens of "
-                         f"{vocab_path.name}: fix the id or the vocabulary")
+            raise BundleError(f"{json_path}: field 'tokens.{name}' is {tid}, outside the "
+                              f"{len(vocab)} tokens of {vocab_path.name}: fix the id or the vocabulary")
 
-    enc = _open_model(encoder)
-    enc_in, enc_out = enc.get_input_details(), enc.get_output_details()
-    if len(enc_in) != 1 or len(enc_out) != 1:
+    enc, _ = _open_model(encoder)
+    if len(enc.inputs) != 1 or len(enc.outputs) != 1:
         raise BundleError(f"{encoder}: encoder must have one input and one output, "
-                          f"has {len(enc_in)} and {len(enc_out)}")
-    if enc_in[0]["dtype"] not in _QUANTIZED or enc_out[0]["dtype"] not in _QUANTIZED:
+                          f"has {len(enc.inputs)} and {len(enc.outputs)}")
+    enc_in, enc_out = enc.inputs[0], enc.outputs[0]
+    if enc_in.dtype not in _QUANTIZED or enc_out.dtype not in _QUANTIZED:
         raise BundleError(
-            f"{encoder}: float encoder (input {np.dtype(enc_in[0]['dtype']).name}, output "
-            f"{np.dtype(enc_out[0]['dtype']).name}): export it with full-integer (int8) "
-            "quantization so it can run on an EdgeTPU")
+            f"{encoder}: float encoder (input {enc_in.dtype}, output {enc_out.dtype}): export it "
+            "with full-integer (int8) quantization so it can run on an EdgeTPU")
     want = [1, inp.height, inp.width, inp.channels]
-    if list(enc_in[0]["shape"]) != want:
-        raise r.fail("input", f"says {want[1:]} but {encoder.name} takes "
-                     f"{list(enc_in[0]['shape'])}: make them agree")
-    if _size(enc_out[0]["shape"]) != feature_size:
-        raise r.fail("feature_size", f"is {feature_size} but {encoder.name} outputs "
-                     f"{_size(enc_out[0]['shape'])} features: make them agree")
+    if list(enc_in.shape) != want:
+        raise BundleError(f"{json_path}: field 'input' says {want[1:]} but {encoder.name} takes "
+                          f"{list(enc_in.shape)}: make them agree")
+    if _size(enc_out.shape) != feature_size:
+        raise BundleError(f"{json_path}: field 'feature_size' is {feature_size} but {encoder.name} "
+                          f"outputs {_size(enc_out.shape)} features: make them agree")
 
-    es_path, ds_path = encoder_step, decoder_step
-    es_in, es_out = _signature_io(es_path, _open_model(es_path), _ENCODER_STEP_IO)
+    es_model, es_interp = _open_model(es_path)
+    es_in, es_out = _signature_io(es_path, es_interp, _ENCODER_STEP_IO)
     if _size(es_in["feature"]["shape"]) != feature_size:
         raise BundleError(
             f"{es_path}: RNN input 'feature' has {_size(es_in['feature']['shape'])} values but "
             f"the encoder outputs {feature_size} (feature_size): retrain or re-export one of them")
-    ds_in, ds_out = _signature_io(ds_path, _open_model(ds_path), _DECODER_STEP_IO)
+    ds_model, ds_interp = _open_model(ds_path)
+    ds_in, ds_out = _signature_io(ds_path, ds_interp, _DECODER_STEP_IO)
     for path_, io in ((es_path, es_in), (es_path, es_out), (ds_path, ds_in), (ds_path, ds_out)):
         for key in ("h", "c", "h_out", "c_out"):
             if key in io and _size(io[key]["shape"]) != hidden_size:
-                raise r.fail("rnn.hidden_size", f"is {hidden_size} but {path_.name} state "
-                             f"'{key}' has {_size(io[key]['shape'])}: make them agree")
+                raise BundleError(f"{json_path}: field 'rnn.hidden_size' is {hidden_size} but "
+                                  f"{path_.name} state '{key}' has {_size(io[key]['shape'])}: "
+                                  "make them agree")
     logits = _size(ds_out["logits"]["shape"])
     if logits != len(vocab):
         raise BundleError(f"{vocab_path}: {len(vocab)} tokens but {ds_path.name} emits "
@@ -294,17 +318,20 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
 
     return Bundle(
         root=root.resolve(),
-        name=r.get("name", str, root.resolve().name),
+        name=doc.name or root.resolve().name,
         encoder=encoder,
         reference_encoder=reference,
-        encoder_step=encoder_step,
-        decoder_step=decoder_step,
+        encoder_step=es_path,
+        decoder_step=ds_path,
         vocab=vocab,
         input=inp,
         feature_size=feature_size,
         hidden_size=hidden_size,
         window=window,
-        max_caption_length=max_len,
+        max_caption_length=doc.max_caption_length,
         tokens=tokens,
-        meta=data,
+        meta=raw,
+        encoder_model=enc,
+        encoder_step_model=es_model,
+        decoder_step_model=ds_model,
     )

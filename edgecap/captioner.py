@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from edgecap import devices
+from edgecap import devices, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
-from edgecap.errors import ConfigError, EdgecapError, PlanError
-from edgecap.plan import Plan, Stage, file_sha256, load_plan, single_cpu_plan
-from edgecap.preprocess import Preprocessor, dequantize
+from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
+from edgecap.modelfile import open_model
+from edgecap.options import CaptionerOptions
+from edgecap.placement import CPU_WORKER, DECODE_WORKER, Placement, place
+from edgecap.plan import Plan, Stage, load_plan, single_cpu_plan
+from edgecap.preprocess import Preprocessor
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
 from edgecap.scheduler import Pipeline, Step
 from edgecap.sources import Frame, FrameSource, SourceLike, open_source, sample
@@ -32,8 +33,6 @@ from edgecap.stats import PipelineStats
 from edgecap.trace import Tracer
 
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
-CPU_WORKER = "cpu"
-DECODE_WORKER = "decode"
 
 
 @dataclass
@@ -98,7 +97,7 @@ class _CnnStage:
     """One plan stage of the CNN on its device; owned by that device's worker."""
 
     def __init__(self, stage: Stage, device: str, **options: Any) -> None:
-        self._runner = devices.open_stage(stage, device, **options)
+        self._runner = stages.open_stage(stage, device, **options)
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         t0 = time.perf_counter()
@@ -116,13 +115,14 @@ class _RnnStep:
     """
 
     def __init__(self, bundle: Bundle, spec: WindowSpec, pace_ms: float, feature: str,
-                 feature_detail: Dict[str, Any]) -> None:
+                 quantization: Tuple[float, int]) -> None:
         self._rnn = RnnEncoder(bundle.encoder_step, 1)
         self._hidden = bundle.hidden_size
         self._spec = spec
-        self._feature, self._feature_detail = feature, feature_detail
+        self._feature = feature
+        self._scale, self._zero_point = quantization
         self._pace_s = pace_ms / 1000.0
-        self._pacer = devices.Pacer() if pace_ms else None
+        self._pacer = stages.Pacer() if pace_ms else None
         self._stream: object = None
         self._k = 0
         self._open: Dict[int, _Window] = {}
@@ -132,7 +132,11 @@ class _RnnStep:
         if job.stream is not self._stream:
             self._stream, self._k, self._open = job.stream, 0, {}
         k, self._k = self._k, self._k + 1
-        feature = dequantize(job.tensors.pop(self._feature), self._feature_detail)
+        raw = job.tensors.pop(self._feature)
+        if raw.dtype.kind == "f":
+            feature = raw.astype(np.float32, copy=False)
+        else:
+            feature = (raw.astype(np.float32) - self._zero_point) * self._scale
         for n in _windows_of(k, self._spec):
             win = self._open.get(n)
             if win is None:
@@ -194,135 +198,64 @@ class EdgeCaptioner:
     def __init__(
         self,
         bundle: Union[str, "os.PathLike[str]", Bundle],
-        *,
-        plan: Union[None, str, "os.PathLike[str]", Plan] = None,
-        board: str = "auto",
-        emulate: Optional[bool] = None,
-        devices_map: Optional[Mapping[str, str]] = None,
-        timing_only: bool = False,
-        pipelined: bool = True,
-        queue_size: int = 2,
-        batch: int = 1,
-        frames: Optional[int] = None,
-        stride: Optional[int] = None,
-        sample_fps: Optional[float] = None,
-        num_threads: Optional[int] = None,
-        reference_encoder: bool = False,
-        trace: Union[None, str, "os.PathLike[str]"] = None,
+        options: Optional[CaptionerOptions] = None,
+        **overrides: Any,
     ):
         """Loads the bundle and the plan, and starts a worker thread per device.
 
         Args:
           bundle: A bundle directory or a loaded ``Bundle``.
-          plan: A plan.json (or its directory) from ``edgecap compile``, or a
-            loaded ``Plan``. None plans on the fly (see ``board``).
-          board: With no plan: ``auto`` runs the whole encoder on the CPU; a
-            board profile name (e.g. ``devboard-usb``) plans for that board with
-            the compiler (``edgecap_compile``, imported only then).
-          emulate: Run TPU stages on emulated EdgeTPUs (``emu-tpu:N``) and pace
-            the CPU stage to the board's predicted time. None: emulate when the
-            plan has TPU stages and no EdgeTPU is attached.
-          devices_map: Plan device -> device to run it on, e.g.
-            ``{"tpu:0": "cpu:1"}`` (any spelling ``parse_device`` reads);
-            overrides ``emulate`` for those devices. Each device needs a
-            worker of its own: ``cpu`` is the last stage's and the RNN step's.
-          timing_only: Emulated stages compute nothing (zero outputs): for
-            scheduler benchmarks; captions are then meaningless.
-          pipelined: Run each device on its own thread; False runs every step
-            in the calling thread, one frame at a time (the sequential path).
-          queue_size: Hand-offs each queue between devices holds.
-          batch: Frames of a file source handed between devices at once. A
-            hand-off costs tens of microseconds of CPU, which matters only when
-            stages take well under a millisecond (a small CNN on a fast CPU);
-            a camera's newest frame is always handed over alone.
-          frames: Sampled frames per window (default: the bundle's).
-          stride: Sampled frames between window starts (default: the bundle's).
-          sample_fps: Rate frames are sampled from sources; 0 keeps every frame
-            (default: the bundle's).
-          num_threads: CPU threads of each CPU encoder stage's interpreter
-            (default: the physical cores); the RNN step models use one.
-          reference_encoder: Use the bundle's float reference encoder instead of
-            the int8 one (for measuring quantisation loss); CPU only.
-          trace: Write a Chrome trace-event JSON of the runs here (on ``close()``
-            and after each stream).
+          options: How to run (``CaptionerOptions``; default: its defaults).
+          **overrides: Options to replace, by name (``plan=``, ``board=``,
+            ``frames=``, ... as ``CaptionerOptions`` lists them).
 
         Raises:
           BundleError: If the bundle fails validation.
           PlanError: If the plan fails validation or does not fit the bundle.
-          ConfigError: If an option is out of range.
+          ConfigError: If an option is unknown or out of range.
           EdgecapError: If a device cannot be opened.
         """
-        if trace is not None and (Path(trace).is_dir() or not Path(trace).parent.is_dir()):
-            raise ConfigError(f"trace {trace}: not a file in an existing directory; choose a writable path")
+        opts = (options or CaptionerOptions()).with_overrides(**overrides)
+        self.options = opts
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
-        w = self.bundle.window
-        self.window = WindowSpec(
-            frames=w.frames if frames is None else frames,
-            stride=w.stride if stride is None else stride,
-            sample_fps=w.sample_fps if sample_fps is None else sample_fps,
-        )
-        if self.window.frames <= 0 or self.window.stride <= 0 or not 0 <= self.window.sample_fps < math.inf:
-            w = self.window
-            raise ConfigError(f"window of {w.frames} frames, stride {w.stride}, sample fps "
-                              f"{w.sample_fps}: frames and stride must be > 0 and the sample "
-                              "fps a finite number >= 0")
-        if num_threads is not None and num_threads < 1:
-            raise ConfigError(f"{num_threads} threads: use 1 or more (leave it out for one per "
-                              "physical core)")
-        if queue_size < 1:
-            raise ConfigError(f"queue_size {queue_size}: each queue must hold at least 1 frame")
-        if batch < 1:
-            raise ConfigError(f"batch {batch}: hand over at least 1 frame at a time")
-        if reference_encoder:
-            if self.bundle.reference_encoder is None:
-                raise ConfigError(f"{self.bundle.root}: bundle has no reference_encoder; "
-                                  "re-export it with the float encoder")
-            if plan is not None or board != "auto":
-                raise ConfigError("reference_encoder runs on the CPU only; drop plan and board")
-            self.plan = single_cpu_plan(self.bundle.reference_encoder)
-        else:
-            self.plan = _resolve_plan(self.bundle, plan, board)
-        self._threads = num_threads or devices.cpu_cores()
-        self._timing_only = timing_only
-        self.devices = _placement(self.plan, emulate, devices_map or {})
-        if emulate is None:
-            emulate = any(devices.parse_device(d).kind == "emu-tpu" for d in self.devices.values())
-        # Emulating a board paces its CPU stage too, when the plan predicts it.
-        self._pace_cpu = emulate and all(s.predicted_ms is not None for s in self.plan.active_stages)
-        self._rnn_ms = self.plan.rnn_ms or 0.0
+        self.window = opts.window(self.bundle.window)
+        self.plan = _resolve_plan(self.bundle, opts)
+        self.placement: Placement = place(self.plan, opts.emulate, opts.devices_map)
+        self.devices = self.placement.workers
         model_in, model_out = self.plan.inputs[0], self.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
-        self._output_detail = {"quantization": (model_out.scale, model_out.zero_point)}
+        self._output_quantization = model_out.quantization
         self._preprocess = Preprocessor(
-            self.bundle.input,
-            {"dtype": np.dtype(model_in.dtype), "quantization": (model_in.scale, model_in.zero_point)},
+            self.bundle.input, {"dtype": np.dtype(model_in.dtype), "quantization": model_in.quantization}
         )
-        self._tracer = Tracer() if trace is not None else None
-        self._trace_path = trace
+        self._tracer = Tracer() if opts.trace is not None else None
         self._source: Optional[FrameSource] = None
         self._closed = False
         self._pipeline = Pipeline(
-            self._steps(), pipelined=pipelined, queue_size=queue_size, batch=batch,
+            self._steps(), pipelined=opts.pipelined, queue_size=opts.queue_size, batch=opts.batch,
             tracer=self._tracer
         )
 
     def _steps(self) -> List[Step]:
         steps = [self._cnn_step(s) for s in self.plan.active_stages]
-        rnn = functools.partial(_RnnStep, self.bundle, self.window, self._rnn_ms if self._pace_cpu else 0.0,
-                                self._output_name, self._output_detail)
+        rnn_ms = (self.plan.rnn_ms or 0.0) if self.placement.pace_cpu else 0.0
+        rnn = functools.partial(_RnnStep, self.bundle, self.window, rnn_ms,
+                                self._output_name, self._output_quantization)
         steps.append(Step("rnn_step", CPU_WORKER, rnn))
         steps.append(Step("decode", DECODE_WORKER, functools.partial(_Decode, self.bundle)))
         return steps
 
     def _cnn_step(self, stage: Stage) -> Step:
         device = self.devices[stage.device]
-        on_cpu = devices.parse_device(stage.device).kind == "cpu"
-        if on_cpu and self._pace_cpu:
+        on_cpu = stage.spec.kind == "cpu"
+        pace = on_cpu and self.placement.pace_cpu
+        if pace:
             # The board's CPU stage time includes the RNN step, which is paced on its own.
-            stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - self._rnn_ms))
+            stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - (self.plan.rnn_ms or 0.0)))
+        threads = (self.options.num_threads or devices.cpu_cores()) if on_cpu else 1
         opener = functools.partial(
-            _CnnStage, stage, device, num_threads=self._threads if on_cpu else 1,
-            timing_only=self._timing_only, pace=on_cpu and self._pace_cpu,
+            _CnnStage, stage, device, num_threads=threads,
+            timing_only=self.options.timing_only, pace=pace,
         )
         return Step(f"stage{stage.index}", device, opener)
 
@@ -399,7 +332,7 @@ class EdgeCaptioner:
 
     def _write_trace(self) -> None:
         if self._tracer is not None:
-            self._tracer.write(self._trace_path)
+            self._tracer.write(self.options.trace)
 
     def __enter__(self) -> "EdgeCaptioner":
         return self
@@ -408,19 +341,28 @@ class EdgeCaptioner:
         self.close()
 
 
-def _resolve_plan(bundle: Bundle, plan: Union[None, str, "os.PathLike[str]", Plan], board: str) -> Plan:
-    if isinstance(plan, Plan):
-        resolved = plan
-    elif plan is not None:
-        resolved = load_plan(plan)
-    elif board == "auto":
-        # Built from the bundle's own encoder: it fits by construction, and
-        # checking would only hash the encoder a second time.
-        return single_cpu_plan(bundle.encoder)
+def _resolve_plan(bundle: Bundle, opts: CaptionerOptions) -> Plan:
+    if opts.reference_encoder:
+        if bundle.reference_encoder is None:
+            raise ConfigError(f"{bundle.root}: bundle has no reference_encoder; "
+                              "re-export it with the float encoder")
+        try:
+            model, _ = open_model(bundle.reference_encoder)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise BundleError(f"{bundle.reference_encoder}: not a TFLite model ({exc}); "
+                              "re-export the bundle") from None
+        return single_cpu_plan(model)
+    if isinstance(opts.plan, Plan):
+        resolved = opts.plan
+    elif opts.plan is not None:
+        resolved = load_plan(opts.plan)
+    elif opts.board == "auto":
+        # Built from the bundle's own encoder: it fits by construction.
+        return single_cpu_plan(bundle.encoder_model)
     else:
-        from edgecap.planning import plan_for_board  # imports the compiler lazily
+        from edgecap.planning import plan_for_board  # the one door to the compiler
 
-        resolved = plan_for_board(bundle, board)
+        resolved = plan_for_board(bundle, opts.board)
     _check_plan_fits(resolved, bundle)
     return resolved
 
@@ -437,55 +379,8 @@ def _check_plan_fits(plan: Plan, bundle: Bundle) -> None:
             f"{plan.path or 'plan'}: outputs {[list(t.shape) for t in plan.outputs]}, not the bundle's "
             f"{bundle.feature_size} features; compile the bundle's encoder.tflite"
         )
-    if plan.model_sha256 != file_sha256(bundle.encoder):
+    if plan.model_sha256 != bundle.encoder_model.sha256:
         raise PlanError(
             f"{plan.path or 'plan'}: compiled from another model than {bundle.encoder} "
             f"(sha256 differs); re-run `edgecap compile {bundle.root}`"
         )
-
-
-def _placement(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str]) -> Dict[str, str]:
-    """Plan device -> worker device: TPU stages on EdgeTPUs, emulated ones, or as overridden."""
-    # Both sides normalised, so "TPU:0", ":0" and "tpu:0" name the same device.
-    wanted = {str(devices.parse_device(k)): str(devices.parse_device(v)) for k, v in overrides.items()}
-    planned = {str(devices.parse_device(s.device)): s.device for s in plan.active_stages}
-    unknown = sorted(set(wanted) - set(planned))
-    if unknown:
-        raise ConfigError(
-            f"devices_map names {', '.join(unknown)}, which the plan does not use; "
-            f"map the plan's devices: {', '.join(planned)}"
-        )
-    tpus = [s.device for s in plan.active_stages if devices.parse_device(s.device).kind == "tpu"]
-    if emulate is None:
-        attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb")) if tpus else 0
-        emulate = len(tpus) > attached
-    placement: Dict[str, str] = {}
-    for stage in plan.active_stages:
-        spec = devices.parse_device(stage.device)
-        if str(spec) in wanted:
-            placement[stage.device] = wanted[str(spec)]
-        elif spec.kind == "tpu" and emulate:
-            placement[stage.device] = f"emu-tpu:{spec.index or 0}"
-        elif spec.kind == "cpu":
-            placement[stage.device] = CPU_WORKER
-        else:
-            placement[stage.device] = stage.device
-    _check_consecutive(plan, placement)
-    return placement
-
-
-def _check_consecutive(plan: Plan, placement: Mapping[str, str]) -> None:
-    # A worker runs consecutive steps only (see edgecap.scheduler); the RNN step
-    # and the decoder follow the last stage on their own workers.
-    order = [(f"stage {s.index} ({s.device})", placement[s.device]) for s in plan.active_stages]
-    order += [("the RNN step", CPU_WORKER), ("the decoder", DECODE_WORKER)]
-    first: Dict[str, str] = {}
-    prev = None
-    for name, worker in order:
-        if worker != prev and worker in first:
-            raise ConfigError(
-                f"devices_map puts {first[worker]} and {name} on worker {worker} with other steps "
-                "between them; give each device a worker of its own, e.g. cpu:1"
-            )
-        first.setdefault(worker, name)
-        prev = worker

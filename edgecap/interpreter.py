@@ -12,7 +12,9 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 try:  # The maintained successor of tflite_runtime; the default.
     from ai_edge_litert import interpreter as _tfl
@@ -123,3 +125,52 @@ def make_delegate_interpreter(model: "str | os.PathLike[str]", delegates: List[A
     )
     interp.allocate_tensors()
     return interp
+
+
+class TensorIO:
+    """Runs an allocated interpreter by tensor name: set inputs, invoke, get outputs.
+
+    Names are resolved to tensor indices once, here; each call then costs a
+    ``set_tensor`` per input, the invoke and a ``get_tensor`` per output. The
+    segment runners and the RNN step models share this core.
+
+    Args:
+      interp: The allocated interpreter; owned by the thread that calls this.
+      inputs: ``(name, tensor index)`` of the inputs, in any order.
+      outputs: ``(name, tensor index)`` of the outputs to return.
+    """
+
+    def __init__(self, interp: Any, inputs: Sequence[Tuple[str, int]],
+                 outputs: Sequence[Tuple[str, int]]) -> None:
+        self.interpreter = interp
+        self._inputs = list(inputs)
+        self._outputs = list(outputs)
+        self._set, self._invoke, self._get = interp.set_tensor, interp.invoke, interp.get_tensor
+
+    @classmethod
+    def from_details(cls, interp: Any) -> "TensorIO":
+        """Binds every input and output of ``interp`` by its tensor name."""
+        return cls(interp, [(d["name"], d["index"]) for d in interp.get_input_details()],
+                   [(d["name"], d["index"]) for d in interp.get_output_details()])
+
+    @classmethod
+    def from_signature(cls, interp: Any, key: str = "serving_default") -> "TensorIO":
+        """Binds ``interp``'s inputs and outputs by their names in signature ``key``.
+
+        Raises:
+          ValueError: If the model has no such signature.
+        """
+        runner = interp.get_signature_runner(key)
+        return cls(interp, [(k, d["index"]) for k, d in runner.get_input_details().items()],
+                   [(k, d["index"]) for k, d in runner.get_output_details().items()])
+
+    @property
+    def input_names(self) -> List[str]:
+        """The names of the bound inputs."""
+        return [name for name, _ in self._inputs]
+
+    def __call__(self, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        for name, index in self._inputs:
+            self._set(index, tensors[name])
+        self._invoke()
+        return {name: self._get(index) for name, index in self._outputs}

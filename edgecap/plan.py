@@ -1,64 +1,193 @@
-"""The runtime's reader of plan.json: which segment runs on which device (docs/plan.md).
+"""plan.json (docs/plan.md): which segment runs on which device, read and written here.
 
-The compiler (``edgecap_compile``) writes plans; this module only reads and
-validates them, so the runtime never needs the compiler installed.
+The compiler (``edgecap_compile``) builds a ``Plan`` and writes it with
+``write_plan``; the runtime reads it with ``load_plan``. The file format is
+declared once, as the schema types below, so the reader and the writer cannot
+drift apart, and the runtime never needs the compiler installed.
+
+Each device string is parsed once, when the plan is built or loaded: a
+``Stage`` carries its ``DeviceSpec``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from edgecap import devices
+import msgspec
+
+from edgecap import schema
 from edgecap.bundle import resolve_inside
+from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import EdgecapError, PlanError
+from edgecap.modelfile import ModelFile, TensorSpec, open_model
+
+try:
+    from typing import Annotated, Literal
+except ImportError:  # pragma: no cover - Python < 3.9 is not supported
+    from typing_extensions import Annotated, Literal  # type: ignore[assignment]
 
 PLAN_VERSION = 1
-_DTYPES = ("int8", "uint8", "int16", "int32", "float32")
+PLAN_FILE = "plan.json"
+_FIX = "re-run `edgecap compile`"
+
+# ---------------------------------------------------------------------------
+# The file format (docs/plan.md).
+
+_Dtype = Literal["int8", "uint8", "int16", "int32", "float32"]
+_Scale = Annotated[float, msgspec.Meta(ge=0.0, le=1e30)]
+_ZeroPoint = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+_Macs = Annotated[int, msgspec.Meta(ge=0, le=10**16)]
+_Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+_PlanFps = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+
+
+class _TensorDoc(msgspec.Struct, forbid_unknown_fields=True):
+    name: schema.Name
+    shape: Annotated[Tuple[schema.Dim, ...], msgspec.Meta(max_length=8)]
+    dtype: _Dtype
+    # Float tensors carry no quantisation: null or 0.
+    scale: Optional[_Scale] = None
+    zero_point: Optional[_ZeroPoint] = None
+
+
+class _ParamBytesDoc(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    on_chip: schema.Bytes = 0
+    streamed: schema.Bytes = 0
+
+
+class _CpuOpDoc(msgspec.Struct, forbid_unknown_fields=True):
+    op: schema.Name
+    count: schema.Count
+    reason: str
+
+
+class _EdgeTpuDoc(msgspec.Struct, forbid_unknown_fields=True):
+    compiled: bool
+    compiled_segment: Optional[schema.Name] = None
+    reason: Optional[str] = None
+    on_chip_bytes: Optional[schema.Bytes] = None
+    off_chip_bytes: Optional[schema.Bytes] = None
+    cpu_ops: List[_CpuOpDoc] = []
+    log: Optional[str] = None
+
+
+class _StageDoc(msgspec.Struct, forbid_unknown_fields=True):
+    index: schema.Count
+    device: schema.Name
+    segment: Optional[schema.Name]
+    ops: Tuple[schema.Count, schema.Count]
+    inputs: Tuple[_TensorDoc, ...]
+    outputs: Tuple[_TensorDoc, ...]
+    param_bytes: _ParamBytesDoc = _ParamBytesDoc()
+    macs: _Macs = 0
+    predicted_ms: Optional[schema.Millis] = None
+    edgetpu: Optional[_EdgeTpuDoc] = None
+
+
+class _ModelDoc(msgspec.Struct, forbid_unknown_fields=True):
+    file: schema.Name
+    sha256: _Sha256
+    ops: schema.Count
+
+
+class _BoardDoc(msgspec.Struct, forbid_unknown_fields=True):
+    name: schema.Name
+    version: schema.Count
+
+
+class _PredictedDoc(msgspec.Struct, forbid_unknown_fields=True):
+    fps: Optional[_PlanFps]
+    latency_ms: schema.Millis
+    bottleneck_ms: schema.Millis
+    bottleneck_stage: schema.Count
+
+
+class _PlanDoc(msgspec.Struct, forbid_unknown_fields=True):
+    plan_version: int
+    model: _ModelDoc
+    board: _BoardDoc
+    stages: Tuple[_StageDoc, ...]
+    sram_bytes: Optional[schema.Bytes] = None
+    rnn_ms: Optional[schema.Millis] = None
+    predicted: Optional[_PredictedDoc] = None
+
+
+class _VersionDoc(msgspec.Struct):
+    plan_version: Any = None
+
+
+# ---------------------------------------------------------------------------
+# The records the runtime and the compiler work with.
+
+
+@dataclass
+class EdgeTpuReport:
+    """What happened when a segment went through edgetpu_compiler (plan.json ``edgetpu``).
+
+    Attributes:
+      compiled: Whether a compiled segment was produced.
+      compiled_segment: Its file name, relative to the plan's folder.
+      reason: Why it was not compiled, or None.
+      on_chip_bytes: Parameter bytes cached in SRAM, as the compiler reported.
+      off_chip_bytes: Parameter bytes streamed every invoke, as reported.
+      cpu_ops: Ops the compiler left on the CPU: ``{"op", "count", "reason"}``.
+      log: The compiler's output (summary and operator table).
+    """
+
+    compiled: bool
+    compiled_segment: Optional[str] = None
+    reason: Optional[str] = None
+    on_chip_bytes: Optional[int] = None
+    off_chip_bytes: Optional[int] = None
+    cpu_ops: List[Dict[str, Any]] = field(default_factory=list)
+    log: Optional[str] = None
 
 
 @dataclass(frozen=True)
-class TensorSpec:
-    """A tensor at a stage boundary, named as in the source model."""
+class ParamBytes:
+    """A stage's parameter bytes: held on the device, and streamed every invoke."""
 
-    name: str
-    shape: Tuple[int, ...]
-    dtype: str
-    scale: float
-    zero_point: int
-
-    def to_json(self) -> Dict[str, Any]:
-        """Returns the tensor as plan.json writes it (docs/plan.md)."""
-        return {
-            "name": self.name,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "scale": self.scale,
-            "zero_point": self.zero_point,
-        }
+    on_chip: int = 0
+    streamed: int = 0
 
 
 @dataclass(frozen=True)
 class Stage:
     """One stage of a plan: a model segment and the device it runs on.
 
-    ``segment`` is an absolute path, or None for an empty stage (skipped).
-    ``compiled_segment`` is the edgetpu_compiler output, when there is one.
+    Attributes:
+      index: Position in the pipeline.
+      spec: The parsed device (``device`` is its canonical string).
+      segment: The segment file, absolute; None for an empty stage (skipped).
+      ops: Half-open operator range ``[start, end)`` of the source model.
+      inputs: Tensors it reads from earlier stages (or the model input).
+      outputs: Tensors later stages read: computed here or forwarded.
+      predicted_ms: The cost model's time for an invoke, or None.
+      compiled_segment: The edgetpu_compiler output, absolute, when there is one.
+      param_bytes: Parameter bytes on the device and streamed.
+      macs: Multiply-accumulates of the range.
+      edgetpu: What edgetpu_compiler reported (TPU stages of a compiled plan).
     """
 
     index: int
-    device: str
+    spec: DeviceSpec
     segment: Optional[Path]
     ops: Tuple[int, int]
     inputs: Tuple[TensorSpec, ...]
     outputs: Tuple[TensorSpec, ...]
     predicted_ms: Optional[float]
     compiled_segment: Optional[Path] = None
+    param_bytes: ParamBytes = ParamBytes()
+    macs: int = 0
+    edgetpu: Optional[EdgeTpuReport] = None
+
+    @property
+    def device(self) -> str:
+        """The device as plan.json writes it (``cpu``, ``tpu:N``, ...)."""
+        return str(self.spec)
 
     @property
     def empty(self) -> bool:
@@ -67,10 +196,30 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """The cost model's figures for the whole pipeline."""
+
+    fps: Optional[float]
+    latency_ms: float
+    bottleneck_ms: float
+    bottleneck_stage: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """A validated plan: stages in pipeline order, for one source model.
 
-    ``model_sha256`` is the hex SHA-256 of the model file the plan was cut from.
+    Attributes:
+      path: The plan.json it was read from or written to; None if in memory only.
+      board: Board profile name.
+      model_file: The source model's path as recorded (relative to its bundle).
+      model_sha256: Hex SHA-256 of the source model file.
+      stages: Every stage, empty ones included, in pipeline order.
+      rnn_ms: The RNN encoder step's predicted time per invoke, or None.
+      board_version: Board profile version.
+      model_ops: Operators of the source model.
+      sram_bytes: The SRAM budget per TPU the split was made for.
+      predicted: The cost model's pipeline figures, or None.
     """
 
     path: Optional[Path]
@@ -79,6 +228,10 @@ class Plan:
     model_sha256: str
     stages: Tuple[Stage, ...]
     rnn_ms: Optional[float] = None
+    board_version: int = 0
+    model_ops: int = 0
+    sram_bytes: Optional[int] = None
+    predicted: Optional[Prediction] = None
 
     @property
     def active_stages(self) -> Tuple[Stage, ...]:
@@ -96,6 +249,10 @@ class Plan:
         return self.active_stages[-1].outputs
 
 
+# ---------------------------------------------------------------------------
+# Reading and writing.
+
+
 def load_plan(path: "str | os.PathLike[str]") -> Plan:
     """Reads and validates a plan.json.
 
@@ -106,147 +263,194 @@ def load_plan(path: "str | os.PathLike[str]") -> Plan:
       The validated ``Plan``; segment paths are resolved against its directory.
 
     Raises:
-      PlanError: If the file is missing, is not plan version 1, or breaks a
-        rule of docs/plan.md. The message names the field and the fix.
+      PlanError: If the file is missing, unreadable, is not plan version 1, or
+        breaks a rule of docs/plan.md. The message names the field and the fix.
     """
     path = Path(path)
     if path.is_dir():
-        path = path / "plan.json"
+        path = path / PLAN_FILE
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise PlanError(f"{path}: no such plan; write one with `edgecap compile`") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError(f"{path}: not readable JSON ({exc}); re-run `edgecap compile`") from None
-    return _parse(doc, path)
+    except PermissionError:
+        raise PlanError(f"{path}: permission denied; make the plan readable by this user") from None
+    except OSError as exc:
+        raise PlanError(f"{path}: not readable ({exc.strerror or exc}); {_FIX}") from None
+    where = str(path)
+    try:
+        version = msgspec.json.decode(data, type=_VersionDoc).plan_version
+    except msgspec.MsgspecError:
+        version = PLAN_VERSION  # not a JSON object: the full decode below says what is wrong
+    if isinstance(version, bool) or version != PLAN_VERSION:
+        raise PlanError(f"{where}: plan_version is {version!r}, this runtime reads "
+                        f"{PLAN_VERSION}; {_FIX}")
+    doc = schema.decode(data, _PlanDoc, where=where, fix=_FIX, error=PlanError)
+    return _from_doc(doc, path)
 
 
-def single_cpu_plan(encoder: "str | os.PathLike[str]") -> Plan:
+def write_plan(plan: Plan, directory: "str | os.PathLike[str]") -> Plan:
+    """Writes ``plan`` as ``directory/plan.json``; its segments must be in ``directory``.
+
+    Args:
+      plan: The plan, with absolute segment paths inside ``directory``.
+      directory: Where plan.json goes.
+
+    Returns:
+      The plan as written (its ``path`` set), checked by the same rules
+      ``load_plan`` applies.
+
+    Raises:
+      PlanError: If the plan breaks a rule of docs/plan.md.
+    """
+    path = Path(directory) / PLAN_FILE
+    doc = _to_doc(plan, path.parent)
+    written = _from_doc(doc, path)  # the reader's rules hold for what is written
+    path.write_bytes(schema.encode(doc))
+    return written
+
+
+def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
     """Makes the plan that runs a whole encoder as one CPU stage.
 
     Used when no plan is given and no EdgeTPU is present.
 
     Args:
-      encoder: Path to the int8 encoder .tflite.
+      model: The encoder as ``load_bundle`` recorded it (nothing is opened),
+        or the path of a .tflite file (opened once to read its tensors).
 
     Returns:
       A one-stage ``Plan`` on device ``cpu`` with no predictions.
 
     Raises:
-      PlanError: If the encoder cannot be read as a TFLite model.
+      PlanError: If a path is given that is not a readable TFLite model.
     """
-    from edgecap.interpreter import make_cpu_interpreter
-
-    encoder = Path(encoder).resolve()
-    try:
-        interp = make_cpu_interpreter(encoder)
-    except (ValueError, OSError) as exc:
-        raise PlanError(f"{encoder}: not a TFLite model ({exc}); check the bundle's encoder") from None
-    # The model's own nodes come first; the delegates the backend applied are appended.
-    ops = sum(1 for op in interp._get_ops_details() if op["op_name"] != "DELEGATE")
+    if not isinstance(model, ModelFile):
+        try:
+            model, _ = open_model(model)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise PlanError(f"{model}: not a TFLite model ({exc}); check the bundle's encoder") from None
     stage = Stage(
         index=0,
-        device="cpu",
-        segment=encoder,
-        ops=(0, ops),
-        inputs=tuple(_spec_from_details(d) for d in interp.get_input_details()),
-        outputs=tuple(_spec_from_details(d) for d in interp.get_output_details()),
+        spec=parse_device("cpu"),
+        segment=model.path,
+        ops=(0, model.ops),
+        inputs=model.inputs,
+        outputs=model.outputs,
         predicted_ms=None,
     )
-    return Plan(
-        path=None,
-        board="host",
-        model_file=encoder.name,
-        model_sha256=file_sha256(encoder),
-        stages=(stage,),
-    )
+    return Plan(path=None, board="host", model_file=model.path.name, model_sha256=model.sha256,
+                stages=(stage,), model_ops=model.ops)
 
 
-def file_sha256(path: "str | os.PathLike[str]") -> str:
-    """Returns the hex SHA-256 of a file, as plans record their model's."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def _tensor(doc: _TensorDoc) -> TensorSpec:
+    return TensorSpec(doc.name, tuple(doc.shape), doc.dtype, doc.scale or 0.0, doc.zero_point or 0)
 
 
-def _spec_from_details(d: Dict[str, Any]) -> TensorSpec:
-    scale, zero_point = d["quantization"]
-    return TensorSpec(
-        name=d["name"],
-        shape=tuple(int(x) for x in d["shape"]),
-        dtype=d["dtype"].__name__,
-        scale=float(scale),
-        zero_point=int(zero_point),
-    )
+def _tensor_doc(t: TensorSpec) -> _TensorDoc:
+    return msgspec.convert(t.to_json(), _TensorDoc)
 
 
-def _parse(doc: Any, path: Path) -> Plan:
+def _from_doc(doc: _PlanDoc, path: Path) -> Plan:
     where = str(path)
-    if not isinstance(doc, dict):
-        raise PlanError(f"{where}: top level must be a JSON object")
-    if isinstance(doc.get("plan_version"), bool) or doc.get("plan_version") != PLAN_VERSION:
-        raise PlanError(
-            f"{where}: plan_version is {doc.get('plan_version')!r}, this runtime reads "
-            f"{PLAN_VERSION}; re-run `edgecap compile`"
-        )
-    model = _field(doc, "model", dict, where)
-    board = _field(doc, "board", dict, where)
-    raw_stages = _field(doc, "stages", list, where)
-    if not raw_stages:
+    if not doc.stages:
         raise PlanError(f"{where}: stages is empty; a plan needs at least one stage")
-    stages = [_parse_stage(raw, i, path.parent, where) for i, raw in enumerate(raw_stages)]
+    stages = [_stage(raw, i, path.parent, where) for i, raw in enumerate(doc.stages)]
     _check_order(stages, where)
     _check_chain(stages, where)
+    if stages[-1].ops[1] > doc.model.ops:
+        raise PlanError(f"{where}: stages end at op {stages[-1].ops[1]} but the model has "
+                        f"{doc.model.ops} ops; {_FIX}")
+    p = doc.predicted
     return Plan(
         path=path,
-        board=_field(board, "name", str, f"{where}: board"),
-        model_file=_field(model, "file", str, f"{where}: model"),
-        model_sha256=_field(model, "sha256", str, f"{where}: model"),
+        board=doc.board.name,
+        model_file=doc.model.file,
+        model_sha256=doc.model.sha256,
         stages=tuple(stages),
-        rnn_ms=_optional_number(doc, "rnn_ms", where),
+        rnn_ms=doc.rnn_ms,
+        board_version=doc.board.version,
+        model_ops=doc.model.ops,
+        sram_bytes=doc.sram_bytes,
+        predicted=None if p is None else Prediction(p.fps, p.latency_ms, p.bottleneck_ms,
+                                                    p.bottleneck_stage),
     )
 
 
-def _parse_stage(raw: Any, position: int, base: Path, where: str) -> Stage:
+def _stage(raw: _StageDoc, position: int, base: Path, where: str) -> Stage:
     here = f"{where}: stages[{position}]"
-    if not isinstance(raw, dict):
-        raise PlanError(f"{here} must be an object")
-    if isinstance(raw.get("index"), bool) or raw.get("index") != position:
-        raise PlanError(f"{here}: index is {raw.get('index')!r}, expected {position}")
-    device = _field(raw, "device", str, here)
+    if raw.index != position:
+        raise PlanError(f"{here}: index is {raw.index!r}, expected {position}")
     try:
-        devices.parse_device(device)
+        spec = parse_device(raw.device)
     except EdgecapError as exc:
         raise PlanError(f"{here}: {exc}") from None
-    ops = _field(raw, "ops", list, here)
-    if len(ops) != 2 or not all(_is_int(x) for x in ops) or not 0 <= ops[0] <= ops[1]:
-        raise PlanError(f"{here}: ops must be [start, end) with 0 <= start <= end, got {ops!r}")
-    empty = ops[0] == ops[1]
-    segment = raw.get("segment")
-    if empty and segment is not None:
-        raise PlanError(f"{here}: an empty stage (ops {ops}) must have segment null")
-    if not empty and not isinstance(segment, str):
+    if not raw.ops[0] <= raw.ops[1]:
+        raise PlanError(f"{here}: ops must be [start, end) with 0 <= start <= end, got {list(raw.ops)}")
+    empty = raw.ops[0] == raw.ops[1]
+    if empty and raw.segment is not None:
+        raise PlanError(f"{here}: an empty stage (ops {list(raw.ops)}) must have segment null")
+    if not empty and raw.segment is None:
         raise PlanError(f"{here}: segment must name the stage's .tflite file")
+    edgetpu = raw.edgetpu
+    report = None if edgetpu is None else EdgeTpuReport(
+        compiled=edgetpu.compiled, compiled_segment=edgetpu.compiled_segment,
+        reason=edgetpu.reason, on_chip_bytes=edgetpu.on_chip_bytes,
+        off_chip_bytes=edgetpu.off_chip_bytes,
+        cpu_ops=[msgspec.structs.asdict(o) for o in edgetpu.cpu_ops], log=edgetpu.log)
+    compiled = None
+    if edgetpu is not None and edgetpu.compiled:
+        if edgetpu.compiled_segment is None:
+            raise PlanError(f"{here}: edgetpu: compiled_segment must name the compiled file")
+        compiled = _inside(base, edgetpu.compiled_segment, f"{here}: edgetpu")
     return Stage(
         index=position,
-        device=device,
-        segment=None if empty else _inside(base, segment, here),
-        ops=(ops[0], ops[1]),
-        inputs=_tensors(raw, "inputs", here),
-        outputs=_tensors(raw, "outputs", here),
-        predicted_ms=_optional_number(raw, "predicted_ms", here),
-        compiled_segment=_compiled_segment(raw, base, here),
+        spec=spec,
+        segment=None if empty else _inside(base, raw.segment, here),
+        ops=(raw.ops[0], raw.ops[1]),
+        inputs=tuple(_tensor(t) for t in raw.inputs),
+        outputs=tuple(_tensor(t) for t in raw.outputs),
+        predicted_ms=raw.predicted_ms,
+        compiled_segment=compiled,
+        param_bytes=ParamBytes(raw.param_bytes.on_chip, raw.param_bytes.streamed),
+        macs=raw.macs,
+        edgetpu=report,
     )
 
 
-def _compiled_segment(raw: Dict[str, Any], base: Path, where: str) -> Optional[Path]:
-    edgetpu = raw.get("edgetpu")
-    if edgetpu is None:
-        return None
-    here = f"{where}: edgetpu"
-    if not isinstance(edgetpu, dict):
-        raise PlanError(f"{here} must be an object or null")
-    if not _field(edgetpu, "compiled", bool, here):
-        return None
-    return _inside(base, _field(edgetpu, "compiled_segment", str, here), here)
+def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
+    def name(p: Optional[Path]) -> Optional[str]:
+        if p is None:
+            return None
+        rel = os.path.relpath(p, base)
+        if rel.startswith(".."):
+            raise PlanError(f"{p}: segment outside {base}; write segments beside plan.json")
+        return Path(rel).as_posix()
+
+    stages = []
+    for s in plan.stages:
+        e = s.edgetpu
+        stages.append(_StageDoc(
+            index=s.index, device=s.device, segment=name(s.segment), ops=s.ops,
+            inputs=tuple(_tensor_doc(t) for t in s.inputs),
+            outputs=tuple(_tensor_doc(t) for t in s.outputs),
+            param_bytes=_ParamBytesDoc(s.param_bytes.on_chip, s.param_bytes.streamed),
+            macs=s.macs, predicted_ms=s.predicted_ms,
+            edgetpu=None if e is None else _EdgeTpuDoc(
+                e.compiled, e.compiled_segment, e.reason, e.on_chip_bytes, e.off_chip_bytes,
+                [_CpuOpDoc(**o) for o in e.cpu_ops], e.log),
+        ))
+    p = plan.predicted
+    return _PlanDoc(
+        plan_version=PLAN_VERSION,
+        model=_ModelDoc(plan.model_file, plan.model_sha256, plan.model_ops),
+        board=_BoardDoc(plan.board, plan.board_version),
+        stages=tuple(stages),
+        sram_bytes=plan.sram_bytes,
+        rnn_ms=plan.rnn_ms,
+        predicted=None if p is None else _PredictedDoc(p.fps, p.latency_ms, p.bottleneck_ms,
+                                                       p.bottleneck_stage),
+    )
 
 
 def _inside(base: Path, name: str, where: str) -> Path:
@@ -254,52 +458,28 @@ def _inside(base: Path, name: str, where: str) -> Path:
     if resolved is None:
         raise PlanError(f"{where}: {name!r} resolves outside the plan directory; keep segments beside plan.json")
     if not resolved.is_file():
-        raise PlanError(f"{where}: segment {name!r} not found beside plan.json; re-run `edgecap compile`")
+        raise PlanError(f"{where}: segment {name!r} not found beside plan.json; {_FIX}")
     return resolved
-
-
-def _tensors(raw: Dict[str, Any], key: str, where: str) -> Tuple[TensorSpec, ...]:
-    items = _field(raw, key, list, where)
-    specs: List[TensorSpec] = []
-    for i, t in enumerate(items):
-        here = f"{where}: {key}[{i}]"
-        if not isinstance(t, dict):
-            raise PlanError(f"{here} must be an object")
-        shape = _field(t, "shape", list, here)
-        if not all(_is_int(x) and x >= 0 for x in shape):
-            raise PlanError(f"{here}: shape must be a list of sizes >= 0, got {shape!r}")
-        dtype = _field(t, "dtype", str, here)
-        if dtype not in _DTYPES:
-            raise PlanError(f"{here}: dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
-        # Float tensors carry no quantisation: the compiler writes null.
-        zero_point = t.get("zero_point")
-        if zero_point is not None and not _is_int(zero_point):
-            raise PlanError(f"{here}: zero_point must be an integer or null, got {zero_point!r}")
-        specs.append(
-            TensorSpec(
-                name=_field(t, "name", str, here),
-                shape=tuple(shape),
-                dtype=dtype,
-                scale=_optional_number(t, "scale", here) or 0.0,
-                zero_point=zero_point or 0,
-            )
-        )
-    return tuple(specs)
 
 
 def _check_order(stages: List[Stage], where: str) -> None:
     # Pipeline order is TPUs first, then the CPU tail: the tail also runs the
     # RNN step, so nothing may follow it.
-    kinds = [devices.parse_device(s.device).kind for s in stages]
-    if "cpu" in kinds[:-1]:
+    if any(s.spec.kind == "cpu" for s in stages[:-1]):
         raise PlanError(f"{where}: only the last stage may run on the cpu; stages are tpu:0..tpu:N-1 then cpu")
+    seen: Dict[DeviceSpec, int] = {}
+    for s in stages:
+        if s.spec in seen:
+            raise PlanError(f"{where}: stages[{seen[s.spec]}] and stages[{s.index}] both run on "
+                            f"{s.device}; one stage per device, {_FIX}")
+        seen[s.spec] = s.index
     for prev, cur in zip(stages, stages[1:]):
         if cur.ops[0] != prev.ops[1]:
             raise PlanError(
                 f"{where}: stages[{cur.index}] starts at op {cur.ops[0]} but stages[{prev.index}] "
                 f"ends at {prev.ops[1]}; stage op ranges must be contiguous"
             )
-    if not any(not s.empty for s in stages):
+    if all(s.empty for s in stages):
         raise PlanError(f"{where}: every stage is empty; a plan must run the model's operators")
 
 
@@ -313,24 +493,3 @@ def _check_chain(stages: List[Stage], where: str) -> None:
                 f"{where}: stages[{cur.index}] reads {', '.join(missing)} which stages[{prev.index}] "
                 "does not output; boundary tensors must keep their names"
             )
-
-
-def _is_int(value: Any) -> bool:
-    # JSON true/false arrive as bool, which Python counts as int.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _field(obj: Dict[str, Any], key: str, kind: type, where: str) -> Any:
-    value = obj.get(key)
-    if not isinstance(value, kind):
-        raise PlanError(f"{where}: field {key!r} missing or not a {kind.__name__}")
-    return value
-
-
-def _optional_number(obj: Dict[str, Any], key: str, where: str) -> Optional[float]:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise PlanError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
-    return float(value)

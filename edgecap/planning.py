@@ -1,4 +1,4 @@
-"""Plans on the fly for a named board profile, with the host-side compiler.
+"""Plans on the fly for a named board profile: the runtime's one door to the compiler.
 
 The runtime reads plans and never needs the compiler, except here: asked for a
 board by name (``EdgeCaptioner(board="devboard-usb")``, ``edgecap bench``), it
@@ -20,7 +20,7 @@ from typing import Optional
 
 from edgecap.bundle import Bundle
 from edgecap.errors import ConfigError
-from edgecap.plan import PLAN_VERSION, Plan, load_plan
+from edgecap.plan import PLAN_FILE, PLAN_VERSION, Plan, load_plan
 
 
 def cache_root() -> Path:
@@ -49,35 +49,31 @@ def plan_for_board(
       EdgecapError: If the compiler rejects the board or the model.
     """
     try:
-        from edgecap_compile import compiler
-        from edgecap_compile.edgetpu import find_compiler
-        from edgecap_compile.graph import read_graph
+        import edgecap_compile  # the runtime's one door to the compiler
     except ImportError as exc:
         raise ConfigError(
             f"planning for board {board!r} needs the compiler ({exc}); install edgecap from a "
             "source checkout, or pass a plan.json from `edgecap compile`"
         ) from None
-    chosen = compiler.make_board(board, tpus=1 if whole_on_tpu else tpus)
+    chosen = edgecap_compile.make_board(board, tpus=1 if whole_on_tpu else tpus)
     key = hashlib.sha256()
-    for path in (bundle.encoder, bundle.encoder_step):
-        key.update(path.read_bytes())
+    # The bundle recorded both models' hashes when it validated them.
+    key.update(bundle.encoder_model.sha256.encode())
+    key.update(bundle.encoder_step_model.sha256.encode())
     # A plan made without edgetpu_compiler, or by another compiler or plan
     # version, must not be reused once that changes (edgecap_compile ships in
     # the edgecap distribution, so its version is edgecap's).
-    key.update(repr((chosen, whole_on_tpu, find_compiler(), PLAN_VERSION,
-                     metadata.version("edgecap"))).encode())
+    key.update(repr((chosen, bundle.window, whole_on_tpu, edgecap_compile.find_compiler(),
+                     PLAN_VERSION, metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
-    if not (out / "plan.json").is_file():
+    if not (out / PLAN_FILE).is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=".staging-"))
         try:
-            if whole_on_tpu:
-                # Coral's default: every op on tpu:0, only the RNN on the CPU.
-                n = len(read_graph(bundle.encoder).ops)
-                compiler.compile_model(bundle.root, board, staging, tpus=1,
-                                       ranges=[(0, n), (n, n)])
-            else:
-                compiler.compile_model(bundle.root, board, staging, tpus=tpus)
+            # Coral's default for whole_on_tpu: every op on tpu:0, only the RNN on the CPU.
+            n = bundle.encoder_model.ops
+            ranges = [(0, n), (n, n)] if whole_on_tpu else None
+            edgecap_compile.compile_model(bundle, chosen, staging, ranges=ranges)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

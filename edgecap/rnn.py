@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import List
 
 import numpy as np
 
-from edgecap.interpreter import make_cpu_interpreter
+from edgecap.interpreter import TensorIO, make_cpu_interpreter
 
 
 @dataclass(frozen=True)
@@ -24,25 +24,10 @@ class State:
         return cls(z, z)
 
 
-class _StepModel:
-    """A step model run with fixed input shapes.
-
-    A signature runner resizes every input and re-allocates tensors on each
-    call; a step's shapes never change, so inputs are set by tensor index
-    instead, without that per-call work.
-    """
-
-    def __init__(self, path: "str | os.PathLike[str]", num_threads: int):
-        self._interp = make_cpu_interpreter(path, num_threads)
-        runner = self._interp.get_signature_runner("serving_default")
-        self._inputs = {k: d["index"] for k, d in runner.get_input_details().items()}
-        self._outputs = {k: d["index"] for k, d in runner.get_output_details().items()}
-
-    def __call__(self, **inputs: np.ndarray) -> Dict[str, np.ndarray]:
-        for name, value in inputs.items():
-            self._interp.set_tensor(self._inputs[name], value)
-        self._interp.invoke()
-        return {name: self._interp.get_tensor(i) for name, i in self._outputs.items()}
+def _step_model(path: "str | os.PathLike[str]", num_threads: int) -> TensorIO:
+    # A signature runner resizes every input and re-allocates tensors on each
+    # call; a step's shapes never change, so tensors are bound by index once.
+    return TensorIO.from_signature(make_cpu_interpreter(path, num_threads))
 
 
 class RnnEncoder:
@@ -52,12 +37,12 @@ class RnnEncoder:
     """
 
     def __init__(self, path: "str | os.PathLike[str]", num_threads: int = 1):
-        self._run = _StepModel(path, num_threads)
+        self._run = _step_model(path, num_threads)
 
     def step(self, feature: np.ndarray, state: State) -> State:
         """Returns the state after reading ``feature`` (any shape with F values)."""
-        out = self._run(feature=feature.reshape(1, -1).astype(np.float32, copy=False),
-                        h=state.h, c=state.c)
+        out = self._run({"feature": feature.reshape(1, -1).astype(np.float32, copy=False),
+                         "h": state.h, "c": state.c})
         return State(out["h_out"], out["c_out"])
 
 
@@ -68,7 +53,7 @@ class RnnDecoder:
     """
 
     def __init__(self, path: "str | os.PathLike[str]", num_threads: int = 1):
-        self._run = _StepModel(path, num_threads)
+        self._run = _step_model(path, num_threads)
 
     def decode(self, state: State, bos: int, eos: int, max_length: int) -> List[int]:
         """Returns the greedy caption's token ids, without bos and eos.
@@ -82,7 +67,7 @@ class RnnDecoder:
         word, h, c = bos, state.h, state.c
         ids: List[int] = []
         for _ in range(max_length):
-            out = self._run(word=np.array([word], np.int32), h=h, c=c)
+            out = self._run({"word": np.array([word], np.int32), "h": h, "c": c})
             word = int(np.argmax(out["logits"][0]))
             if word == eos:
                 break

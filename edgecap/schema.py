@@ -17,6 +17,7 @@ field, and sizes past any plausible bound are refused.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -52,16 +53,24 @@ Finite = Annotated[float, msgspec.Meta(ge=-1e30, le=1e30)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_FIELD = re.compile(r"^Object (missing required|contains unknown) field `(?P<name>[^`]*)`$")
 
 
 def describe(exc: msgspec.MsgspecError) -> str:
-    """Returns msgspec's message as ``field: problem`` (lower-case, no ``$``)."""
+    """Returns msgspec's message in edgecap's words: ``field 'a.b[0]' must be int, got str``."""
     m = _AT.match(str(exc).strip())
-    msg = m.group("msg").replace("`", "") if m else str(exc)
-    if msg[1:2].islower():  # "Expected ..." reads on after a colon; "JSON ..." stays
+    msg, path = (m.group("msg"), (m.group("path") or "").lstrip(".")) if m else (str(exc), "")
+    missing = _FIELD.match(msg)
+    if missing:
+        name = f"{path}.{missing.group('name')}" if path else missing.group("name")
+        kind = "is missing" if missing.group(1) == "missing required" else "is unknown"
+        return f"field '{name}' {kind}"
+    if msg.startswith("Expected "):
+        what = msg[len("Expected "):].replace("`", "")
+        return f"field '{path}' must be {what}" if path else f"the document must be {what}"
+    if msg[1:2].islower():  # "Invalid ..." reads on after a colon; "JSON ..." stays
         msg = msg[:1].lower() + msg[1:]
-    path = (m.group("path") or "").lstrip(".") if m else ""
-    return f"{path}: {msg}" if path else msg
+    return f"field '{path}': {msg}" if path else msg
 
 
 def convert(
@@ -113,7 +122,15 @@ def decode(
     except msgspec.ValidationError as exc:
         raise error(f"{where}: {describe(exc)}; {fix}") from None
     except msgspec.DecodeError as exc:
-        raise error(f"{where}: not valid JSON ({describe(exc)}); {fix}") from None
+        malformed = f"{where}: not valid JSON ({describe(exc)}); {fix}"
+    # Python's json module writes NaN and Infinity, which JSON has no words for;
+    # read them so that the message names the field they are in.
+    try:
+        loose = json.loads(data)
+    except (ValueError, RecursionError):
+        raise error(malformed) from None
+    convert(loose, type_, where=where, fix=fix, error=error)
+    raise error(f"{where}: not valid JSON (NaN or Infinity where a number belongs); {fix}")
 
 
 def read_file(

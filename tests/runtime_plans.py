@@ -1,23 +1,25 @@
 """Writes plan directories for runtime tests with the compiler's segment writer.
 
 The runtime never imports the compiler; its tests may, to cut a model where
-they choose and check that every plan shape runs the same.
+they choose and check that every plan shape runs the same. Plans are written
+by the runtime's own writer, ``edgecap.plan.write_plan``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from edgecap.devices import parse_device
+from edgecap.modelfile import TensorSpec
+from edgecap.plan import Plan, Stage, write_plan as write_plan_file
 from edgecap_compile.graph import read_graph
 from edgecap_compile.segments import write_segments
 
 
-def _spec(graph, index: int) -> dict:
+def _spec(graph, index: int) -> TensorSpec:
     t = graph.tensors[index]
-    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
-            "scale": t.scale or 0.0, "zero_point": t.zero_point or 0}
+    return TensorSpec(t.name, tuple(t.shape), t.dtype, t.scale or 0.0, t.zero_point or 0)
 
 
 def write_plan(model: Path, cuts: Sequence[int], devices: Sequence[str], out: Path,
@@ -33,7 +35,7 @@ def write_plan(model: Path, cuts: Sequence[int], devices: Sequence[str], out: Pa
     assert len(ranges) == len(devices)
     out.mkdir(parents=True, exist_ok=True)
     written = iter(write_segments(graph, ranges, out))
-    stages: List[dict] = []
+    stages: List[Stage] = []
     for i, ((start, end), device) in enumerate(zip(ranges, devices)):
         ins, outs = graph.segment_io(start, end) if end > start else ([], [])
         passing = [t for t in graph.activations()
@@ -42,18 +44,15 @@ def write_plan(model: Path, cuts: Sequence[int], devices: Sequence[str], out: Pa
         if end == start:
             ins = outs = passing
         seg = next(written) if end > start else None
-        stages.append({
-            "index": i, "device": device,
-            "segment": seg.path.name if seg else None,
-            "ops": [start, end],
-            "param_bytes": {"on_chip": 0, "streamed": 0}, "macs": 0,
-            "inputs": [_spec(graph, t) for t in sorted(set(ins) | set(passing))],
-            "outputs": [_spec(graph, t) for t in sorted(set(outs) | set(passing))],
-            "predicted_ms": None if predicted_ms is None else predicted_ms[i],
-            "edgetpu": None,
-        })
-    plan = {"plan_version": 1, "model": {"file": model.name, "sha256": graph.sha256, "ops": len(graph.ops)},
-            "board": {"name": board, "version": 1}, "sram_bytes": 8388608, "rnn_ms": 0.0,
-            "stages": stages, "predicted": {}}
-    (out / "plan.json").write_text(json.dumps(plan, indent=1))
-    return out / "plan.json"
+        stages.append(Stage(
+            index=i, spec=parse_device(device),
+            segment=seg.path.resolve() if seg else None,
+            ops=(start, end),
+            inputs=tuple(_spec(graph, t) for t in sorted(set(ins) | set(passing))),
+            outputs=tuple(_spec(graph, t) for t in sorted(set(outs) | set(passing))),
+            predicted_ms=None if predicted_ms is None else predicted_ms[i],
+        ))
+    plan = Plan(path=None, board=board, model_file=model.name, model_sha256=graph.sha256,
+                stages=tuple(stages), rnn_ms=0.0, board_version=1, model_ops=len(graph.ops),
+                sram_bytes=8388608)
+    return write_plan_file(plan, out).path

@@ -109,10 +109,15 @@ def test_parse_log_reads_sizes_and_cpu_ops():
                      ).off_chip_bytes == 0
 
 
+def _written(result) -> dict:
+    """The plan.json the compile wrote, as JSON."""
+    return json.loads(result.plan_path.read_text())
+
+
 def test_compiles_each_tpu_segment_and_records_the_log(stand_in, tmp_path):
     board = _slow_cpu_board(tmp_path, "devboard-usb")
-    plan = compile_model(MODEL, board, tmp_path / "out", sram=20_000,
-                         min_runtime_version=13).plan
+    plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000,
+                                  min_runtime_version=13))
     calls = [json.loads(line) for line in stand_in.read_text().splitlines()]
     tpu_stages = [s for s in plan["stages"] if s["device"].startswith("tpu") and s["segment"]]
     assert len(calls) == len(tpu_stages) >= 1
@@ -131,8 +136,8 @@ def test_compiles_each_tpu_segment_and_records_the_log(stand_in, tmp_path):
 def test_warns_when_ops_fall_back_to_the_cpu(stand_in, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("STAND_IN_FALLBACK", "1")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
-        plan = compile_model(MODEL, _slow_cpu_board(tmp_path, "devboard"), tmp_path / "out",
-                             sram=20_000).plan
+        plan = _written(compile_model(MODEL, _slow_cpu_board(tmp_path, "devboard"),
+                                      tmp_path / "out", sram=20_000))
     stage = plan["stages"][0]
     assert stage["edgetpu"]["cpu_ops"][0]["op"] == "FULLY_CONNECTED"
     assert "left 1x FULLY_CONNECTED" in caplog.text
@@ -142,7 +147,7 @@ def test_without_the_compiler_segments_stay_uncompiled(tmp_path, monkeypatch, ca
     monkeypatch.setenv("PATH", str(tmp_path))
     board = _slow_cpu_board(tmp_path, "devboard-usb")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
-        plan = compile_model(MODEL, board, tmp_path / "out", sram=20_000).plan
+        plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000))
     assert plan["stages"][0]["segment"]
     for stage in plan["stages"][:2]:
         assert stage["edgetpu"]["compiled"] is False

@@ -8,7 +8,8 @@ import pytest
 
 from edgecap import planning
 from edgecap.bundle import load_bundle
-from edgecap_compile import compiler, edgetpu
+import edgecap_compile
+from edgecap_compile import compiler
 from edgecap_compile.errors import CompileError
 
 MODEL = Path(__file__).parent / "data" / "compile" / "tiny_inception.tflite"
@@ -28,10 +29,10 @@ def bundle(shipped_bundle):
 def test_fixed_ranges_replace_the_search(tmp_path):
     result = compiler.compile_model(MODEL, "rpi4-2usb", tmp_path, tpus=1,
                                     ranges=[(0, 21), (21, 21)])
-    stages = [(s["device"], s["ops"]) for s in result.plan["stages"]]
-    assert stages == [("tpu:0", [0, 21]), ("cpu", [21, 21])]
+    stages = [(s.device, s.ops) for s in result.plan.stages]
+    assert stages == [("tpu:0", (0, 21)), ("cpu", (21, 21))]
     best = compiler.compile_model(MODEL, "rpi4-2usb", tmp_path / "best", tpus=1)
-    assert best.plan["stages"][1]["ops"] != [21, 21]  # the search would not have chosen it
+    assert best.plan.stages[1].ops != (21, 21)  # the search would not have chosen it
 
 
 @pytest.mark.parametrize("ranges", [[(0, 21)], [(0, 10), (11, 21)], [(0, 10), (10, 20)],
@@ -53,7 +54,7 @@ def test_a_failed_compile_leaves_no_staging_folder(bundle, plan_cache, monkeypat
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(compiler, "compile_model", interrupted)
+    monkeypatch.setattr(edgecap_compile, "compile_model", interrupted)  # the runtime's door
     with pytest.raises(KeyboardInterrupt):
         planning.plan_for_board(bundle, "devboard-usb")
     assert plan_cache.is_dir() and list(plan_cache.iterdir()) == []
@@ -64,7 +65,7 @@ def test_the_cache_key_covers_the_tools(bundle, monkeypatch, change):
     first = planning.plan_for_board(bundle, "devboard-usb").path.parent
     assert planning.plan_for_board(bundle, "devboard-usb").path.parent == first
     if change == "edgetpu_compiler":
-        monkeypatch.setattr(edgetpu, "find_compiler", lambda: "/usr/bin/edgetpu_compiler")
+        monkeypatch.setattr(edgecap_compile, "find_compiler", lambda: "/usr/bin/edgetpu_compiler")
     elif change == "plan_version":
         monkeypatch.setattr(planning, "PLAN_VERSION", planning.PLAN_VERSION + 1)
     else:

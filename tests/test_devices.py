@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgecap import devices
-from edgecap.devices import DeviceSpec, list_devices, open_stage, parse_device
+from edgecap import devices, stages
+from edgecap.devices import DeviceSpec, list_devices, parse_device
+from edgecap.stages import open_stage
 from edgecap.errors import ConfigError, EdgecapError, PlanError
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.plan import load_plan
@@ -130,12 +131,12 @@ def test_emulation_needs_a_prediction(tmp_path: Path) -> None:
 @pytest.fixture
 def libedgetpu(monkeypatch):
     """Pretends libedgetpu.so.1 is installed (only the ctypes probe; the delegate is stubbed per test)."""
-    real = devices.ctypes.CDLL
+    real = stages.ctypes.CDLL
 
     def cdll(name, *args, **kwargs):
-        return object() if name == devices.EDGETPU_LIBRARY else real(name, *args, **kwargs)
+        return object() if name == stages.EDGETPU_LIBRARY else real(name, *args, **kwargs)
 
-    monkeypatch.setattr(devices.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(stages.ctypes, "CDLL", cdll)
 
 
 def test_missing_libedgetpu_is_one_line_before_load_delegate(monkeypatch) -> None:
@@ -145,10 +146,10 @@ def test_missing_libedgetpu_is_one_line_before_load_delegate(monkeypatch) -> Non
     def load_delegate(library, options):
         raise AssertionError("load_delegate must not run without the library")
 
-    monkeypatch.setattr(devices.ctypes, "CDLL", no_library)
-    monkeypatch.setattr(devices.interpreter, "load_delegate", load_delegate)
+    monkeypatch.setattr(stages.ctypes, "CDLL", no_library)
+    monkeypatch.setattr(stages.interpreter, "load_delegate", load_delegate)
     with pytest.raises(EdgecapError, match="usb:1: libedgetpu.so.1 not found; install") as err:
-        devices.load_edgetpu_delegate(parse_device("usb:1"))
+        stages.load_edgetpu_delegate(parse_device("usb:1"))
     assert "\n" not in str(err.value)
 
 
@@ -159,9 +160,9 @@ def test_delegate_failure_is_a_one_line_error(libedgetpu, monkeypatch) -> None:
         seen.update(options)
         raise ValueError(f"Failed to load delegate from {library}")
 
-    monkeypatch.setattr(devices.interpreter, "load_delegate", no_device)
+    monkeypatch.setattr(stages.interpreter, "load_delegate", no_device)
     with pytest.raises(EdgecapError, match="tpu:1: cannot open the EdgeTPU") as err:
-        devices.load_edgetpu_delegate(parse_device("tpu:1"))
+        stages.load_edgetpu_delegate(parse_device("tpu:1"))
     assert "\n" not in str(err.value)
     assert seen == {"device": ":1"}
 
@@ -170,8 +171,8 @@ def test_delegate_interpreter_failure_is_a_one_line_error(plan, libedgetpu, monk
     def interpreter_fails(model, delegates):
         raise RuntimeError("Encountered unresolved custom op: edgetpu-custom-op")
 
-    monkeypatch.setattr(devices.interpreter, "load_delegate", lambda library, options: object())
-    monkeypatch.setattr(devices.interpreter, "make_delegate_interpreter", interpreter_fails)
+    monkeypatch.setattr(stages.interpreter, "load_delegate", lambda library, options: object())
+    monkeypatch.setattr(stages.interpreter, "make_delegate_interpreter", interpreter_fails)
     stage = dataclasses.replace(plan.stages[0], compiled_segment=plan.stages[0].segment)
     with pytest.raises(EdgecapError, match="tpu:0: cannot run .* on the EdgeTPU") as err:
         open_stage(stage)
@@ -209,7 +210,7 @@ def test_uncompiled_segment_is_refused_on_a_real_edgetpu(plan, monkeypatch) -> N
     def load_delegate(library, options):
         raise AssertionError("no delegate may be loaded for an uncompiled segment")
 
-    monkeypatch.setattr(devices.interpreter, "load_delegate", load_delegate)
+    monkeypatch.setattr(stages.interpreter, "load_delegate", load_delegate)
     with pytest.raises(PlanError, match="stage 0 on tpu:0: .* not compiled by edgetpu_compiler") as err:
         open_stage(plan.stages[0])
     assert "\n" not in str(err.value)

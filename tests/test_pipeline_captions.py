@@ -12,7 +12,7 @@ import pytest
 
 from edgecap.bundle import load_bundle
 from edgecap.captioner import EdgeCaptioner
-from edgecap.devices import open_stage
+from edgecap.stages import open_stage
 from edgecap.plan import load_plan, single_cpu_plan
 from edgecap.preprocess import Preprocessor
 from edgecap.errors import ConfigError, PlanError

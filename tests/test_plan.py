@@ -74,7 +74,7 @@ def test_single_cpu_plan_of_a_non_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize("edit,message", [
     (lambda d: d.update(plan_version=2), "plan_version is 2"),
     (lambda d: d.update(stages=[]), "stages is empty"),
-    (lambda d: d.pop("board"), "'board' missing"),
+    (lambda d: d.pop("board"), "field 'board' is missing"),
     (lambda d: d["stages"][0].update(device="gpu:0"), r"stages\[0\]: device 'gpu:0' not understood"),
     (lambda d: d["stages"][1].update(index=5), "index is 5, expected 1"),
     (lambda d: d["stages"].reverse(), "index is 2, expected 0"),
@@ -85,21 +85,29 @@ def test_single_cpu_plan_of_a_non_model(tmp_path: Path) -> None:
     (lambda d: d["stages"][1].update(segment="../../etc/passwd"), "outside the plan directory"),
     (lambda d: d["stages"][1].update(ops=[1, 1]), "must have segment null"),
     (lambda d: d["stages"][2]["inputs"][0].update(name="renamed"), "reads renamed which stages"),
-    (lambda d: d["stages"][0]["inputs"][0].update(dtype="bfloat16"), "dtype 'bfloat16'"),
-    (lambda d: d["stages"][0].update(predicted_ms=-1), "predicted_ms must be a finite number >= 0"),
-    (lambda d: d["stages"][0].update(predicted_ms=float("nan")), "predicted_ms must be a finite number"),
-    (lambda d: d.update(rnn_ms="1"), "rnn_ms must be a finite number"),
-    (lambda d: d["model"].pop("sha256"), "model: field 'sha256' missing"),
-    (lambda d: d["stages"][1].update(index=True), "index is True, expected 1"),
-    (lambda d: d["stages"][0].update(ops=[False, 1]), "ops must be"),
-    (lambda d: d["stages"][0]["inputs"][0].update(shape=["a"]), "shape must be a list of sizes"),
-    (lambda d: d["stages"][0]["inputs"][0].update(shape=[1, True]), "shape must be a list of sizes"),
-    (lambda d: d["stages"][0]["inputs"][0].update(scale="abc"), r"inputs\[0\]: scale must be a finite"),
-    (lambda d: d["stages"][0]["outputs"][0].update(zero_point=1.5), "zero_point must be an integer"),
-    (lambda d: d["stages"][0].update(edgetpu="yes"), "edgetpu must be an object or null"),
-    (lambda d: d["stages"][0].update(edgetpu={"compiled": "yes"}), "'compiled' missing or not a bool"),
+    (lambda d: d["stages"][0]["inputs"][0].update(dtype="bfloat16"), "dtype': invalid enum value 'bfloat16'"),
+    (lambda d: d["stages"][0].update(predicted_ms=-1), "predicted_ms' must be float >= 0"),
+    (lambda d: d["stages"][0].update(predicted_ms=float("nan")), "predicted_ms' must be float >= 0"),
+    (lambda d: d.update(rnn_ms="1"), "field 'rnn_ms' must be float"),
+    (lambda d: d["model"].pop("sha256"), "field 'model.sha256' is missing"),
+    (lambda d: d["stages"][1].update(index=True), r"field 'stages\[1\].index' must be int, got bool"),
+    (lambda d: d["stages"][0].update(ops=[False, 1]), r"ops\[0\]' must be int, got bool"),
+    (lambda d: d["stages"][0]["inputs"][0].update(shape=["a"]), r"shape\[0\]' must be int, got str"),
+    (lambda d: d["stages"][0]["inputs"][0].update(shape=[1, True]), r"shape\[1\]' must be int, got bool"),
+    (lambda d: d["stages"][0]["inputs"][0].update(scale="abc"), r"inputs\[0\].scale' must be float"),
+    (lambda d: d["stages"][0]["outputs"][0].update(zero_point=1.5), "zero_point' must be int"),
+    (lambda d: d["stages"][0].update(edgetpu="yes"), r"edgetpu' must be object \| null"),
+    (lambda d: d["stages"][0].update(edgetpu={"compiled": "yes"}), "edgetpu.compiled' must be bool"),
     (lambda d: d["stages"][0].update(edgetpu={"compiled": True, "compiled_segment": 3}),
-     "'compiled_segment' missing or not a str"),
+     "edgetpu.compiled_segment' must be str"),
+    # Ranges, not only types (issue #7): absurd sizes and times, one device per stage.
+    (lambda d: d["stages"][0].update(predicted_ms=1e9), "predicted_ms' must be float <= 3600000"),
+    (lambda d: d["stages"][0].update(predicted_ms=float("inf")), "predicted_ms' must be float <= 3600000"),
+    (lambda d: d["stages"][0]["inputs"][0].update(shape=[1, 10**9]), r"shape\[1\]' must be int <= 1048576"),
+    (lambda d: d.update(sram_bytes=-1), "sram_bytes' must be int >= 0"),
+    (lambda d: d["stages"][1].update(device="tpu:0"), "both run on tpu:0; one stage per device"),
+    (lambda d: d["stages"][0].update(colour="red"), r"field 'stages\[0\].colour' is unknown"),
+    (lambda d: d["model"].update(ops=3), "the model has 3 ops"),
 ])
 def test_bad_plans_are_rejected_in_one_line(plan_dir: Path, edit, message: str) -> None:
     path = _edit(plan_dir, edit)
@@ -108,13 +116,25 @@ def test_bad_plans_are_rejected_in_one_line(plan_dir: Path, edit, message: str) 
     assert "\n" not in str(err.value)
 
 
-def test_fields_the_runtime_does_not_read_are_not_parsed(plan_dir: Path) -> None:
-    def edit(doc):
-        doc["board"]["version"] = "x"
-        doc.update(sram_bytes="x", predicted=[1])
-        doc["stages"][0].update(param_bytes="x", macs="x")
+@pytest.mark.parametrize("edit,field", [
+    (lambda d: d["board"].update(version="x"), "board.version"),
+    (lambda d: d.update(sram_bytes="x"), "sram_bytes"),
+    (lambda d: d.update(predicted=[1]), "predicted"),
+    (lambda d: d["stages"][0].update(param_bytes="x"), r"stages\[0\].param_bytes"),
+    (lambda d: d["stages"][0].update(macs=-5), r"stages\[0\].macs"),
+])
+def test_fields_the_compiler_writes_are_checked_too(plan_dir: Path, edit, field: str) -> None:
+    # The runtime's Plan carries every field now (the compiler builds it), so none goes unchecked.
+    with pytest.raises(PlanError, match=f"field '{field}'"):
+        load_plan(_edit(plan_dir, edit))
 
-    assert load_plan(_edit(plan_dir, edit)).board == "test"
+
+def test_a_written_plan_reads_back_equal(plan_dir: Path, tmp_path: Path) -> None:
+    from edgecap.plan import write_plan as write_plan_file
+
+    plan = load_plan(plan_dir)
+    again = load_plan(write_plan_file(plan, plan_dir).path)
+    assert again == plan
 
 
 def test_compiled_segment_is_read_when_compiled(plan_dir: Path) -> None:
@@ -132,7 +152,7 @@ def test_missing_and_unreadable_plans(tmp_path: Path) -> None:
         load_plan(tmp_path / "nope.json")
     bad = tmp_path / "plan.json"
     bad.write_text("{not json")
-    with pytest.raises(PlanError, match="not readable JSON"):
+    with pytest.raises(PlanError, match="not valid JSON"):
         load_plan(bad)
 
 

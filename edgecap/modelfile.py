@@ -1,0 +1,111 @@
+"""What a .tflite file is at its boundary, read once: tensors, operator count and SHA-256.
+
+A bundle's loader opens each model once to validate it and records a
+``ModelFile``; plans, the captioner and the compiler's cache key read that
+record instead of opening or hashing the file again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+from edgecap.interpreter import make_cpu_interpreter
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor at a model or stage boundary, named as in the source model.
+
+    ``scale`` and ``zero_point`` are 0 for a tensor that is not quantized.
+    """
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    scale: float
+    zero_point: int
+
+    @classmethod
+    def from_details(cls, d: Dict[str, Any]) -> "TensorSpec":
+        """Returns the spec of an interpreter's input or output detail dict."""
+        scale, zero_point = d["quantization"]
+        return cls(
+            name=d["name"],
+            shape=tuple(int(x) for x in d["shape"]),
+            dtype=d["dtype"].__name__,
+            scale=float(scale),
+            zero_point=int(zero_point),
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        """Returns the tensor as plan.json writes it (docs/plan.md)."""
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "scale": self.scale, "zero_point": self.zero_point}
+
+    @property
+    def quantization(self) -> Tuple[float, int]:
+        """``(scale, zero_point)`` as interpreter details carry it."""
+        return self.scale, self.zero_point
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A .tflite file as its interpreter saw it.
+
+    Attributes:
+      path: The file, absolute.
+      sha256: Hex SHA-256 of its bytes.
+      ops: Operators of its main subgraph (delegate nodes not counted).
+      inputs: Its input tensors.
+      outputs: Its output tensors.
+    """
+
+    path: Path
+    sha256: str
+    ops: int
+    inputs: Tuple[TensorSpec, ...]
+    outputs: Tuple[TensorSpec, ...]
+
+
+def inspect_model(path: "str | os.PathLike[str]", data: bytes, interp: Any) -> ModelFile:
+    """Records what an opened model holds.
+
+    Args:
+      path: The model file.
+      data: Its bytes (hashed here; the caller read them once for the interpreter too).
+      interp: An allocated interpreter of those bytes.
+
+    Returns:
+      The ``ModelFile``.
+    """
+    # The model's own nodes come first; the delegates the backend applied are appended.
+    ops = sum(1 for op in interp._get_ops_details() if op["op_name"] != "DELEGATE")
+    return ModelFile(
+        path=Path(path).resolve(),
+        sha256=hashlib.sha256(data).hexdigest(),
+        ops=ops,
+        inputs=tuple(TensorSpec.from_details(d) for d in interp.get_input_details()),
+        outputs=tuple(TensorSpec.from_details(d) for d in interp.get_output_details()),
+    )
+
+
+def open_model(path: "str | os.PathLike[str]") -> Tuple[ModelFile, Any]:
+    """Reads a .tflite file once, opens it on the CPU and records it.
+
+    Args:
+      path: The model file.
+
+    Returns:
+      ``(ModelFile, interpreter)``; the interpreter is for the caller's checks.
+
+    Raises:
+      OSError: If the file cannot be read.
+      ValueError, RuntimeError: If the interpreter rejects it.
+    """
+    data = Path(path).read_bytes()
+    interp = make_cpu_interpreter(data)
+    return inspect_model(path, data, interp), interp

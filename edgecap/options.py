@@ -1,0 +1,138 @@
+"""How a captioner runs: one frozen record of options, checked once when it is made.
+
+``EdgeCaptioner``, the CLI and the benchmark all build a ``CaptionerOptions``;
+nothing downstream re-checks a value it holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+from edgecap.bundle import WindowSpec
+from edgecap.errors import ConfigError
+from edgecap.plan import Plan
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Bounds that no real window reaches; past them a value is a typo.
+MAX_WINDOW_FRAMES = 10_000
+MAX_SAMPLE_FPS = 10_000.0
+MAX_QUEUE = 1024
+
+
+@dataclass(frozen=True)
+class CaptionerOptions:
+    """Options of an ``EdgeCaptioner``.
+
+    Attributes:
+      plan: A plan.json (or its directory) from ``edgecap compile``, or a loaded
+        ``Plan``. None plans on the fly (see ``board``).
+      board: With no plan: ``auto`` runs the whole encoder on the CPU; a board
+        profile name (e.g. ``devboard-usb``) plans for that board with the
+        compiler (``edgecap_compile``, imported only then).
+      emulate: Run TPU stages on emulated EdgeTPUs (``emu-tpu:N``) and pace the
+        CPU stage to the board's predicted time. None: emulate when the plan
+        has more TPU stages than EdgeTPUs are attached.
+      devices_map: Plan device -> device to run it on, e.g. ``{"tpu:0": "cpu:1"}``
+        (any spelling ``parse_device`` reads); overrides ``emulate`` for those
+        devices. Each device needs a worker of its own: ``cpu`` is the last
+        stage's and the RNN step's.
+      timing_only: Emulated stages compute nothing (zero outputs): for
+        scheduler benchmarks; captions are then meaningless.
+      pipelined: Run each device on its own thread; False runs every step in
+        the calling thread, one frame at a time (the sequential path).
+      queue_size: Hand-offs each queue between devices holds.
+      batch: Frames of a file source handed between devices at once. A
+        hand-off costs tens of microseconds of CPU, which matters only when
+        stages take well under a millisecond; a camera's newest frame is
+        always handed over alone.
+      frames: Sampled frames per window (default: the bundle's).
+      stride: Sampled frames between window starts (default: the bundle's).
+      sample_fps: Rate frames are sampled from sources; 0 keeps every frame
+        (default: the bundle's).
+      num_threads: CPU threads of each CPU encoder stage's interpreter
+        (default: the physical cores); the RNN step models use one.
+      reference_encoder: Use the bundle's float reference encoder instead of
+        the int8 one (for measuring quantisation loss); CPU only.
+      trace: Write a Chrome trace-event JSON of the runs here (on ``close()``
+        and after each stream).
+
+    Raises:
+      ConfigError: If a value is out of range (checked when the record is made).
+    """
+
+    plan: Union[None, PathLike, Plan] = None
+    board: str = "auto"
+    emulate: Optional[bool] = None
+    devices_map: Mapping[str, str] = field(default_factory=dict)
+    timing_only: bool = False
+    pipelined: bool = True
+    queue_size: int = 2
+    batch: int = 1
+    frames: Optional[int] = None
+    stride: Optional[int] = None
+    sample_fps: Optional[float] = None
+    num_threads: Optional[int] = None
+    reference_encoder: bool = False
+    trace: Optional[PathLike] = None
+
+    def __post_init__(self) -> None:
+        for name in ("frames", "stride"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and 0 < value <= MAX_WINDOW_FRAMES):
+                raise ConfigError(f"{name} {value}: frames and stride must be whole numbers "
+                                  f"from 1 to {MAX_WINDOW_FRAMES}")
+        fps = self.sample_fps
+        if fps is not None and not (isinstance(fps, (int, float)) and not isinstance(fps, bool)
+                                    and math.isfinite(fps) and 0 <= fps <= MAX_SAMPLE_FPS):
+            raise ConfigError(f"sample_fps {fps}: make the sample fps a finite number from 0 "
+                              f"(every frame) to {MAX_SAMPLE_FPS:g}")
+        if self.num_threads is not None and not (_is_int(self.num_threads) and self.num_threads >= 1):
+            raise ConfigError(f"{self.num_threads} threads: use 1 or more (leave it out for one per "
+                              "physical core)")
+        if not (_is_int(self.queue_size) and 1 <= self.queue_size <= MAX_QUEUE):
+            raise ConfigError(f"queue_size {self.queue_size}: each queue must hold from 1 to "
+                              f"{MAX_QUEUE} frames")
+        if not (_is_int(self.batch) and 1 <= self.batch <= MAX_QUEUE):
+            raise ConfigError(f"batch {self.batch}: hand over at least 1 frame (at most "
+                              f"{MAX_QUEUE}) at a time")
+        if self.reference_encoder and (self.plan is not None or self.board != "auto"):
+            raise ConfigError("reference_encoder runs on the CPU only; drop plan and board")
+        if self.trace is not None:
+            trace = Path(self.trace)
+            if trace.is_dir() or not trace.parent.is_dir():
+                raise ConfigError(f"trace {trace}: not a file in an existing directory; "
+                                  "choose a writable path")
+            if not os.access(trace.parent, os.W_OK):
+                raise ConfigError(f"trace {trace}: {trace.parent} is not writable; choose a "
+                                  "writable path")
+
+    def with_overrides(self, **overrides: Any) -> "CaptionerOptions":
+        """Returns a copy with the given options replaced (and checked).
+
+        Raises:
+          ConfigError: If an option is unknown or out of range.
+        """
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown captioner option {', '.join(unknown)}; the options are "
+                              f"{', '.join(sorted(known))}")
+        return dataclasses.replace(self, **overrides)
+
+    def window(self, bundle_window: WindowSpec) -> WindowSpec:
+        """Returns the bundle's window with this record's overrides applied."""
+        return WindowSpec(
+            frames=bundle_window.frames if self.frames is None else self.frames,
+            stride=bundle_window.stride if self.stride is None else self.stride,
+            sample_fps=bundle_window.sample_fps if self.sample_fps is None else float(self.sample_fps),
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
