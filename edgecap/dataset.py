@@ -13,13 +13,20 @@ annotation that only the synthetic generator writes (models/README.md).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
+import msgspec
+
+from edgecap import schema
 from edgecap.errors import ConfigError
+
+try:
+    from typing import Annotated
+except ImportError:  # pragma: no cover - Python < 3.9 is not supported
+    from typing_extensions import Annotated  # type: ignore[assignment]
 
 
 @dataclass
@@ -69,6 +76,18 @@ class Dataset:
         return {cid: self.captions[cid] for cid in self.splits[name]}
 
 
+class _OrientationDoc(msgspec.Struct, forbid_unknown_fields=True):
+    period_deg: Annotated[float, msgspec.Meta(gt=0.0, le=360.0)]
+    angles_deg: List[Annotated[float, msgspec.Meta(ge=-1e9, le=1e9)]]
+
+
+class _IndexDoc(msgspec.Struct, forbid_unknown_fields=True):
+    clips: Dict[schema.Name, List[str]]
+    splits: Optional[Dict[schema.Name, List[schema.Name]]] = None
+    fps: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]] = None
+    orientation: Dict[schema.Name, _OrientationDoc] = {}
+
+
 def read_dataset(root: Union[str, "os.PathLike[str]"]) -> Dataset:
     """Reads a dataset in the layout above.
 
@@ -84,23 +103,18 @@ def read_dataset(root: Union[str, "os.PathLike[str]"]) -> Dataset:
     """
     root = Path(root)
     path = root / "captions.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        captions = {str(k): [str(c) for c in v] for k, v in meta["clips"].items()}
-        splits = {str(k): [str(c) for c in v]
-                  for k, v in (meta.get("splits") or {"test": list(captions)}).items()}
-        fps = float(meta["fps"]) if meta.get("fps") else None
-        orientation = dict(meta.get("orientation") or {})
-    except FileNotFoundError:
+    if not path.exists():
         raise ConfigError(f"{path}: missing: a dataset directory holds captions.json and "
-                          "clips/ (python -m models.dataset DIR writes one)") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"{path}: malformed dataset index ({e}): see models/README.md") from None
+                          "clips/ (python -m models.dataset DIR writes one)")
+    doc = schema.read_file(path, _IndexDoc, error=ConfigError,
+                           fix="fix the malformed dataset index (layout: models/README.md)",
+                           what="dataset index")
+    captions = dict(doc.clips)
+    splits = dict(doc.splits) if doc.splits is not None else {"test": list(captions)}
+    orientation = {k: msgspec.structs.asdict(v) for k, v in doc.orientation.items()}
     for name, ids in splits.items():
         unknown = [cid for cid in ids if cid not in captions]
         if unknown:
             raise ConfigError(f"{path}: split '{name}' lists clip '{unknown[0]}' that \"clips\" "
                               "does not caption: add its captions or drop it from the split")
-    return Dataset(root, captions, splits, fps, orientation)
+    return Dataset(root, captions, splits, doc.fps or None, orientation)
