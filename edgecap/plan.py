@@ -269,14 +269,8 @@ def load_plan(path: "str | os.PathLike[str]") -> Plan:
     path = Path(path)
     if path.is_dir():
         path = path / PLAN_FILE
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such plan; write one with `edgecap compile`") from None
-    except PermissionError:
-        raise PlanError(f"{path}: permission denied; make the plan readable by this user") from None
-    except OSError as exc:
-        raise PlanError(f"{path}: not readable ({exc.strerror or exc}); {_FIX}") from None
+    data = schema.read_bytes(path, what="plan", fix=_FIX, error=PlanError,
+                             missing_fix="write one with `edgecap compile`")
     where = str(path)
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).plan_version

@@ -133,6 +133,39 @@ def decode(
     raise error(f"{where}: not valid JSON (NaN or Infinity where a number belongs); {fix}")
 
 
+def read_bytes(
+    path: "str | os.PathLike[str]", *, what: str, fix: str,
+    error: Type[EdgecapError] = EdgecapError, missing_fix: Optional[str] = None,
+) -> bytes:
+    """Reads a file that a contract names, turning every OS failure into one line.
+
+    Args:
+      path: The file.
+      what: What the file is ("plan", "board profile", ...), for messages.
+      fix: What the user should do about an unreadable file.
+      error: The ``EdgecapError`` subclass to raise.
+      missing_fix: What to do when it does not exist (default: ``fix``).
+
+    Returns:
+      The file's bytes.
+
+    Raises:
+      error: If the file is missing, a directory, or unreadable (permission
+        denied is named as such).
+    """
+    path = Path(path)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}; {missing_fix or fix}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, not a {what}; {fix}") from None
+    except PermissionError:
+        raise error(f"{path}: permission denied; make the {what} readable by this user") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror or exc}); {fix}") from None
+
+
 def read_file(
     path: "str | os.PathLike[str]", type_: Type[T], *, fix: str,
     error: Type[EdgecapError] = EdgecapError, what: str = "file",
@@ -144,7 +177,7 @@ def read_file(
       type_: The schema type.
       fix: What the user should do about a malformed file.
       error: The ``EdgecapError`` subclass to raise.
-      what: What the file is, for the "missing" message.
+      what: What the file is, for messages.
 
     Returns:
       The typed value.
@@ -152,17 +185,7 @@ def read_file(
     Raises:
       error: If the file is missing, unreadable (named as such) or malformed.
     """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{path}: no such {what}; {fix}") from None
-    except IsADirectoryError:
-        raise error(f"{path}: is a directory, not a {what}; {fix}") from None
-    except PermissionError:
-        raise error(f"{path}: permission denied; make the {what} readable by this user") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read ({exc.strerror or exc}); {fix}") from None
+    data = read_bytes(path, what=what, fix=fix, error=error)
     return decode(data, type_, where=str(path), fix=fix, error=error)
 
 
