@@ -20,10 +20,12 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import msgspec
 import numpy as np
 
+from edgecap import schema
 from edgecap.devices import load_edgetpu_delegate, parse_device
 from edgecap.errors import EdgecapError
 from edgecap.interpreter import make_delegate_interpreter
@@ -261,36 +263,47 @@ def save_calibration(calibration: Calibration, path: Union[str, os.PathLike]) ->
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
+class _Coefficients(msgspec.Struct, forbid_unknown_fields=True):
+    # A coefficient left out (or null: the CPU's link) keeps the profile's value.
+    macs_per_s: Optional[schema.Rate] = None
+    elements_per_s: Optional[schema.Rate] = None
+    op_overhead_ms: Optional[schema.Millis] = None
+    invoke_overhead_ms: Optional[schema.Millis] = None
+    link_bytes_per_s: Optional[schema.Rate] = None
+
+
+class _CalibrationFile(msgspec.Struct, forbid_unknown_fields=True):
+    calibration_version: int
+    board: schema.Name
+    device: schema.Name
+    coefficients: _Coefficients
+    # What the fit saw, for people; the compiler does not read them.
+    threads: Optional[schema.Positive] = None
+    error: Optional[Dict[str, Any]] = None
+    samples: Optional[List[Dict[str, Any]]] = None
+
+
 def apply_calibration(board: Board, path: Union[str, os.PathLike]) -> Board:
     """Returns ``board`` with the calibrated device's coefficients from a calibration file.
 
     Raises:
-      CompileError: If the file is unreadable, malformed, or for another board or device.
+      CompileError: If the file is unreadable or malformed (a missing, unknown or
+        mistyped field, a rate that is not positive and finite), of another
+        version, or for another board or device: one line naming the file and field.
     """
-    try:
-        data = json.loads(Path(path).read_text())
-        version = data["calibration_version"]
-        name = data["device"]
-        coefficients = data["coefficients"]
-        board_name = data["board"]
-    except OSError as e:
-        raise CompileError(f"cannot read calibration {path}: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise CompileError(f"calibration {path} is malformed ({e}); "
-                           "write it with `edgecap calibrate`") from None
-    if version != CALIBRATION_VERSION:
-        raise CompileError(f"calibration {path} has version {version}; "
+    doc = schema.read_file(path, _CalibrationFile, error=CompileError, what="calibration file",
+                           fix="write it with `edgecap calibrate`")
+    if doc.calibration_version != CALIBRATION_VERSION:
+        raise CompileError(f"calibration {path} has version {doc.calibration_version}; "
                            f"this compiler reads {CALIBRATION_VERSION}")
-    if board_name != board.name:
-        raise CompileError(f"calibration {path} is for board {board_name}, not {board.name}")
+    if doc.board != board.name:
+        raise CompileError(f"calibration {path} is for board {doc.board}, not {board.name}")
     devices = {d.name: d for d in [board.cpu, *board.tpus]}
-    if name not in devices:
-        raise CompileError(f"calibration {path} is for device {name}, which board "
+    if doc.device not in devices:
+        raise CompileError(f"calibration {path} is for device {doc.device}, which board "
                            f"{board.name} lacks")
-    try:
-        fields = {k: float(v) for k, v in coefficients.items() if k in _NAMES and v is not None}
-    except (TypeError, ValueError) as e:
-        raise CompileError(f"calibration {path} has a non-numeric coefficient: {e}") from None
-    if name == "cpu":
-        fields.pop("link_bytes_per_s", None)
-    return board.with_device(dataclasses.replace(devices[name], **fields))
+    fields = {name: getattr(doc.coefficients, name) for name in _NAMES
+              if getattr(doc.coefficients, name) is not None}
+    if doc.device == "cpu":
+        fields.pop("link_bytes_per_s", None)  # the CPU has no link
+    return board.with_device(dataclasses.replace(devices[doc.device], **fields))

@@ -84,7 +84,11 @@ def test_calibrate_on_this_cpu_then_compile_with_it(tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert saved["board"] == "host" and saved["device"] == "cpu"
     assert len(saved["samples"]) == 16 and all(s["measured_ms"] > 0 for s in saved["samples"])
-    assert saved["error"]["all"]["mean_abs_rel"] >= 0
+    # The reported fit error is the samples' mean relative error of prediction.
+    relative = [abs(s["predicted_ms"] - s["measured_ms"]) / s["measured_ms"]
+                for s in saved["samples"]]
+    assert saved["error"]["all"]["mean_abs_rel"] == pytest.approx(np.mean(relative), rel=1e-9)
+    assert saved["error"]["all"]["max_abs_rel"] == pytest.approx(max(relative), rel=1e-9)
     assert "fit error over 16 segments" in capsys.readouterr().out
     # The calibrated coefficients are what the compiler predicts with.
     calibrated = apply_calibration(load_board("host"), out).cpu
