@@ -291,8 +291,12 @@ def apply_calibration(board: Board, path: Union[str, os.PathLike]) -> Board:
         mistyped field, a rate that is not positive and finite), of another
         version, or for another board or device: one line naming the file and field.
     """
-    doc = schema.read_file(path, _CalibrationFile, error=CompileError, what="calibration file",
-                           fix="write it with `edgecap calibrate`")
+    fix = "write it with `edgecap calibrate`"
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise CompileError(f"cannot read calibration {path}: {e.strerror or e}; {fix}") from None
+    doc = schema.decode(data, _CalibrationFile, where=str(path), fix=fix, error=CompileError)
     if doc.calibration_version != CALIBRATION_VERSION:
         raise CompileError(f"calibration {path} has version {doc.calibration_version}; "
                            f"this compiler reads {CALIBRATION_VERSION}")
