@@ -15,7 +15,6 @@ drive below zero is zero). The result is a JSON file that
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass
@@ -250,17 +249,16 @@ def save_calibration(calibration: Calibration, path: Union[str, os.PathLike]) ->
     """Writes a calibration file that ``edgecap compile --calibration`` reads."""
     d = calibration.device
     c = d.coefficients()
-    data = {
-        "calibration_version": CALIBRATION_VERSION,
-        "board": calibration.board,
-        "device": d.name,
-        "threads": calibration.threads,
-        "coefficients": {name: getattr(d, name) for name in _NAMES},
-        "error": calibration.error,
-        "samples": [dict(asdict(s), predicted_ms=float(s.terms() @ c))
-                    for s in calibration.samples],
-    }
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    doc = _CalibrationFile(
+        calibration_version=CALIBRATION_VERSION,
+        board=calibration.board,
+        device=d.name,
+        coefficients=_Coefficients(**{name: getattr(d, name) for name in _NAMES}),
+        threads=calibration.threads,
+        error=calibration.error,
+        samples=[dict(asdict(s), predicted_ms=float(s.terms() @ c)) for s in calibration.samples],
+    )
+    Path(path).write_bytes(schema.encode(doc))
 
 
 class _Coefficients(msgspec.Struct, forbid_unknown_fields=True):
