@@ -7,14 +7,22 @@ full int8, cached by ``keras_zoo``) on the ``devboard-usb`` and ``rpi4-2usb``
 profiles (2 TPUs + CPU): the predicted bottleneck, fps and latency of our plan,
 of the equal-parameter split ``edgetpu_compiler --num_segments 2`` makes, of
 the whole model on one TPU, and of the exhaustive optimum, all under the same
-cost model. It also chains the written segments against the whole model on
-random inputs (bit-exactness) and times ``edgecap compile`` on ResNet50.
-Writes docs/compile-benchmark.json and docs/compile-benchmark.md.
+cost model. The CPU stage carries the RNN encoder step as the runtime runs it:
+the demo bundle's step model (its time estimated on each board's CPU, as
+``edgecap compile`` does), once per open window (8-frame windows at stride 2 by
+default: 4 steps a frame); each row also gives our split without the RNN. It
+chains the written segments against the whole model on random inputs
+(bit-exactness) and times ``edgecap compile`` on ResNet50. Writes
+docs/compile-benchmark.json and docs/compile-benchmark.md.
+
+The models are generated once with TensorFlow (``python -m edgecap_compile.keras_zoo``);
+without TensorFlow and without the cached models it exits 2 with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -24,21 +32,28 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from edgecap.errors import EdgecapError
 from edgecap.interpreter import make_cpu_interpreter
+from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import load_board
-from edgecap_compile.compiler import compile_model
+from edgecap_compile.compiler import compile_model, rnn_step_ms
 from edgecap_compile.cost_model import CostModel
+from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import read_graph
-from edgecap_compile.keras_zoo import ARCHITECTURES, model_path
+from edgecap_compile.keras_zoo import ARCHITECTURES, cache_dir, model_path
 from edgecap_compile.partitioner import Partition, equal_param_split, evaluate, exhaustive, partition
 from edgecap_compile.segments import build_segment
 
 BOARDS = ("devboard-usb", "rpi4-2usb")
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+RNN_STEP = REPO / "models" / "demo" / "bundle" / "rnn_encoder_step.tflite"
+# The issue's case: 8-frame windows every 2 sampled frames, 4 RNN steps a frame.
+WINDOW = (8, 2)
 
 
 def _summary(split: Partition) -> dict:
@@ -94,15 +109,49 @@ def time_cli_compile(model: Path, board: str, runs: int = 3) -> List[float]:
     return times
 
 
-def benchmark(models: List[str], boards: List[str]) -> dict:
-    """Runs the comparison; returns the JSON document."""
+def require_models(models: List[str]) -> None:
+    """Checks that the models are cached or can be generated.
+
+    Raises:
+      CompileError: If a model is missing and TensorFlow (Keras) is not installed.
+    """
+    if importlib.util.find_spec("keras") is not None:
+        return
+    missing = []
+    for name in models:
+        try:
+            model_path(name, generate=False)
+        except FileNotFoundError:
+            missing.append(name)
+    if missing:
+        raise CompileError(
+            f"benchmark models {', '.join(missing)} are not in {cache_dir()} and TensorFlow is "
+            "not installed; pip install 'edgecap[train]' and run "
+            "`python -m edgecap_compile.keras_zoo` once")
+
+
+def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = RNN_STEP,
+              window: Tuple[int, int] = WINDOW) -> dict:
+    """Runs the comparison; returns the JSON document.
+
+    Args:
+      models: Keys of ``keras_zoo.ARCHITECTURES``.
+      boards: Board profile names.
+      rnn_step: RNN encoder step model the CPU stage carries (None: no RNN).
+      window: ``(frames, stride)``: the CPU stage carries the step once per open window.
+    """
     rows = []
+    rnn = {}
+    for board_name in boards:
+        rnn[board_name] = rnn_step_ms(rnn_step, load_board(board_name)) if rnn_step else 0.0
     for name in models:
         path = model_path(name)
         graph = read_graph(path)
         for board_name in boards:
             board = load_board(board_name)
-            model = CostModel(graph, [*board.tpus, board.cpu])
+            model = CostModel(graph, [*board.tpus, board.cpu], rnn[board_name], window=window)
+            without_rnn = partition([CostModel(graph, model.devices).matrix(k)
+                                     for k in range(len(model.devices))])
             costs = [model.matrix(k) for k in range(len(model.devices))]
             start = time.perf_counter()
             ours = partition(costs)
@@ -115,13 +164,15 @@ def benchmark(models: List[str], boards: List[str]) -> dict:
             n = len(graph.ops)
             one_tpu = evaluate(costs, (0, n) + (n,) * len(board.tpus))
             with tempfile.TemporaryDirectory() as out:
-                compile_model(path, board_name, out)
+                compile_model(path, board_name, out, ranges=ours.ranges)
                 exact = chain_matches(path, Path(out))
             rows.append({
                 "model": name, "board": board_name, "ops": n, "tpus": len(board.tpus),
                 "macs": int(sum(op.macs for op in graph.ops)),
                 "param_bytes": int(prefix[-1]),
-                "ours": _summary(ours), "equal_param": _summary(equal),
+                "rnn_frame_ms": round(model.rnn_frame_ms, 4),
+                "ours": _summary(ours), "ours_without_rnn": _summary(without_rnn),
+                "equal_param": _summary(equal),
                 "one_tpu": _summary(one_tpu), "exhaustive": _summary(best),
                 "ours_over_equal": round(ours.bottleneck_ms / equal.bottleneck_ms, 4),
                 "ours_is_optimal": bool(abs(ours.bottleneck_ms - best.bottleneck_ms)
@@ -131,7 +182,8 @@ def benchmark(models: List[str], boards: List[str]) -> dict:
                 "partition_s": round(dp_s, 5), "exhaustive_s": round(brute_s, 4),
                 "bit_exact": exact,
             })
-            print(f"{name:15s} {board_name:13s} ours {ours.bottleneck_ms:7.2f} ms  "
+            print(f"{name:15s} {board_name:13s} ours {ours.bottleneck_ms:7.2f} ms "
+                  f"(without RNN {without_rnn.bottleneck_ms:7.2f} ms)  "
                   f"equal-param {equal.bottleneck_ms:7.2f} ms  ratio "
                   f"{rows[-1]['ours_over_equal']:.3f}  optimal {rows[-1]['ours_is_optimal']}  "
                   f"bit-exact {exact}", flush=True)
@@ -143,7 +195,12 @@ def benchmark(models: List[str], boards: List[str]) -> dict:
         "host": {"machine": platform.machine(), "python": platform.python_version(),
                  "cpus": os.cpu_count()},
         "boards": {b: load_board(b).version for b in boards},
-        "rnn_ms": 0.0,
+        "rnn": {"step_model": (rnn_step.relative_to(REPO).as_posix()
+                               if rnn_step and rnn_step.is_relative_to(REPO) else
+                               str(rnn_step) if rnn_step else None),
+                "step_ms": {b: round(ms, 4) for b, ms in rnn.items()},
+                "window": {"frames": window[0], "stride": window[1]},
+                "steps_per_frame": windows_per_frame(*window)},
         "baseline": "equal_param: N TPU segments of about equal parameter bytes over the whole "
                     "model, CPU stage without CNN ops (edgetpu_compiler --num_segments N)",
         "rows": rows,
@@ -152,34 +209,49 @@ def benchmark(models: List[str], boards: List[str]) -> dict:
     }
 
 
+def _rnn_line(rnn: dict) -> str:
+    if not rnn["step_model"]:
+        return "no RNN charge"
+    w = rnn["window"]
+    steps = ", ".join(f"{b} {ms:.3f} ms" for b, ms in rnn["step_ms"].items())
+    return (f"the CPU stage carries the RNN encoder step `{rnn['step_model']}` "
+            f"(per step, cost model on the board's CPU: {steps}) once per open window: "
+            f"{w['frames']}-frame windows at stride {w['stride']}, "
+            f"{rnn['steps_per_frame']:g} steps a frame")
+
+
 def markdown(doc: dict) -> str:
     """Renders the benchmark document as a markdown table with its goals."""
     lines = [
         "# Compiler benchmark",
         "",
         f"`{doc['command']}` on {doc['date']} ({doc['host']['machine']}, "
-        f"{doc['host']['cpus']} CPUs). Predicted by the cost model of each board profile "
-        "(compile/boards/*.json); 2 TPUs + CPU tail; no RNN charge (`rnn_ms` 0). Models: Keras "
-        "architectures with random weights, full int8, 224x224 input, cached by "
+        f"{doc['host']['cpus']} CPUs). Modelled: predicted by the cost model of each board "
+        f"profile (compile/boards/*.json); 2 TPUs + CPU tail; {_rnn_line(doc['rnn'])}. Models: "
+        "Keras architectures with random weights, full int8, 224x224 input, cached by "
         "`python -m edgecap_compile.keras_zoo`.",
         "",
         "- **ours**: `edgecap compile` (exact DP on the bottleneck, tie-break on latency).",
+        "- **RNN ms/frame**: what the CPU stage carries for the RNN step; **without RNN**: our "
+        "cuts and bottleneck when the CPU stage carries none (how the RNN moves the split).",
         "- **equal-param**: " + doc["baseline"] + ".",
         "- **1 TPU**: whole model on tpu:0, no split.",
         "- **optimum**: brute force over all cut points under the same cost model.",
         "- **bit-exact**: the written segments chained by tensor name give the whole model's "
         "output and every boundary tensor bit for bit on 3 random int8 inputs.",
         "",
-        "| model | board | ours: cuts | ours: bottleneck ms | fps | latency ms | equal-param: "
+        "| model | board | RNN ms/frame | ours: cuts | ours: bottleneck ms | fps | latency ms | "
+        "without RNN: cuts | bottleneck ms | equal-param: "
         "bottleneck ms | fps | ours / equal-param | 1 TPU ms | optimum ms | ours = optimum | "
         "bit-exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
-        o, e = r["ours"], r["equal_param"]
+        o, e, w = r["ours"], r["equal_param"], r["ours_without_rnn"]
         lines.append(
-            f"| {r['model']} | {r['board']} | {o['cuts']} | {o['bottleneck_ms']:.2f} | "
-            f"{o['fps']:.1f} | {o['latency_ms']:.2f} | {e['bottleneck_ms']:.2f} | {e['fps']:.1f} "
+            f"| {r['model']} | {r['board']} | {r['rnn_frame_ms']:.2f} | {o['cuts']} | "
+            f"{o['bottleneck_ms']:.2f} | {o['fps']:.1f} | {o['latency_ms']:.2f} | {w['cuts']} | "
+            f"{w['bottleneck_ms']:.2f} | {e['bottleneck_ms']:.2f} | {e['fps']:.1f} "
             f"| {r['ours_over_equal']:.3f} | {r['one_tpu']['bottleneck_ms']:.2f} | "
             f"{r['exhaustive']['bottleneck_ms']:.2f} | {'yes' if r['ours_is_optimal'] else 'NO'} "
             f"| {'yes' if r['bit_exact'] else 'NO'} |")
@@ -205,12 +277,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Runs the benchmark and writes the JSON and markdown files."""
     parser = argparse.ArgumentParser(prog="python -m edgecap_compile.benchmark",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(ARCHITECTURES))
+    parser.add_argument("--models", nargs="+", default=list(ARCHITECTURES),
+                        choices=list(ARCHITECTURES))
     parser.add_argument("--boards", nargs="+", default=list(BOARDS))
+    parser.add_argument("--rnn-step", default=str(RNN_STEP),
+                        help="RNN encoder step .tflite the CPU stage carries, or 'none' "
+                             "(default: the demo bundle's)")
+    parser.add_argument("--window", nargs=2, type=int, default=list(WINDOW),
+                        metavar=("FRAMES", "STRIDE"),
+                        help="the CPU stage carries the RNN step once per open window "
+                             "(default: %(default)s)")
     parser.add_argument("--out", default=str(DOCS / "compile-benchmark"),
                         help="path prefix of the .json and .md written")
     args = parser.parse_args(argv)
-    doc = benchmark(args.models, args.boards)
+    rnn_step = None if args.rnn_step == "none" else Path(args.rnn_step)
+    if rnn_step is not None and not rnn_step.is_file():
+        raise CompileError(f"no RNN step model {rnn_step}; pass --rnn-step PATH or 'none'")
+    windows_per_frame(*args.window)
+    for board in args.boards:
+        load_board(board)
+    require_models(args.models)
+    doc = benchmark(args.models, args.boards, rnn_step, tuple(args.window))
     Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
     text = markdown(doc)
     Path(args.out + ".md").write_text(text)
@@ -219,4 +306,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except EdgecapError as error:
+        print(f"edgecap: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -2,25 +2,32 @@
 
 The shipped profiles live in ``boards/<name>.json``; each figure's source is in
 the file's ``sources``. A calibration file (``edgecap calibrate``) replaces the
-coefficients of one device.
+coefficients of one device. A profile is read through ``edgecap.schema``: the
+types below refuse a missing, unknown or mistyped field and a rate that is not
+a positive finite number, in one line naming the file and the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Annotated, Dict, List, Optional, Sequence, Union
 
+import msgspec
+import numpy as np
+
+from edgecap import schema
 from edgecap_compile.errors import CompileError
 
 BOARDS_DIR = Path(__file__).parent / "boards"
 
-COEFFICIENTS = ("macs_per_s", "elements_per_s", "op_overhead_ms", "invoke_overhead_ms",
-                "link_bytes_per_s")
+# The cost model's one formula is ``ms = features . coefficients``. Each row
+# pairs a work feature of an op range with the Device field that prices it: a
+# ``*_per_s`` rate costs 1e3 / rate ms per unit, a ``*_ms`` field is ms per unit.
+PRICES = (("macs", "macs_per_s"), ("elements", "elements_per_s"), ("ops", "op_overhead_ms"),
+          ("invokes", "invoke_overhead_ms"), ("link_bytes", "link_bytes_per_s"))
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,34 @@ class Device:
     @property
     def is_tpu(self) -> bool:
         return self.name.startswith("tpu:")
+
+    def coefficients(self) -> np.ndarray:
+        """Returns the milliseconds per unit of each work feature, in ``PRICES`` order.
+
+        A device without a link (the CPU) charges nothing per link byte.
+        """
+        out = []
+        for _, field in PRICES:
+            value = getattr(self, field)
+            if field.endswith("_per_s"):
+                out.append(0.0 if value is None else 1e3 / value)
+            else:
+                out.append(float(value))
+        return np.array(out)
+
+    def with_coefficients(self, coefficients: Sequence[float]) -> "Device":
+        """Returns the device with its fields set from milliseconds per unit, in ``PRICES`` order.
+
+        The inverse of ``coefficients``; a device without a link keeps none.
+        """
+        fields = {}
+        for (_, field), c in zip(PRICES, coefficients):
+            if field.endswith("_per_s"):
+                if getattr(self, field) is not None:
+                    fields[field] = 1e3 / float(c)
+            else:
+                fields[field] = float(c)
+        return dataclasses.replace(self, **fields)
 
 
 @dataclass(frozen=True)
@@ -115,29 +150,32 @@ def board_names() -> List[str]:
     return sorted(p.stem for p in BOARDS_DIR.glob("*.json"))
 
 
-def _device(name: str, fields: dict, label: str) -> Device:
-    try:
-        device = Device(
-            name=name,
-            macs_per_s=float(fields["macs_per_s"]),
-            elements_per_s=float(fields["elements_per_s"]),
-            op_overhead_ms=float(fields["op_overhead_ms"]),
-            invoke_overhead_ms=float(fields["invoke_overhead_ms"]),
-            link_bytes_per_s=(float(fields["link_bytes_per_s"])
-                              if name != "cpu" else None),
-            sram_bytes=int(fields["sram_bytes"]) if name != "cpu" else None,
-            cores=int(fields["cores"]) if name == "cpu" else None,
-            link=fields.get("link"),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise CompileError(f"board profile {label}: device {name} lacks or mistypes {e}") from None
-    rates = [device.macs_per_s, device.elements_per_s] + (
-        [device.link_bytes_per_s] if device.is_tpu else [])
-    if not all(r > 0 and math.isfinite(r) for r in rates):
-        raise CompileError(f"board profile {label}: device {name} needs positive finite rates")
-    if device.is_tpu and device.sram_bytes <= 0:
-        raise CompileError(f"board profile {label}: {name} sram_bytes must be > 0")
-    return device
+class _CpuFile(msgspec.Struct, forbid_unknown_fields=True):
+    cores: schema.Positive
+    macs_per_s: schema.Rate
+    elements_per_s: schema.Rate
+    op_overhead_ms: schema.Millis
+    invoke_overhead_ms: schema.Millis
+
+
+class _TpuFile(msgspec.Struct, forbid_unknown_fields=True):
+    sram_bytes: Annotated[int, msgspec.Meta(ge=1, le=schema.MAX_BYTES)]
+    macs_per_s: schema.Rate
+    elements_per_s: schema.Rate
+    op_overhead_ms: schema.Millis
+    invoke_overhead_ms: schema.Millis
+    link_bytes_per_s: schema.Rate
+    link: Optional[schema.Name] = None
+
+
+class _BoardFile(msgspec.Struct, forbid_unknown_fields=True):
+    name: schema.Name
+    version: schema.Positive
+    cpu: _CpuFile
+    description: str = ""
+    tpus: List[_TpuFile] = []
+    # Where each figure comes from, keyed by field path ("cpu.macs_per_s", "tpus[1]").
+    sources: Dict[str, str] = {}
 
 
 def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
@@ -150,7 +188,9 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
       The board.
 
     Raises:
-      CompileError: If the name is unknown or the file is unreadable or malformed.
+      CompileError: If the name is unknown, or the file is unreadable or malformed
+        (a missing, unknown or mistyped field, a rate that is not positive and
+        finite): one line naming the file and the field.
     """
     text = os.fspath(name_or_path)
     path = Path(text) if text.endswith(".json") else BOARDS_DIR / f"{text}.json"
@@ -158,11 +198,14 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
         raise CompileError(
             f"unknown board '{text}'; choose one of {', '.join(board_names())} "
             "or pass a profile .json file")
-    try:
-        data = json.loads(path.read_text())
-        cpu = _device("cpu", data["cpu"], text)
-        tpus = [_device(f"tpu:{i}", t, text) for i, t in enumerate(data.get("tpus", []))]
-        return Board(str(data["name"]), int(data["version"]), str(data.get("description", "")),
-                     cpu, tpus, dict(data.get("sources", {})))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CompileError(f"board profile {path} is unreadable or malformed: {e}") from None
+    doc = schema.read_file(path, _BoardFile, error=CompileError, what="board profile",
+                           fix="fix the board profile (fields: docs/compiler.md, examples: "
+                               "compile/boards/*.json)")
+    c = doc.cpu
+    cpu = Device("cpu", c.macs_per_s, c.elements_per_s, c.op_overhead_ms, c.invoke_overhead_ms,
+                 cores=c.cores)
+    tpus = [Device(f"tpu:{i}", t.macs_per_s, t.elements_per_s, t.op_overhead_ms,
+                   t.invoke_overhead_ms, link_bytes_per_s=t.link_bytes_per_s,
+                   sram_bytes=t.sram_bytes, link=t.link)
+            for i, t in enumerate(doc.tpus)]
+    return Board(doc.name, doc.version, doc.description, cpu, tpus, dict(doc.sources))

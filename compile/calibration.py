@@ -1,7 +1,8 @@
 """Calibration: fit a device's cost coefficients to measured segment times.
 
 ``edgecap calibrate`` cuts models into random contiguous segments, times each
-on the device, and fits the cost model's linear form
+on the device, and fits the cost model's one formula (``cost_model.work_features``
+of a segment dotted with ``Device.coefficients()``)
 
     ms = macs * a + elements * b + ops * op_overhead + invoke_overhead (+ link_bytes * c on a TPU)
 
@@ -14,21 +15,22 @@ drive below zero is zero). The result is a JSON file that
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import msgspec
 import numpy as np
 
+from edgecap import schema
 from edgecap.devices import parse_device
 from edgecap.stages import load_edgetpu_delegate
 from edgecap.errors import EdgecapError
 from edgecap.interpreter import make_delegate_interpreter
-from edgecap_compile.boards import Board, Device
-from edgecap_compile.cost_model import CostModel
+from edgecap_compile.boards import PRICES, Board, Device
+from edgecap_compile.cost_model import CostModel, work_features
 from edgecap_compile.edgetpu import compile_segment, find_compiler
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import Graph
@@ -60,8 +62,9 @@ class Sample:
     link_bytes: int
     measured_ms: float
 
-    def terms(self) -> List[float]:
-        return [self.macs, self.elements, self.op_count, 1.0, self.link_bytes]
+    def terms(self) -> np.ndarray:
+        """Returns the segment's work features, the cost model's ``work_features``."""
+        return work_features(self.macs, self.elements, self.op_count, self.link_bytes)
 
 
 @dataclass
@@ -83,15 +86,10 @@ class Calibration:
     samples: List[Sample]
 
 
-def _coefficients(device: Device) -> np.ndarray:
-    link = 1e3 / device.link_bytes_per_s if device.is_tpu else 0.0
-    return np.array([1e3 / device.macs_per_s, 1e3 / device.elements_per_s,
-                     device.op_overhead_ms, device.invoke_overhead_ms, link])
-
-
-_NAMES = ("macs_per_s", "elements_per_s", "op_overhead_ms", "invoke_overhead_ms",
-          "link_bytes_per_s")
-_RATES = (0, 1, 4)
+# The Device field each coefficient sets, and which of them are rates.
+_NAMES = tuple(field for _, field in PRICES)
+_RATES = tuple(i for i, name in enumerate(_NAMES) if name.endswith("_per_s"))
+_LINK = _NAMES.index("link_bytes_per_s")
 
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
@@ -123,17 +121,6 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
     return c, kept
 
 
-def _device(prior: Device, c: np.ndarray) -> Device:
-    return dataclasses.replace(
-        prior,
-        macs_per_s=1e3 / c[0],
-        elements_per_s=1e3 / c[1],
-        op_overhead_ms=float(c[2]),
-        invoke_overhead_ms=float(c[3]),
-        link_bytes_per_s=1e3 / c[4] if prior.is_tpu else None,
-    )
-
-
 def _errors(x: np.ndarray, y: np.ndarray, c: np.ndarray) -> dict:
     predicted = x @ c
     relative = np.abs(predicted - y) / y
@@ -157,17 +144,18 @@ def fit(samples: Sequence[Sample], prior: Device) -> Tuple[Device, dict]:
     Raises:
       CompileError: If there are too few samples.
     """
-    columns = [0, 1, 2, 3, 4] if prior.is_tpu else [0, 1, 2, 3]
+    # The CPU has no link: its link coefficient stays 0.
+    columns = [i for i in range(len(_NAMES)) if prior.is_tpu or i != _LINK]
     if len(samples) < 2 * len(columns):
         raise CompileError(f"calibration needs at least {2 * len(columns)} segments "
                            f"(got {len(samples)}); raise --segments")
     x = np.array([s.terms() for s in samples], dtype=np.float64)
     y = np.array([s.measured_ms for s in samples])
-    c, kept = _nonnegative_fit(x, y, columns, _coefficients(prior))
-    half, _ = _nonnegative_fit(x[::2], y[::2], columns, _coefficients(prior))
+    c, kept = _nonnegative_fit(x, y, columns, prior.coefficients())
+    half, _ = _nonnegative_fit(x[::2], y[::2], columns, prior.coefficients())
     error = {"all": _errors(x, y, c), "holdout": _errors(x[1::2], y[1::2], half),
              "samples": len(samples), "kept_from_profile": kept}
-    return _device(prior, c), error
+    return prior.with_coefficients(c), error
 
 
 def random_ranges(n_ops: int, count: int, rng: np.random.Generator) -> List[Tuple[int, int]]:
@@ -251,8 +239,7 @@ def calibrate(graphs: Sequence[Graph], board: Board, device: str = "cpu",
         for start, end in random_ranges(len(graph.ops), segments, rng):
             cost = model.stage(0, start, end)
             samples.append(Sample(
-                model=graph.name, ops=(start, end), macs=cost.macs,
-                elements=sum(op.elements for op in graph.ops[start:end]),
+                model=graph.name, ops=(start, end), macs=cost.macs, elements=cost.elements,
                 op_count=end - start, link_bytes=cost.streamed_bytes + cost.io_bytes,
                 measured_ms=timer(build_segment(graph, start, end))))
     fitted, error = fit(samples, prior)
@@ -262,53 +249,64 @@ def calibrate(graphs: Sequence[Graph], board: Board, device: str = "cpu",
 def save_calibration(calibration: Calibration, path: Union[str, os.PathLike]) -> None:
     """Writes a calibration file that ``edgecap compile --calibration`` reads."""
     d = calibration.device
-    c = _coefficients(d)
-    data = {
-        "calibration_version": CALIBRATION_VERSION,
-        "board": calibration.board,
-        "device": d.name,
-        "threads": calibration.threads,
-        "coefficients": {"macs_per_s": d.macs_per_s, "elements_per_s": d.elements_per_s,
-                         "op_overhead_ms": d.op_overhead_ms,
-                         "invoke_overhead_ms": d.invoke_overhead_ms,
-                         "link_bytes_per_s": d.link_bytes_per_s},
-        "error": calibration.error,
-        "samples": [dict(asdict(s), predicted_ms=float(np.dot(s.terms(), c)))
-                    for s in calibration.samples],
-    }
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    c = d.coefficients()
+    doc = _CalibrationFile(
+        calibration_version=CALIBRATION_VERSION,
+        board=calibration.board,
+        device=d.name,
+        coefficients=_Coefficients(**{name: getattr(d, name) for name in _NAMES}),
+        threads=calibration.threads,
+        error=calibration.error,
+        samples=[dict(asdict(s), predicted_ms=float(s.terms() @ c)) for s in calibration.samples],
+    )
+    Path(path).write_bytes(schema.encode(doc))
+
+
+class _Coefficients(msgspec.Struct, forbid_unknown_fields=True):
+    # A coefficient left out (or null: the CPU's link) keeps the profile's value.
+    macs_per_s: Optional[schema.Rate] = None
+    elements_per_s: Optional[schema.Rate] = None
+    op_overhead_ms: Optional[schema.Millis] = None
+    invoke_overhead_ms: Optional[schema.Millis] = None
+    link_bytes_per_s: Optional[schema.Rate] = None
+
+
+class _CalibrationFile(msgspec.Struct, forbid_unknown_fields=True):
+    calibration_version: int
+    board: schema.Name
+    device: schema.Name
+    coefficients: _Coefficients
+    # What the fit saw, for people; the compiler does not read them.
+    threads: Optional[schema.Positive] = None
+    error: Optional[Dict[str, Any]] = None
+    samples: Optional[List[Dict[str, Any]]] = None
 
 
 def apply_calibration(board: Board, path: Union[str, os.PathLike]) -> Board:
     """Returns ``board`` with the calibrated device's coefficients from a calibration file.
 
     Raises:
-      CompileError: If the file is unreadable, malformed, or for another board or device.
+      CompileError: If the file is unreadable or malformed (a missing, unknown or
+        mistyped field, a rate that is not positive and finite), of another
+        version, or for another board or device: one line naming the file and field.
     """
+    fix = "write it with `edgecap calibrate`"
     try:
-        data = json.loads(Path(path).read_text())
-        version = data["calibration_version"]
-        name = data["device"]
-        coefficients = data["coefficients"]
-        board_name = data["board"]
+        data = Path(path).read_bytes()
     except OSError as e:
-        raise CompileError(f"cannot read calibration {path}: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise CompileError(f"calibration {path} is malformed ({e}); "
-                           "write it with `edgecap calibrate`") from None
-    if version != CALIBRATION_VERSION:
-        raise CompileError(f"calibration {path} has version {version}; "
+        raise CompileError(f"cannot read calibration {path}: {e.strerror or e}; {fix}") from None
+    doc = schema.decode(data, _CalibrationFile, where=str(path), fix=fix, error=CompileError)
+    if doc.calibration_version != CALIBRATION_VERSION:
+        raise CompileError(f"calibration {path} has version {doc.calibration_version}; "
                            f"this compiler reads {CALIBRATION_VERSION}")
-    if board_name != board.name:
-        raise CompileError(f"calibration {path} is for board {board_name}, not {board.name}")
+    if doc.board != board.name:
+        raise CompileError(f"calibration {path} is for board {doc.board}, not {board.name}")
     devices = {d.name: d for d in [board.cpu, *board.tpus]}
-    if name not in devices:
-        raise CompileError(f"calibration {path} is for device {name}, which board "
+    if doc.device not in devices:
+        raise CompileError(f"calibration {path} is for device {doc.device}, which board "
                            f"{board.name} lacks")
-    try:
-        fields = {k: float(v) for k, v in coefficients.items() if k in _NAMES and v is not None}
-    except (TypeError, ValueError) as e:
-        raise CompileError(f"calibration {path} has a non-numeric coefficient: {e}") from None
-    if name == "cpu":
-        fields.pop("link_bytes_per_s", None)
-    return board.with_device(dataclasses.replace(devices[name], **fields))
+    fields = {name: getattr(doc.coefficients, name) for name in _NAMES
+              if getattr(doc.coefficients, name) is not None}
+    if doc.device == "cpu":
+        fields.pop("link_bytes_per_s", None)  # the CPU has no link
+    return board.with_device(dataclasses.replace(devices[doc.device], **fields))

@@ -45,13 +45,14 @@ class CompileResult:
 
 
 def rnn_step_ms(step_model: Path, board: Board) -> float:
-    """Returns the per-frame time of the RNN encoder step on the board's CPU.
+    """Returns the time of one RNN encoder step on the board's CPU.
 
-    On the ``host`` board the step is timed here; elsewhere the cost model
-    estimates it from the step model's work at the CPU's coefficients.
+    On the ``host`` board the step is timed here, on one thread as the runtime
+    runs it; elsewhere the cost model estimates it from the step model's work
+    at the CPU's coefficients.
     """
     if board.name == "host":
-        return measure_invoke_ms(step_model, threads=board.cpu.cores or 1)
+        return measure_invoke_ms(step_model, threads=1)
     graph = read_graph(step_model, require_integer=False, first_subgraph_only=True)
     return CostModel(graph, [board.cpu]).stage(0, 0, len(graph.ops)).total_ms
 
@@ -117,7 +118,7 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
             f"{len(chosen.tpus)} TPUs + CPU make {stages} stages but {model_source.encoder.name} "
             f"has only {len(graph.ops)} ops; use --tpus {len(graph.ops) - 1} or fewer")
     rnn_ms = rnn_step_ms(model_source.rnn_step, chosen) if model_source.rnn_step else 0.0
-    model = CostModel(graph, [*chosen.tpus, chosen.cpu], rnn_ms)
+    model = CostModel(graph, [*chosen.tpus, chosen.cpu], rnn_ms, window=model_source.window)
     costs = [model.matrix(k) for k in range(stages)]
     split = partition(costs) if ranges is None else _fixed_split(costs, ranges, graph.name)
 

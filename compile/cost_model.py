@@ -1,21 +1,49 @@
 """The cost model: predicted milliseconds of a contiguous op range on one device.
 
+One formula, ``ms = work_features(range) . device.coefficients()``:
+
 time = compute (MACs, element work, per-op overhead)
-     + streaming of the parameters that do not fit in the TPU's SRAM
-     + transfer of the boundary tensors over the TPU's link
-     + the device's per-invoke overhead.
+     + the device's per-invoke overhead (a non-empty range)
+     + link bytes: the parameters that do not fit in the TPU's SRAM, streamed
+       every invoke, and the boundary tensors in and out (TPU only)
+     + on the CPU stage, the RNN encoder step of every window the frame feeds.
 Tensors that merely pass a stage by stay in host memory and cost nothing.
+``CostModel.stage``, ``CostModel.matrix`` and calibration's fit all use it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional, Tuple
 
 import numpy as np
 
-from edgecap_compile.boards import Device
+from edgecap.windows import windows_per_frame
+from edgecap_compile.boards import PRICES, Device
 from edgecap_compile.graph import Graph
+
+# Column of each work feature in work_features' last axis (PRICES order).
+_COLUMN = {feature: i for i, (feature, _) in enumerate(PRICES)}
+
+
+def work_features(macs, elements, ops, link_bytes) -> np.ndarray:
+    """Returns the work features of op ranges, stacked on a last axis in ``PRICES`` order.
+
+    Args:
+      macs: Multiply-accumulates of each range (a number or an array).
+      elements: Element work of each range.
+      ops: Op count of each range; a range with none pays no invoke overhead.
+      link_bytes: Bytes over the device's link (streamed parameters plus
+        boundary tensors on a TPU; 0 on the CPU).
+
+    Returns:
+      ``float64`` array of shape ``broadcast shape + (len(PRICES),)``; its dot
+      product with ``Device.coefficients()`` is the range's milliseconds.
+    """
+    values = {"macs": macs, "elements": elements, "ops": ops,
+              "invokes": np.greater(ops, 0), "link_bytes": link_bytes}
+    columns = np.broadcast_arrays(*(np.asarray(values[f], dtype=np.float64) for f, _ in PRICES))
+    return np.stack(columns, axis=-1)
 
 
 @dataclass(frozen=True)
@@ -32,6 +60,7 @@ class StageCost:
       streamed_bytes: Of those, bytes beyond SRAM.
       io_bytes: Boundary tensor bytes in and out.
       macs: Multiply-accumulates of the range.
+      elements: Element work of the range.
     """
 
     compute_ms: float
@@ -43,6 +72,7 @@ class StageCost:
     streamed_bytes: int
     io_bytes: int
     macs: int
+    elements: int
 
     @property
     def total_ms(self) -> float:
@@ -94,13 +124,20 @@ class CostModel:
     Args:
       graph: The model.
       devices: Stage devices in pipeline order (TPUs, then the CPU).
-      rnn_ms: Per-frame RNN time the CPU stage carries.
+      rnn_ms: Time of one RNN encoder step on the CPU.
+      window: ``(frames, stride)`` of the captioning window: the CPU stage
+        carries ``rnn_ms`` once for every window a frame feeds
+        (``edgecap.windows.windows_per_frame``). None charges one step per
+        frame (windows that do not overlap).
     """
 
-    def __init__(self, graph: Graph, devices: List[Device], rnn_ms: float = 0.0):
+    def __init__(self, graph: Graph, devices: List[Device], rnn_ms: float = 0.0,
+                 window: Optional[Tuple[int, int]] = None):
         self.graph = graph
         self.devices = list(devices)
         self.rnn_ms = float(rnn_ms)
+        self.window = window
+        self.rnn_steps_per_frame = 1.0 if window is None else windows_per_frame(*window)
         ops = graph.ops
         self._macs = np.concatenate([[0], np.cumsum([op.macs for op in ops], dtype=np.int64)])
         self._elements = np.concatenate(
@@ -113,6 +150,11 @@ class CostModel:
     def n_ops(self) -> int:
         return len(self.graph.ops)
 
+    @property
+    def rnn_frame_ms(self) -> float:
+        """RNN milliseconds the CPU stage carries per frame: one step per window the frame feeds."""
+        return self.rnn_ms * self.rnn_steps_per_frame
+
     def param_bytes(self, start: int, end: int) -> int:
         """Returns the parameter bytes of op range ``[start, end)``."""
         return int(self._params[end] - self._params[start])
@@ -120,29 +162,28 @@ class CostModel:
     def stage(self, k: int, start: int, end: int) -> StageCost:
         """Returns the cost of op range ``[start, end)`` on stage ``k``'s device."""
         device = self.devices[k]
-        empty = start == end
         macs = int(self._macs[end] - self._macs[start])
         elements = int(self._elements[end] - self._elements[start])
         params = self.param_bytes(start, end)
-        compute = (1e3 * (macs / device.macs_per_s + elements / device.elements_per_s)
-                   + (end - start) * device.op_overhead_ms)
         streamed = io = 0
-        stream_ms = transfer_ms = 0.0
         if device.is_tpu:
             streamed = max(0, params - device.sram_bytes)
             io = int(self._io[start, end])
-            stream_ms = 1e3 * streamed / device.link_bytes_per_s
-            transfer_ms = 1e3 * io / device.link_bytes_per_s
+        c = device.coefficients()
+        terms = work_features(macs, elements, end - start, streamed + io) * c
+        per_byte = c[_COLUMN["link_bytes"]]
         return StageCost(
-            compute_ms=compute,
-            stream_ms=stream_ms,
-            transfer_ms=transfer_ms,
-            invoke_ms=0.0 if empty else device.invoke_overhead_ms,
-            extra_ms=0.0 if device.is_tpu else self.rnn_ms,
+            compute_ms=float(terms[_COLUMN["macs"]] + terms[_COLUMN["elements"]]
+                             + terms[_COLUMN["ops"]]),
+            stream_ms=streamed * per_byte,
+            transfer_ms=io * per_byte,
+            invoke_ms=float(terms[_COLUMN["invokes"]]),
+            extra_ms=0.0 if device.is_tpu else self.rnn_frame_ms,
             param_bytes=params,
             streamed_bytes=streamed,
             io_bytes=io,
             macs=macs,
+            elements=elements,
         )
 
     def matrix(self, k: int) -> np.ndarray:
@@ -153,15 +194,13 @@ class CostModel:
         b = np.arange(n + 1)[None, :]
         macs = self._macs[None, :] - self._macs[:, None]
         elements = self._elements[None, :] - self._elements[:, None]
-        cost = (1e3 * (macs / device.macs_per_s + elements / device.elements_per_s)
-                + (b - a) * device.op_overhead_ms)
-        cost = cost + np.where(b > a, device.invoke_overhead_ms, 0.0)
+        link = 0
         if device.is_tpu:
             params = self._params[None, :] - self._params[:, None]
-            streamed = np.maximum(0, params - device.sram_bytes)
-            cost = cost + 1e3 * (streamed + self._io) / device.link_bytes_per_s
-        else:
-            cost = cost + self.rnn_ms
+            link = np.maximum(0, params - device.sram_bytes) + self._io
+        cost = work_features(macs, elements, b - a, link) @ device.coefficients()
+        if not device.is_tpu:
+            cost = cost + self.rnn_frame_ms
         return np.where(b >= a, cost, np.inf)
 
     def op_ms(self, k: int) -> np.ndarray:

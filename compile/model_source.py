@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 from edgecap.bundle import Bundle, load_bundle
 from edgecap.errors import BundleError
@@ -25,11 +25,13 @@ class ModelSource:
       encoder: The int8 CNN .tflite.
       rnn_step: The bundle's RNN encoder step .tflite, or None for a bare model.
       file: The encoder's path as plan.json records it (relative to the bundle).
+      window: The bundle's window ``(frames, stride)``, or None for a bare model.
     """
 
     encoder: Path
     rnn_step: Optional[Path]
     file: str
+    window: Optional[Tuple[int, int]] = None
 
 
 def resolve_source(path: Union[str, os.PathLike, Bundle]) -> ModelSource:
@@ -56,4 +58,5 @@ def resolve_source(path: Union[str, os.PathLike, Bundle]) -> ModelSource:
         except BundleError as e:
             raise CompileError(str(e)) from None
     return ModelSource(bundle.encoder, bundle.encoder_step,
-                       bundle.encoder.relative_to(bundle.root).as_posix())
+                       bundle.encoder.relative_to(bundle.root).as_posix(),
+                       (bundle.window.frames, bundle.window.stride))

@@ -56,12 +56,12 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             inputs=tuple(_tensor(graph, t) for t in (segment.inputs if segment else ())),
             # Everything later stages read: the segment's outputs and the tensors it forwards.
             outputs=tuple(_tensor(graph, t) for t in (graph.live_across(end) if segment else ())),
-            predicted_ms=round(cost.total_ms, 6),
+            predicted_ms=round(float(cost.total_ms), 6),
             compiled_segment=(segment.path.with_name(compiled.compiled_segment).resolve()
                               if segment and compiled and compiled.compiled else None),
             # On the CPU every parameter stays resident in memory: "on chip", nothing streamed.
-            param_bytes=ParamBytes(cost.param_bytes - cost.streamed_bytes, cost.streamed_bytes),
-            macs=cost.macs,
+            param_bytes=ParamBytes(int(cost.param_bytes - cost.streamed_bytes), int(cost.streamed_bytes)),
+            macs=int(cost.macs),
             edgetpu=compiled,
         ))
     return Plan(
@@ -70,14 +70,15 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
         model_file=model_file,
         model_sha256=graph.sha256,
         stages=tuple(stages),
-        rnn_ms=round(model.rnn_ms, 6),
+        rnn_ms=round(float(model.rnn_ms), 6),
+        rnn_steps_per_frame=float(model.rnn_steps_per_frame),
         board_version=board.version,
         model_ops=len(graph.ops),
         sram_bytes=min((t.sram_bytes for t in board.tpus), default=None),
         predicted=Prediction(
-            fps=round(1e3 / split.bottleneck_ms, 2) if split.bottleneck_ms > 0 else None,
-            latency_ms=round(split.latency_ms, 6),
-            bottleneck_ms=round(split.bottleneck_ms, 6),
-            bottleneck_stage=split.bottleneck_stage,
+            fps=round(1e3 / float(split.bottleneck_ms), 2) if split.bottleneck_ms > 0 else None,
+            latency_ms=round(float(split.latency_ms), 6),
+            bottleneck_ms=round(float(split.bottleneck_ms), 6),
+            bottleneck_stage=int(split.bottleneck_stage),
         ),
     )

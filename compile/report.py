@@ -50,8 +50,8 @@ def stage_table(plan: Plan) -> str:
         rows.append("")
         rows.append(f"Predicted: {fps} fps, latency {pred.latency_ms:.3f} ms, bottleneck "
                     f"stage {pred.bottleneck_stage} at {pred.bottleneck_ms:.3f} ms"
-                    + (f" (includes RNN step {plan.rnn_ms:.3f} ms on the CPU)"
-                       if plan.rnn_ms else ""))
+                    + (f" (includes {plan.rnn_steps_per_frame:g} RNN step(s) a frame of "
+                       f"{plan.rnn_ms:.3f} ms each on the CPU)" if plan.rnn_ms else ""))
     return "\n".join(rows)
 
 

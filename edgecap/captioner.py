@@ -250,8 +250,9 @@ class EdgeCaptioner:
         on_cpu = stage.spec.kind == "cpu"
         pace = on_cpu and self.placement.pace_cpu
         if pace:
-            # The board's CPU stage time includes the RNN step, which is paced on its own.
-            stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - (self.plan.rnn_ms or 0.0)))
+            # The board's CPU stage time includes the RNN steps (one per window the
+            # frame feeds), which _RnnStep paces on its own, step by step.
+            stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - self.plan.rnn_frame_ms))
         threads = (self.options.num_threads or devices.cpu_cores()) if on_cpu else 1
         opener = functools.partial(
             _CnnStage, stage, device, num_threads=threads,

@@ -112,6 +112,7 @@ class _PlanDoc(msgspec.Struct, forbid_unknown_fields=True):
     stages: Tuple[_StageDoc, ...]
     sram_bytes: Optional[schema.Bytes] = None
     rnn_ms: Optional[schema.Millis] = None
+    rnn_steps_per_frame: Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)] = 1.0
     predicted: Optional[_PredictedDoc] = None
 
 
@@ -216,6 +217,9 @@ class Plan:
       model_sha256: Hex SHA-256 of the source model file.
       stages: Every stage, empty ones included, in pipeline order.
       rnn_ms: The RNN encoder step's predicted time per invoke, or None.
+      rnn_steps_per_frame: RNN encoder steps the CPU stage's ``predicted_ms``
+        charges per frame: one per window a frame feeds, for the window the
+        plan was compiled for (``edgecap.windows.windows_per_frame``).
       board_version: Board profile version.
       model_ops: Operators of the source model.
       sram_bytes: The SRAM budget per TPU the split was made for.
@@ -228,10 +232,16 @@ class Plan:
     model_sha256: str
     stages: Tuple[Stage, ...]
     rnn_ms: Optional[float] = None
+    rnn_steps_per_frame: float = 1.0
     board_version: int = 0
     model_ops: int = 0
     sram_bytes: Optional[int] = None
     predicted: Optional[Prediction] = None
+
+    @property
+    def rnn_frame_ms(self) -> float:
+        """RNN milliseconds the CPU stage's ``predicted_ms`` includes per frame."""
+        return (self.rnn_ms or 0.0) * self.rnn_steps_per_frame
 
     @property
     def active_stages(self) -> Tuple[Stage, ...]:
@@ -363,6 +373,7 @@ def _from_doc(doc: _PlanDoc, path: Path) -> Plan:
         model_sha256=doc.model.sha256,
         stages=tuple(stages),
         rnn_ms=doc.rnn_ms,
+        rnn_steps_per_frame=doc.rnn_steps_per_frame,
         board_version=doc.board.version,
         model_ops=doc.model.ops,
         sram_bytes=doc.sram_bytes,
@@ -442,6 +453,7 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
         stages=tuple(stages),
         sram_bytes=plan.sram_bytes,
         rnn_ms=plan.rnn_ms,
+        rnn_steps_per_frame=plan.rnn_steps_per_frame,
         predicted=None if p is None else _PredictedDoc(p.fps, p.latency_ms, p.bottleneck_ms,
                                                        p.bottleneck_stage),
     )

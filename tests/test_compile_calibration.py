@@ -84,7 +84,11 @@ def test_calibrate_on_this_cpu_then_compile_with_it(tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert saved["board"] == "host" and saved["device"] == "cpu"
     assert len(saved["samples"]) == 16 and all(s["measured_ms"] > 0 for s in saved["samples"])
-    assert saved["error"]["all"]["mean_abs_rel"] >= 0
+    # The reported fit error is the samples' mean relative error of prediction.
+    relative = [abs(s["predicted_ms"] - s["measured_ms"]) / s["measured_ms"]
+                for s in saved["samples"]]
+    assert saved["error"]["all"]["mean_abs_rel"] == pytest.approx(np.mean(relative), rel=1e-9)
+    assert saved["error"]["all"]["max_abs_rel"] == pytest.approx(max(relative), rel=1e-9)
     assert "fit error over 16 segments" in capsys.readouterr().out
     # The calibrated coefficients are what the compiler predicts with.
     calibrated = apply_calibration(load_board("host"), out).cpu
@@ -157,3 +161,38 @@ def test_tpu_segments_are_timed_on_the_named_tpu_with_the_repeats(tmp_path, monk
         calibration.calibrate([read_graph(DATA / "tiny_mobilenet.tflite")],
                               load_board("rpi4-2usb"), device="tpu:1", repeats=4)
     assert seen == {"spec": parse_device("tpu:1"), "delegates": [delegate], "repeats": 4}
+
+
+def _fake_tpu(monkeypatch, compiled=True, opens=True):
+    def compile_segment(compiler, path):
+        if not compiled:
+            return EdgeTpuReport(compiled=False, reason="Model not quantized")
+        compiled_path = path.with_name("segment_edgetpu.tflite")
+        compiled_path.write_bytes(path.read_bytes())
+        return EdgeTpuReport(compiled=True, compiled_segment=compiled_path.name)
+
+    def make_delegate_interpreter(path, delegates):
+        if not opens:
+            raise RuntimeError("Failed to prepare for TPU")
+        return object()
+
+    monkeypatch.setattr(calibration, "find_compiler", lambda: "/usr/bin/edgetpu_compiler")
+    monkeypatch.setattr(calibration, "load_edgetpu_delegate", lambda spec: object())
+    monkeypatch.setattr(calibration, "compile_segment", compile_segment)
+    monkeypatch.setattr(calibration, "make_delegate_interpreter", make_delegate_interpreter)
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda mp: mp.setattr(calibration, "find_compiler", lambda: None),
+     "calibrating a TPU needs edgetpu_compiler on PATH"),
+    (lambda mp: _fake_tpu(mp, compiled=False),
+     "edgetpu_compiler failed on a calibration segment: Model not quantized"),
+    (lambda mp: _fake_tpu(mp, opens=False),
+     "tpu:1 cannot run a calibration segment (Failed to prepare for TPU)"),
+])
+def test_tpu_calibration_failures_are_one_line_errors(monkeypatch, setup, message):
+    setup(monkeypatch)
+    with pytest.raises(CompileError) as e:
+        calibration.calibrate([read_graph(DATA / "tiny_mobilenet.tflite")],
+                              load_board("rpi4-2usb"), device="tpu:1", segments=2, repeats=1)
+    assert message in str(e.value) and "\n" not in str(e.value)

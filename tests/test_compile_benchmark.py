@@ -1,0 +1,43 @@
+"""``python -m edgecap_compile.benchmark``: usable without TensorFlow up to the point it needs it."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from edgecap_compile import benchmark
+from edgecap.errors import EdgecapError
+from edgecap_compile.errors import CompileError
+
+
+def test_help_needs_no_tensorflow(capsys):
+    with pytest.raises(SystemExit) as e:
+        benchmark.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--rnn-step" in out and "--window FRAMES STRIDE" in out
+
+
+def test_missing_models_without_tensorflow_is_one_line(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "keras" else real(name, *a))
+    monkeypatch.setenv("EDGECAP_CACHE", str(tmp_path))
+    with pytest.raises(CompileError) as e:
+        benchmark.main(["--models", "ResNet50", "--out", str(tmp_path / "bench")])
+    message = str(e.value)
+    assert message.startswith("benchmark models ResNet50 are not in ")
+    assert "keras_zoo" in message and "\n" not in message
+    assert not (tmp_path / "bench.json").exists()
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--window", "8", "0"], "frames and stride must be >= 1"),
+    (["--rnn-step", "no/such/step.tflite"], "no RNN step model"),
+    (["--boards", "nano"], "unknown board 'nano'"),
+])
+def test_bad_options_are_one_line_errors_before_any_work(tmp_path, argv, match):
+    with pytest.raises(EdgecapError, match=match) as e:
+        benchmark.main([*argv, "--out", str(tmp_path / "bench")])
+    assert "\n" not in str(e.value)

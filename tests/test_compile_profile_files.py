@@ -1,0 +1,159 @@
+"""Malformed board profiles and calibration files: one line naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgecap_compile.boards import BOARDS_DIR, load_board
+from edgecap_compile.calibration import apply_calibration
+from edgecap_compile.cli import main
+from edgecap_compile.errors import CompileError
+
+DATA = Path(__file__).parent / "data" / "compile"
+
+
+def _board_file(tmp_path: Path, edit) -> Path:
+    doc = json.loads((BOARDS_DIR / "devboard-usb.json").read_text())
+    edit(doc)
+    path = tmp_path / "board.json"
+    # allow_nan: write NaN and Infinity as a hand-edited or buggy file would.
+    path.write_text(json.dumps(doc, allow_nan=True))
+    return path
+
+
+def _said(field: str, problem: str) -> str:
+    """How edgecap.schema words a problem with ``field``: ``field 'cpu.cores' must be int``."""
+    for prefix, kind in (("object missing required field ", "is missing"),
+                         ("object contains unknown field ", "is unknown")):
+        if problem.startswith(prefix):
+            name = problem[len(prefix):]
+            return f"field '{field + '.' if field else ''}{name}' {kind}"
+    if problem.startswith("expected "):
+        return f"field '{field}' must be {problem[len('expected '):]}"
+    return problem
+
+
+@pytest.mark.parametrize("edit, field, problem", [
+    (lambda d: d["cpu"].update(cores="4"), "cpu.cores", "expected int"),
+    (lambda d: d["cpu"].update(cores=4.5), "cpu.cores", "expected int"),
+    (lambda d: d["cpu"].pop("macs_per_s"), "cpu", "object missing required field macs_per_s"),
+    (lambda d: d.pop("name"), "", "object missing required field name"),
+    (lambda d: d["tpus"][1].update(link_bytes_per_s=-3.2e8), "tpus[1].link_bytes_per_s",
+     "expected float > 0.0"),
+    (lambda d: d["tpus"][0].update(macs_per_s=0), "tpus[0].macs_per_s", "expected float > 0.0"),
+    (lambda d: d["cpu"].update(elements_per_s=1e300), "cpu.elements_per_s", "expected float <="),
+    (lambda d: d["cpu"].update(op_overhead_ms=-0.02), "cpu.op_overhead_ms", "expected float >="),
+    (lambda d: d["tpus"][0].update(sram_bytes=0), "tpus[0].sram_bytes", "expected int >= 1"),
+    (lambda d: d["tpus"][0].update(sram_bytes_typo=8), "tpus[0]", "object contains unknown field sram_bytes_typo"),
+    (lambda d: d.update(tpu=[]), "", "object contains unknown field tpu"),
+    (lambda d: d.update(sources={"cpu": 3}), "sources[...]", "expected str"),
+])
+def test_a_malformed_board_profile_is_one_line_naming_file_and_field(tmp_path, edit, field,
+                                                                     problem):
+    path = _board_file(tmp_path, edit)
+    with pytest.raises(CompileError) as e:
+        load_board(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: {_said(field, problem)}"), message
+    assert "docs/compiler.md" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_board_rate_that_is_not_finite_is_refused(tmp_path, value):
+    path = _board_file(tmp_path, lambda d: d["cpu"].update(macs_per_s=value))
+    with pytest.raises(CompileError, match=f"^{path}: .*; fix the board profile") as e:
+        load_board(path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_board_file_that_is_not_json_or_is_missing_is_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"name\": ")
+    with pytest.raises(CompileError, match=f"^{bad}: not valid JSON"):
+        load_board(bad)
+    with pytest.raises(CompileError, match="unknown board .*missing.json"):
+        load_board(tmp_path / "missing.json")
+
+
+def test_a_board_profile_from_a_file_compiles(tmp_path):
+    path = _board_file(tmp_path, lambda d: d.update(name="my-board", version=3))
+    board = load_board(path)
+    assert (board.name, board.version, len(board.tpus)) == ("my-board", 3, 2)
+    assert main(["compile", str(DATA / "tiny_mobilenet.tflite"), "--board", str(path),
+                 "-o", str(tmp_path / "plan")]) == 0
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["board"] == {"name": "my-board", "version": 3}
+
+
+def _calibration(tmp_path: Path, **changes) -> Path:
+    doc = {"calibration_version": 1, "board": "devboard", "device": "tpu:0", "threads": 1,
+           "coefficients": {"macs_per_s": 5e11, "elements_per_s": 4e11, "op_overhead_ms": 0.0,
+                            "invoke_overhead_ms": 1.5, "link_bytes_per_s": 3e8},
+           "error": {}, "samples": []}
+    for key, value in changes.items():
+        if key in doc["coefficients"] or key == "typo_per_s":
+            doc["coefficients"][key] = value
+        elif value is None:
+            doc.pop(key)
+        else:
+            doc[key] = value
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc, allow_nan=True))
+    return path
+
+
+def test_a_calibration_sets_the_named_devices_coefficients(tmp_path):
+    board = apply_calibration(load_board("devboard"), _calibration(tmp_path))
+    tpu = board.tpus[0]
+    assert (tpu.macs_per_s, tpu.elements_per_s, tpu.invoke_overhead_ms, tpu.link_bytes_per_s) \
+        == (5e11, 4e11, 1.5, 3e8)
+    assert board.cpu == load_board("devboard").cpu
+
+
+@pytest.mark.parametrize("changes, field, problem", [
+    (dict(macs_per_s="fast"), "coefficients.macs_per_s", "expected float"),
+    # NaN and Infinity are no JSON, but Python writes them: the message names the field.
+    (dict(macs_per_s=float("nan")), "coefficients.macs_per_s", "expected float > 0.0"),
+    (dict(link_bytes_per_s=float("inf")), "coefficients.link_bytes_per_s", "expected float <="),
+    (dict(elements_per_s=-1.0), "coefficients.elements_per_s", "expected float > 0.0"),
+    (dict(invoke_overhead_ms=-0.5), "coefficients.invoke_overhead_ms", "expected float >= 0.0"),
+    (dict(invoke_overhead_ms=1e9), "coefficients.invoke_overhead_ms", "expected float <="),
+    (dict(typo_per_s=1.0), "coefficients", "object contains unknown field typo_per_s"),
+    (dict(device=None), "", "object missing required field device"),
+    (dict(calibration_version="1"), "calibration_version", "expected int"),
+    (dict(boards="devboard"), "", "object contains unknown field boards"),
+    (dict(threads=0), "threads", "expected int >= 1"),
+])
+def test_a_malformed_calibration_is_one_line_naming_file_and_field(tmp_path, changes, field,
+                                                                   problem):
+    path = _calibration(tmp_path, **changes)
+    with pytest.raises(CompileError) as e:
+        apply_calibration(load_board("devboard"), path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: {_said(field, problem)}"), message
+    assert message.endswith("write it with `edgecap calibrate`") and "\n" not in message
+
+
+def test_a_calibration_of_another_version_or_device_or_missing_is_refused(tmp_path):
+    board = load_board("devboard")
+    with pytest.raises(CompileError, match="has version 2; this compiler reads 1"):
+        apply_calibration(board, _calibration(tmp_path, calibration_version=2))
+    with pytest.raises(CompileError, match="for device tpu:1, which board devboard lacks"):
+        apply_calibration(board, _calibration(tmp_path, device="tpu:1"))
+    with pytest.raises(CompileError, match="cannot read calibration .*none.json: No such file"):
+        apply_calibration(board, tmp_path / "none.json")
+    # Through the compiler's CLI: one line on stderr, exit 2, no traceback.
+    run = subprocess.run(
+        [sys.executable, "-m", "edgecap_compile.cli", "compile",
+         str(DATA / "tiny_mobilenet.tflite"), "--board", "devboard",
+         "--calibration", str(_calibration(tmp_path, macs_per_s=-1.0)),
+         "-o", str(tmp_path / "plan")], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"edgecap: {tmp_path / 'cal.json'}: field 'coefficients.macs_per_s' must be float > 0.0; "
+        "write it with `edgecap calibrate`"]
