@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - Python < 3.9 is not supported
     from typing_extensions import Annotated, Literal  # type: ignore[assignment]
 
 SCHEMA_VERSION = 1
+PLANS_DIR = "plans"  # plans compiled ahead of time, one directory per board
 # The shipped demo (bundle, sample clip and its ground truth), in a source checkout.
 DEMO_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 _QUANTIZED = ("int8", "uint8")
@@ -75,7 +76,10 @@ class Bundle:
 
     ``encoder_model``, ``encoder_step_model`` and ``decoder_step_model`` record
     what validation read from each model file (tensors, op count, SHA-256), so
-    later code never opens or hashes them again to learn it.
+    later code never opens or hashes them again to learn it. ``plans`` maps a
+    board name to the directory of a plan compiled ahead of time into the
+    bundle (``plans/<board>/plan.json``, ``edgecap compile --into-bundle``);
+    they are read only when chosen (``edgecap.autoplan``).
     """
 
     root: Path
@@ -95,6 +99,7 @@ class Bundle:
     encoder_model: ModelFile
     encoder_step_model: ModelFile
     decoder_step_model: ModelFile
+    plans: Dict[str, Path] = field(default_factory=dict)
 
     def detokenize(self, ids: List[int]) -> str:
         """Returns the sentence for token ids, dropping special tokens."""
@@ -177,6 +182,16 @@ def _file(json_path: Path, field: str, rel: Optional[str]) -> Optional[Path]:
         raise BundleError(f"{target}: file named by field '{field}' of {json_path} "
                           "is missing: restore it or fix the field")
     return target
+
+
+def _bundled_plans(root: Path) -> Dict[str, Path]:
+    """Board name -> plan directory, for each ``plans/<board>/plan.json`` inside the bundle."""
+    found = {}
+    for plan_json in sorted((root / PLANS_DIR).glob("*/plan.json")):
+        inside = resolve_inside(root, plan_json.relative_to(root).as_posix())
+        if inside is not None:  # a symlink out of the bundle is not the bundle's plan
+            found[plan_json.parent.name] = inside.parent
+    return found
 
 
 def _open_model(path: Path) -> Tuple[ModelFile, Any]:
@@ -334,4 +349,5 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         encoder_model=enc,
         encoder_step_model=es_model,
         decoder_step_model=ds_model,
+        plans=_bundled_plans(root.resolve()),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from edgecap import devices, stages
+from edgecap.autoplan import PlanChoice, choose_plan
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
 from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
 from edgecap.modelfile import open_model
@@ -33,6 +35,7 @@ from edgecap.stats import PipelineStats
 from edgecap.trace import Tracer
 
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
+_log = logging.getLogger("edgecap")
 
 
 @dataclass
@@ -219,8 +222,18 @@ class EdgeCaptioner:
         self.options = opts
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         self.window = opts.window(self.bundle.window)
-        self.plan = _resolve_plan(self.bundle, opts)
-        self.placement: Placement = place(self.plan, opts.emulate, opts.devices_map)
+        self.plan_choice: Optional[PlanChoice] = None
+        if opts.board == "auto" and opts.plan is None and not opts.reference_encoder:
+            hardware = devices.detect_hardware()
+            self.plan_choice = choose_plan(self.bundle, hardware, opts.on_missing_tpu)
+            if self.plan_choice.fallback:
+                _log.warning("edgecap: %s", self.plan_choice.reason)
+            self.plan = self.plan_choice.plan
+            attached: Optional[int] = len(hardware.tpus)
+        else:
+            self.plan = _resolve_plan(self.bundle, opts)
+            attached = None
+        self.placement: Placement = place(self.plan, opts.emulate, opts.devices_map, attached)
         self.devices = self.placement.workers
         model_in, model_out = self.plan.inputs[0], self.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
@@ -357,9 +370,6 @@ def _resolve_plan(bundle: Bundle, opts: CaptionerOptions) -> Plan:
         resolved = opts.plan
     elif opts.plan is not None:
         resolved = load_plan(opts.plan)
-    elif opts.board == "auto":
-        # Built from the bundle's own encoder: it fits by construction.
-        return single_cpu_plan(bundle.encoder_model)
     else:
         from edgecap.planning import plan_for_board  # the one door to the compiler
 

@@ -29,9 +29,15 @@ from edgecap.errors import ConfigError
 
 # Coral USB Accelerator: Global Unichip before the runtime loads its firmware, Google after.
 CORAL_USB_IDS = (("1a6e", "089a"), ("18d1", "9302"))
-_SYSFS_USB = "/sys/bus/usb/devices"
-_APEX_DEVICES = "/dev/apex_*"
-_APEX_TEMP = "/sys/class/apex/apex_{}/temp"
+# Paths below a root directory, so discovery can be tested on fake device trees.
+_SYSFS_USB = "sys/bus/usb/devices"
+_APEX_DEVICES = "dev/apex_*"
+_APEX_TEMP = "sys/class/apex/apex_{}/temp"
+_DT_MODELS = ("proc/device-tree/model", "sys/firmware/devicetree/base/model")
+# Device-tree model -> board family. The Coral Dev Board's model is "Freescale
+# i.MX8MQ Phanbell" on Mendel's kernel and "Google i.MX8MQ Phanbell" in mainline.
+_BOARD_MODELS = ((re.compile(r"i\.MX8MQ Phanbell"), "Coral Dev Board"),
+                 (re.compile(r"^Raspberry Pi [45]"), "Raspberry Pi"))
 
 _DEVICE_RE = re.compile(r"^(?:(cpu|tpu|emu-tpu|usb|pci)(?::(\d+))?|:(\d+))$")
 
@@ -106,16 +112,80 @@ def cpu_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def list_devices() -> List[DeviceInfo]:
+@dataclass(frozen=True)
+class Hardware:
+    """What this machine is, for choosing a plan: the board and the EdgeTPUs attached.
+
+    Attributes:
+      model: The device-tree model string, or None (not an ARM board, or unreadable).
+      family: ``Coral Dev Board``, ``Raspberry Pi``, or None for anything else.
+      tpus: The attached EdgeTPUs, PCIe first, then USB in sysfs order.
+    """
+
+    model: Optional[str]
+    family: Optional[str]
+    tpus: Tuple[DeviceInfo, ...]
+
+    @property
+    def profile(self) -> Optional[str]:
+        """The board profile whose plans fit this hardware, or None if no profile does.
+
+        A Dev Board with only its PCIe TPU is ``devboard``, with a USB
+        Accelerator too ``devboard-usb``; a Raspberry Pi with USB Accelerators is
+        ``rpi4-2usb`` (the Pi 5 has no profile of its own yet and is closest).
+        """
+        kinds = [t.kind for t in self.tpus]
+        if self.family == "Coral Dev Board" and "pci" in kinds:
+            return "devboard-usb" if "usb" in kinds else "devboard"
+        if self.family == "Raspberry Pi" and "usb" in kinds:
+            return "rpi4-2usb"
+        return None
+
+    def describe(self) -> str:
+        """One line: the board and its EdgeTPUs."""
+        board = self.family or "this machine"
+        if self.model and self.family:
+            board += f" ({self.model})"
+        tpus = ", ".join(f"{t.kind}:{t.path}" for t in self.tpus) or "no EdgeTPU"
+        return f"{board} with {tpus}"
+
+
+def detect_hardware(root: "str | os.PathLike[str]" = "/") -> Hardware:
+    """Finds the board and the attached EdgeTPUs.
+
+    Args:
+      root: The filesystem root to look under (tests pass a fake device tree).
+
+    Returns:
+      The ``Hardware``.
+    """
+    root = Path(root)
+    model = None
+    for rel in _DT_MODELS:
+        try:
+            model = (root / rel).read_bytes().rstrip(b"\0\n").decode(errors="replace").strip()
+            break
+        except OSError:
+            continue
+    family = next((name for pattern, name in _BOARD_MODELS if model and pattern.search(model)), None)
+    return Hardware(model, family, tuple(list_devices(root)[1:]))
+
+
+def list_devices(root: "str | os.PathLike[str]" = "/") -> List[DeviceInfo]:
     """Lists the CPU and the EdgeTPUs present on this machine.
 
     EdgeTPUs are enumerated with Google's pycoral ``list_edge_tpus()`` when it is
-    importable, else by probing ``/dev/apex_*`` (PCIe) and the Coral USB IDs in
-    sysfs. TPU indices follow that enumeration order, as libedgetpu's ``:N`` do.
+    importable (and ``root`` is ``/``), else by probing ``/dev/apex_*`` (PCIe)
+    and the Coral USB IDs in sysfs. TPU indices follow that enumeration order,
+    as libedgetpu's ``:N`` do.
+
+    Args:
+      root: The filesystem root to look under (tests pass a fake device tree).
 
     Returns:
       One ``DeviceInfo`` for the CPU, then one per EdgeTPU.
     """
+    root = Path(root)
     backend = f"{interpreter.BACKEND} {interpreter.backend_version()}"
     cpu = DeviceInfo(
         device="cpu",
@@ -127,20 +197,21 @@ def list_devices() -> List[DeviceInfo]:
     edgetpu = _edgetpu_runtime_version()
     runtime = f"{backend}; {edgetpu or 'libedgetpu not found'}"
     infos = [cpu]
-    for n, (kind, path) in enumerate(_enumerate_edgetpus()):
-        infos.append(DeviceInfo(f"tpu:{n}", kind, path, runtime, _temperature(path)))
+    for n, (kind, path) in enumerate(_enumerate_edgetpus(root)):
+        infos.append(DeviceInfo(f"tpu:{n}", kind, path, runtime, temperature(path, root)))
     return infos
 
 
-def _enumerate_edgetpus() -> List[Tuple[str, str]]:
-    try:
-        from pycoral.utils.edgetpu import list_edge_tpus  # Google's pycoral, Coral's apt repo
-    except ImportError:
-        pass
-    else:
-        return [(t["type"], t["path"]) for t in list_edge_tpus()]
-    found = [("pci", p) for p in sorted(glob.glob(_APEX_DEVICES))]
-    for dev in sorted(Path(_SYSFS_USB).glob("*")):
+def _enumerate_edgetpus(root: Path) -> List[Tuple[str, str]]:
+    if root == Path("/"):
+        try:
+            from pycoral.utils.edgetpu import list_edge_tpus  # Google's pycoral, Coral's apt repo
+        except ImportError:
+            pass
+        else:
+            return [(t["type"], t["path"]) for t in list_edge_tpus()]
+    found = [("pci", p) for p in sorted(glob.glob(str(root / _APEX_DEVICES)))]
+    for dev in sorted((root / _SYSFS_USB).glob("*")):
         try:
             ids = ((dev / "idVendor").read_text().strip(), (dev / "idProduct").read_text().strip())
         except OSError:
@@ -160,12 +231,13 @@ def _edgetpu_runtime_version() -> Optional[str]:
     return get_runtime_version()
 
 
-def _temperature(path: str) -> Optional[float]:
+def temperature(path: str, root: "str | os.PathLike[str]" = "/") -> Optional[float]:
+    """Returns a PCIe EdgeTPU's temperature in °C from ``/sys/class/apex/apex_N/temp``, or None."""
     m = re.search(r"apex_(\d+)$", path)
     if m is None:
         return None
     try:
-        return int(Path(_APEX_TEMP.format(m.group(1))).read_text()) / 1000.0
+        return int((Path(root) / _APEX_TEMP.format(m.group(1))).read_text()) / 1000.0
     except (OSError, ValueError):
         return None
 

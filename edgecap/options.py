@@ -32,9 +32,13 @@ class CaptionerOptions:
     Attributes:
       plan: A plan.json (or its directory) from ``edgecap compile``, or a loaded
         ``Plan``. None plans on the fly (see ``board``).
-      board: With no plan: ``auto`` runs the whole encoder on the CPU; a board
-        profile name (e.g. ``devboard-usb``) plans for that board with the
-        compiler (``edgecap_compile``, imported only then).
+      board: With no plan: ``auto`` runs the bundle's compiled plan that fits
+        the attached EdgeTPUs, else the whole encoder on the CPU
+        (``edgecap.autoplan``); a board profile name (e.g. ``devboard-usb``)
+        plans for that board with the compiler (``edgecap_compile``, imported
+        only then) and emulates the TPUs it lacks.
+      on_missing_tpu: With ``auto``: ``cpu`` falls back to what can run (one
+        warning line); ``fail`` raises when the plan for this board cannot run.
       emulate: Run TPU stages on emulated EdgeTPUs (``emu-tpu:N``) and pace the
         CPU stage to the board's predicted time. None: emulate when the plan
         has more TPU stages than EdgeTPUs are attached.
@@ -68,6 +72,7 @@ class CaptionerOptions:
 
     plan: Union[None, PathLike, Plan] = None
     board: str = "auto"
+    on_missing_tpu: str = "cpu"
     emulate: Optional[bool] = None
     devices_map: Mapping[str, str] = field(default_factory=dict)
     timing_only: bool = False
@@ -101,6 +106,8 @@ class CaptionerOptions:
         if not (_is_int(self.batch) and 1 <= self.batch <= MAX_QUEUE):
             raise ConfigError(f"batch {self.batch}: hand over at least 1 frame (at most "
                               f"{MAX_QUEUE}) at a time")
+        if self.on_missing_tpu not in ("cpu", "fail"):
+            raise ConfigError(f"on_missing_tpu {self.on_missing_tpu!r}: use cpu or fail")
         if self.reference_encoder and (self.plan is not None or self.board != "auto"):
             raise ConfigError("reference_encoder runs on the CPU only; drop plan and board")
         if self.trace is not None:

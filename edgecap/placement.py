@@ -40,7 +40,8 @@ class Placement:
     attached_tpus: int = 0
 
 
-def place(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str]) -> Placement:
+def place(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str],
+          attached: Optional[int] = None) -> Placement:
     """Places a plan's active stages on workers.
 
     Args:
@@ -49,6 +50,8 @@ def place(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str]) -> 
         None emulates when fewer EdgeTPUs are attached than the plan uses.
       overrides: Plan device -> worker device, in any spelling ``parse_device``
         reads; wins over ``emulate`` for those devices.
+      attached: EdgeTPUs attached, when the caller has enumerated them
+        already; None enumerates them here (only if it matters).
 
     Returns:
       The ``Placement``.
@@ -66,9 +69,9 @@ def place(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str]) -> 
             f"map the plan's devices: {', '.join(str(p) for p in planned)}"
         )
     tpus = [spec for spec in planned if spec.kind == "tpu"]
-    attached = 0
     if emulate is None and tpus:
-        attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb"))
+        if attached is None:
+            attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb"))
         emulate = len(tpus) > attached
     workers: Dict[str, str] = {}
     for spec in planned:
@@ -76,7 +79,7 @@ def place(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str]) -> 
     emulated = bool(emulate) or any(parse_device(w).kind == "emu-tpu" for w in workers.values())
     pace_cpu = emulated and all(s.predicted_ms is not None for s in plan.active_stages)
     _check_consecutive(plan, workers)
-    return Placement(workers, emulated, pace_cpu, attached)
+    return Placement(workers, emulated, pace_cpu, attached or 0)
 
 
 def _worker(spec: DeviceSpec, override: Optional[DeviceSpec], emulate: bool) -> str:

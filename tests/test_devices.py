@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 import json
 import time
 from pathlib import Path
@@ -179,19 +180,28 @@ def test_delegate_interpreter_failure_is_a_one_line_error(plan, libedgetpu, monk
     assert "\n" not in str(err.value)
 
 
-def test_enumeration_probes_pcie_and_coral_usb_ids(tmp_path: Path, monkeypatch) -> None:
-    usb = tmp_path / "usb"
-    for name, ids in {"1-1": ("18d1", "9302"), "1-2": ("046d", "0825"), "2-1": ("1a6e", "089a")}.items():
-        (usb / name).mkdir(parents=True)
-        (usb / name / "idVendor").write_text(ids[0] + "\n")
-        (usb / name / "idProduct").write_text(ids[1] + "\n")
-    (tmp_path / "apex_0").touch()
-    (tmp_path / "class" / "apex_0").mkdir(parents=True)
-    (tmp_path / "class" / "apex_0" / "temp").write_text("47250\n")
-    monkeypatch.setattr(devices, "_SYSFS_USB", str(usb))
-    monkeypatch.setattr(devices, "_APEX_DEVICES", str(tmp_path / "apex_*"))
-    monkeypatch.setattr(devices, "_APEX_TEMP", str(tmp_path / "class" / "apex_{}" / "temp"))
-    infos = list_devices()
+def _fake_tree(root: Path, usb: dict, apex: dict, model: Optional[str] = None) -> Path:
+    """A fake device tree: USB devices (name -> vendor, product), PCIe TPUs (index -> milli-°C)."""
+    for name, ids in usb.items():
+        dev = root / "sys" / "bus" / "usb" / "devices" / name
+        dev.mkdir(parents=True)
+        (dev / "idVendor").write_text(ids[0] + "\n")
+        (dev / "idProduct").write_text(ids[1] + "\n")
+    for n, temp in apex.items():
+        (root / "dev").mkdir(parents=True, exist_ok=True)
+        (root / "dev" / f"apex_{n}").touch()
+        (root / "sys" / "class" / "apex" / f"apex_{n}").mkdir(parents=True)
+        (root / "sys" / "class" / "apex" / f"apex_{n}" / "temp").write_text(f"{temp}\n")
+    if model is not None:
+        (root / "proc" / "device-tree").mkdir(parents=True)
+        (root / "proc" / "device-tree" / "model").write_bytes(model.encode() + b"\0")
+    return root
+
+
+def test_enumeration_probes_pcie_and_coral_usb_ids(tmp_path: Path) -> None:
+    root = _fake_tree(tmp_path, {"1-1": ("18d1", "9302"), "1-2": ("046d", "0825"), "2-1": ("1a6e", "089a")},
+                      {0: 47250})
+    infos = list_devices(root)
     assert [(i.device, i.kind) for i in infos] == [("cpu", "cpu"), ("tpu:0", "pci"), ("tpu:1", "usb"), ("tpu:2", "usb")]
     assert infos[1].temperature_c == pytest.approx(47.25)
     assert infos[2].path.endswith("1-1") and infos[3].path.endswith("2-1")

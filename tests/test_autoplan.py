@@ -1,0 +1,123 @@
+"""board="auto": the bundle's plan that fits the attached EdgeTPUs, found on fake device trees."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edgecap import devices
+from edgecap.autoplan import choose_plan, tpus_used
+from edgecap.bundle import load_bundle
+from edgecap.captioner import EdgeCaptioner
+from edgecap.errors import EdgecapError
+from edgecap_compile.compiler import compile_model
+
+from test_devices import _fake_tree
+
+PHANBELL = "Freescale i.MX8MQ Phanbell"
+PI4 = "Raspberry Pi 4 Model B Rev 1.4"
+CORAL_USB = ("18d1", "9302")
+
+
+def _compiled_plan(bundle: Path, board: str, tpus: int, compiled: bool = True) -> None:
+    """Compiles the bundle's encoder into plans/<board> with ``tpus`` TPU stages.
+
+    With ``compiled``, each TPU stage is marked as edgetpu_compiler's output
+    (the segment itself stands in for the compiled file: there is no compiler here).
+    """
+    out = bundle / "plans" / board
+    n = load_bundle(bundle).encoder_model.ops
+    cuts = [round(n * (k + 1) / (tpus + 1)) for k in range(tpus)]
+    ranges = list(zip([0, *cuts], [*cuts, n]))
+    compile_model(bundle, board, out, tpus=tpus, ranges=ranges)
+    if compiled:
+        doc = json.loads((out / "plan.json").read_text())
+        for stage in doc["stages"][:tpus]:
+            stage["edgetpu"] = {"compiled": True, "compiled_segment": stage["segment"]}
+        (out / "plan.json").write_text(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def bundle_with_plans(shipped_bundle: Path, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("plans") / "bundle"
+    shutil.copytree(shipped_bundle, root)
+    _compiled_plan(root, "devboard-usb", 2)
+    _compiled_plan(root, "devboard", 1)
+    return root
+
+
+def _hardware(tmp_path: Path, model, pci: int = 0, usb: int = 0) -> devices.Hardware:
+    tree = _fake_tree(tmp_path / "root", {f"1-{i}": CORAL_USB for i in range(usb)},
+                      {n: 40000 for n in range(pci)}, model)
+    return devices.detect_hardware(tree)
+
+
+@pytest.mark.parametrize("model,pci,usb,profile", [
+    (PHANBELL, 1, 0, "devboard"),
+    (PHANBELL, 1, 1, "devboard-usb"),
+    ("Google i.MX8MQ Phanbell", 1, 1, "devboard-usb"),
+    (PI4, 0, 2, "rpi4-2usb"),
+    (PI4, 0, 0, None),
+    (None, 0, 1, None),
+])
+def test_the_board_is_recognised_from_its_device_tree(tmp_path, model, pci, usb, profile):
+    hw = _hardware(tmp_path, model, pci, usb)
+    assert hw.profile == profile
+    assert [t.kind for t in hw.tpus] == ["pci"] * pci + ["usb"] * usb
+
+
+def test_the_plan_for_the_board_is_taken_when_its_tpus_are_there(bundle_with_plans, tmp_path):
+    bundle = load_bundle(bundle_with_plans)
+    assert sorted(bundle.plans) == ["devboard", "devboard-usb"]
+    choice = choose_plan(bundle, _hardware(tmp_path, PHANBELL, pci=1, usb=1))
+    assert (choice.board, choice.fallback, tpus_used(choice.plan)) == ("devboard-usb", None, 2)
+    one = choose_plan(bundle, _hardware(tmp_path / "b", PHANBELL, pci=1))
+    assert (one.board, one.fallback, tpus_used(one.plan)) == ("devboard", None, 1)
+
+
+def test_fewer_tpus_than_planned_falls_back_to_the_best_plan_for_what_is_there(bundle_with_plans,
+                                                                               tmp_path):
+    bundle = load_bundle(bundle_with_plans)
+    # A Raspberry Pi with one USB Accelerator: no rpi4 plan; devboard's 1-TPU plan fits.
+    choice = choose_plan(bundle, _hardware(tmp_path, PI4, usb=1))
+    assert (choice.board, choice.fallback) == ("devboard", "fewer-tpus")
+    assert "needs 2 EdgeTPU(s), 1 attached" in choice.reason and "\n" not in choice.reason
+
+
+def test_no_tpu_runs_the_cpu_plan_or_fails_when_asked(bundle_with_plans, tmp_path):
+    bundle = load_bundle(bundle_with_plans)
+    hw = _hardware(tmp_path, PHANBELL)
+    choice = choose_plan(bundle, hw)
+    assert (choice.board, choice.fallback, tpus_used(choice.plan)) == (None, "no-tpu", 0)
+    with pytest.raises(EdgecapError, match="set on_missing_tpu = \"cpu\"") as err:
+        choose_plan(bundle, hw, on_missing_tpu="fail")
+    assert "\n" not in str(err.value)
+
+
+def test_uncompiled_and_foreign_plans_are_skipped_with_a_reason(bundle_copy, tmp_path):
+    _compiled_plan(bundle_copy, "devboard", 1, compiled=False)
+    choice = choose_plan(load_bundle(bundle_copy), _hardware(tmp_path, PHANBELL, pci=1))
+    assert (choice.board, choice.fallback) == (None, "uncompiled")
+    assert choice.skipped == (("devboard", "stage(s) 0 not compiled by edgetpu_compiler"),)
+    doc = json.loads((bundle_copy / "plans" / "devboard" / "plan.json").read_text())
+    doc["model"]["sha256"] = "0" * 64
+    (bundle_copy / "plans" / "devboard" / "plan.json").write_text(json.dumps(doc))
+    choice = choose_plan(load_bundle(bundle_copy), _hardware(tmp_path / "b", PHANBELL, pci=1))
+    assert choice.skipped == (("devboard", "compiled from another encoder"),)
+
+
+def test_a_bundle_without_plans_on_a_host_runs_on_the_cpu_quietly(shipped_bundle, tmp_path):
+    choice = choose_plan(load_bundle(shipped_bundle), _hardware(tmp_path, None))
+    assert (choice.board, choice.fallback, tpus_used(choice.plan)) == (None, None, 0)
+
+
+def test_auto_on_this_host_warns_once_and_captions_on_the_cpu(bundle_with_plans, caplog):
+    with caplog.at_level(logging.WARNING, logger="edgecap"):
+        with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
+            assert cap.plan_choice.fallback == "no-tpu"
+            assert [s.device for s in cap.plan.active_stages] == ["cpu"]
+    assert len([r for r in caplog.records if "no EdgeTPU" in r.getMessage()]) == 1
