@@ -34,6 +34,7 @@ import psutil
 
 from edgecap import interpreter
 from edgecap.errors import ConfigError, EdgecapError, PlanError
+from edgecap.scheduler import sleep_until
 
 if TYPE_CHECKING:
     from edgecap.plan import Stage, TensorSpec
@@ -207,10 +208,12 @@ class Pacer:
 
     @staticmethod
     def wait_until(deadline: float) -> None:
-        """Sleeps until ``time.perf_counter()`` reaches ``deadline``; returns at once if it has."""
-        remaining = deadline - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
+        """Sleeps until ``time.perf_counter()`` reaches ``deadline``; returns at once if it has.
+
+        On a pipeline thread it wakes early when the run is stopped
+        (``scheduler.sleep_until``), so a paced stage never delays a stop.
+        """
+        sleep_until(deadline)
 
 
 class PacedSegment(Segment):
