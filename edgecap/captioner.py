@@ -359,9 +359,9 @@ class EdgeCaptioner:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         in_memory_rate = fps or self.window.sample_fps or 30.0
         src = open_source(source, fps=in_memory_rate)
-        self._source = src
         try:
             run = self._pipeline.run(self._jobs(src), live=src.live)
+            self._source = src  # not before: a stream refused as busy must not replace the running one's
             try:
                 for job in run:
                     yield from job.captions
