@@ -512,7 +512,8 @@ def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
             run.halt(seq)
             head.put(_Job(run, seq, [], end=True, error=exc))
         else:
-            head.put(_Job(run, seq, [], end=True))
+            if seq <= run.stop_after:  # else no one waits for the end
+                head.put(_Job(run, seq, [], end=True))
     except (_Closed, _Dropped):
         pass
 
@@ -648,9 +649,9 @@ class Pipeline:
         run.feeder = threading.Thread(
             target=_feed, args=(self._core, run, items, live), name=f"{_THREAD_PREFIX}feeder", daemon=True
         )
-        with self._core.lock:
+        with self._core.lock:  # so close() joins it, or finds the queues closed when it starts
             self._core.feeders = [t for t in self._core.feeders if t.is_alive()] + [run.feeder]
-        run.feeder.start()
+            run.feeder.start()
         return _ThreadedRun(self, run)
 
     def stats(self) -> Optional[PipelineStats]:
@@ -766,8 +767,11 @@ class _ThreadedRun(Iterator[Any]):
         self._finish()
 
     def __del__(self) -> None:
-        if self._run.cancel("dropping its iterator"):
-            self._pipeline._core.wake()
+        try:
+            if self._run.cancel("dropping its iterator"):
+                self._pipeline._core.wake()
+        except Exception:  # at interpreter exit, what it needs may be gone
+            pass
 
 
 class _InlineRun(Iterator[Any]):
@@ -838,7 +842,10 @@ class _InlineRun(Iterator[Any]):
             self._finish()
 
     def __del__(self) -> None:
-        self._run.cancel("dropping its iterator")
+        try:
+            self.close()
+        except Exception:  # at interpreter exit, what it needs may be gone
+            pass
 
 
 def _group_by_worker(steps: Sequence[Step]) -> List[Tuple[str, List[Step]]]:

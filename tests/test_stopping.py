@@ -251,3 +251,38 @@ def test_bad_options_are_config_errors(kw, match):
         Pipeline([_step("a", "cpu")], **kw)
     with pytest.raises(ConfigError, match="at least one step"):
         Pipeline([])
+
+
+def _endless_frames():
+    import numpy as np
+
+    image = np.random.default_rng(0).integers(0, 255, (72, 88, 3), dtype=np.uint8)
+    while True:
+        yield image
+
+
+def test_a_captioner_is_stopped_from_another_thread_and_refuses_a_second_stream(shipped_bundle):
+    from edgecap.captioner import EdgeCaptioner
+
+    cap = EdgeCaptioner(shipped_bundle, num_threads=1)
+    started, outcome = threading.Event(), []
+
+    def consume():
+        try:
+            for _ in cap.stream(_endless_frames(), fps=0):
+                started.set()
+        except RunCancelled as exc:
+            outcome.append(exc)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert started.wait(10.0)
+    with pytest.raises(PipelineBusy):
+        next(cap.stream(_endless_frames(), fps=0))
+    assert cap.stats().frames_in > 0
+    t0 = time.perf_counter()
+    cap.close()
+    consumer.join(2.0)
+    assert not consumer.is_alive() and len(outcome) == 1
+    assert time.perf_counter() - t0 < 1.0
+    assert _pipeline_threads() == []
