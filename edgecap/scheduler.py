@@ -96,11 +96,12 @@ class Step:
       worker: The worker (device) whose thread runs it.
       open: Called once in that thread; returns the function ``payload -> payload``
         the thread then calls for every item. It owns whatever it opens.
-      accepts: Optional ``payload -> bool``, called on the thread handing the
-        item over (so: cheap, and reading only what earlier steps wrote). An
-        item it returns False for skips the step, and skips the step's worker
-        when no step there accepts it and that worker holds no earlier item.
-        The pipeline's first worker receives every item.
+      accepts: Optional ``payload -> bool``: False skips the step for that
+        item, and skips the step's worker (no hand-off) when no step there
+        accepts the item and that worker holds no earlier item. Called on the
+        thread handing the item over and again on the step's worker, so keep
+        it cheap and let it read only what earlier steps wrote. The first
+        worker receives every item.
     """
 
     name: str
@@ -120,9 +121,6 @@ class _Flag:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.RLock())
         self._set = False
-
-    def is_set(self) -> bool:
-        return self._set
 
     def set(self) -> None:
         with self._cond:
@@ -341,11 +339,12 @@ class _Core:
         # that worker only: with its inbox's puts it tells whether it is idle.
         self.done = [0] * len(groups)
         # Per worker: the predicates an item must fail to pass it by, or None
-        # when some step there takes every item.
-        self.skips: List[Optional[List[Callable[[Any], bool]]]] = [
-            None if i == 0 or any(s.accepts is None for s in steps) else [s.accepts for s in steps]  # type: ignore
-            for i, (_, steps) in enumerate(groups)
-        ] + [None]
+        # when it takes every item (the first worker and the consumer do).
+        self.skips: List[Optional[List[Callable[[Any], bool]]]] = [None]
+        for _, steps in groups[1:]:
+            preds = [s.accepts for s in steps if s.accepts is not None]
+            self.skips.append(preds if len(preds) == len(steps) else None)
+        self.skips.append(None)
         self.threads: List[threading.Thread] = []
         self.feeders: List[threading.Thread] = []
         self.active: Optional[_Run] = None
@@ -354,13 +353,14 @@ class _Core:
     def route(self, worker: int, job: _Job) -> int:
         """The channel a job leaving ``worker`` goes to: the next worker's, or past it."""
         k = worker + 1
-        skips = self.skips
-        while skips[k] is not None and self.channels[k].puts == self.done[k]:
-            preds = skips[k]
-            if any(accepts(item.payload) for item in job.items for accepts in preds):  # type: ignore
-                break
+        while True:
+            preds = self.skips[k]
+            # A worker still holding an earlier job is not passed by: order is kept.
+            if preds is None or self.channels[k].puts != self.done[k]:
+                return k
+            if any(accepts(item.payload) for item in job.items for accepts in preds):
+                return k
             k += 1
-        return k
 
     def wake(self) -> None:
         for channel in self.channels:
@@ -564,7 +564,7 @@ class Pipeline:
         self._inline: Optional[List[Callable[[Any], Any]]] = None
         if tracer is not None:
             tracer.add_tracks([SOURCE_TRACK] + [name for name, _ in self._groups])
-        # Not a bound method: the finalizer must not keep the pipeline alive.
+        # Bound to the core, not to self: the finalizer must not keep the pipeline alive.
         self._finalizer = weakref.finalize(self, self._core.shutdown, "garbage collection")
         self._finalizer.atexit = False  # _close_all_at_exit joins, with a timeout
         if pipelined:
