@@ -18,7 +18,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, List
+from typing import Any, Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
 
@@ -30,7 +30,7 @@ DEFAULT_MAX_BYTES = 32 * 2**20
 _SLICE = np.dtype([("track", "<u2"), ("name", "<u2"), ("frame", "<i8"), ("start", "<f8"), ("end", "<f8")])
 SLICE_BYTES = _SLICE.itemsize
 _MAX_IDS = 2**16 - 1  # ids are 16-bit; 0 marks a record not yet written
-_WRITE_CHUNK = 16_384  # slices formatted at once when writing
+_WRITE_CHUNK = 2048  # slices formatted at once when writing
 
 
 class Tracer:
@@ -108,10 +108,29 @@ class Tracer:
         if len(ids) >= _MAX_IDS:
             raise ConfigError(f"trace: more than {_MAX_IDS} {what}; trace fewer distinct {what}")
 
-    def _kept(self) -> np.ndarray:
-        """The kept records in start order (a copy)."""
-        kept = self._ring[self._ring["track"] != 0]  # track 0: a slot not written yet
-        return kept[np.argsort(kept["start"], kind="stable")]
+    def _chunks(self) -> Iterator[np.ndarray]:
+        """Yields the kept records oldest first, as copies of a chunk at a time.
+
+        Slots are written in the order slices are recorded, so the oldest
+        follows the one that ended last; no sorted copy of the whole ring is made.
+        """
+        ring = self._ring
+        ends = ring["end"]  # unwritten slots are zeros
+        newest, last = 0, -np.inf
+        for lo in range(0, len(ring), _WRITE_CHUNK):  # a chunk at a time: argmax would copy the column
+            i = lo + int(np.argmax(ends[lo:lo + _WRITE_CHUNK]))
+            if ends[i] > last:
+                newest, last = i, ends[i]
+        first = newest + 1
+        for lo in range(0, len(ring), _WRITE_CHUNK):
+            rec = ring.take(np.arange(first + lo, first + min(lo + _WRITE_CHUNK, len(ring))), mode="wrap")
+            yield rec[rec["track"] != 0]  # track 0: a slot not written yet
+
+    def _columns(self, rec: np.ndarray) -> Iterator[Tuple[int, int, int, float, float]]:
+        """(track id, name id, frame, ts us, dur us) of each record."""
+        ts = ((rec["start"] - self._origin) * 1e6).tolist()
+        dur = ((rec["end"] - rec["start"]) * 1e6).tolist()
+        return zip(rec["track"].tolist(), rec["name"].tolist(), rec["frame"].tolist(), ts, dur)
 
     def _meta(self) -> List[Dict[str, Any]]:
         meta: List[Dict[str, Any]] = [
@@ -124,43 +143,37 @@ class Tracer:
             )
         return meta
 
-    def _slice_events(self) -> Iterator[List[Dict[str, Any]]]:
-        """Yields the kept slices as trace events, a chunk at a time."""
-        names = {i: name for name, i in self._names.items()}
-        kept = self._kept()
-        for lo in range(0, len(kept), _WRITE_CHUNK):
-            rec = kept[lo:lo + _WRITE_CHUNK]
-            ts = ((rec["start"] - self._origin) * 1e6).tolist()
-            dur = ((rec["end"] - rec["start"]) * 1e6).tolist()
-            yield [
-                {"ph": "X", "name": names[n], "pid": 1, "tid": t, "ts": s, "dur": d, "args": {"frame": f}}
-                for t, n, f, s, d in zip(rec["track"].tolist(), rec["name"].tolist(),
-                                         rec["frame"].tolist(), ts, dur)
-            ]
-
     def events(self) -> List[Dict[str, Any]]:
-        """Returns the trace events: track names first, then the kept slices in start order."""
+        """Returns the trace events: track names first, then the kept slices, oldest first."""
+        names = {i: name for name, i in self._names.items()}
         events = self._meta()
-        for chunk in self._slice_events():
-            events += chunk
+        for rec in self._chunks():
+            events += [
+                {"ph": "X", "name": names[n], "pid": 1, "tid": t, "ts": ts, "dur": dur, "args": {"frame": f}}
+                for t, n, f, ts, dur in self._columns(rec)
+            ]
         return events
 
     def write(self, path: "str | os.PathLike[str]") -> None:
         """Writes the trace as JSON to ``path``.
 
-        The slices are written a chunk at a time, so writing needs little
-        memory beyond the ring buffer itself.
+        Slices are formatted a chunk at a time, so writing needs little memory
+        beyond the ring buffer itself.
 
         Raises:
           ConfigError: If ``path`` cannot be written.
         """
+        names = {i: json.dumps(name) for name, i in self._names.items()}
         try:
             with open(path, "w", encoding="utf-8") as f:
                 f.write('{"displayTimeUnit": "ms", "traceEvents": [')
                 f.write(json.dumps(self._meta())[1:-1])
-                for chunk in self._slice_events():
-                    f.write(", ")
-                    f.write(json.dumps(chunk)[1:-1])
+                for rec in self._chunks():
+                    f.writelines(
+                        f',\n{{"ph": "X", "name": {names[n]}, "pid": 1, "tid": {t}, "ts": {ts!r}, '
+                        f'"dur": {dur!r}, "args": {{"frame": {fr}}}}}'
+                        for t, n, fr, ts, dur in self._columns(rec)
+                    )
                 f.write("]}\n")
         except OSError as exc:
             raise ConfigError(f"trace {path}: cannot write it ({exc.strerror}); choose a writable path") from None
