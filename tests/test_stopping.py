@@ -286,3 +286,18 @@ def test_a_captioner_is_stopped_from_another_thread_and_refuses_a_second_stream(
     assert not consumer.is_alive() and len(outcome) == 1
     assert time.perf_counter() - t0 < 1.0
     assert _pipeline_threads() == []
+
+
+def test_a_captioner_dropped_without_close_leaves_no_thread(shipped_bundle):
+    from edgecap.captioner import EdgeCaptioner
+
+    cap = EdgeCaptioner(shipped_bundle, num_threads=1)
+    it = cap.stream(_endless_frames(), fps=0)
+    next(it)
+    assert _pipeline_threads() != []
+    del it, cap
+    gc.collect()
+    deadline = time.monotonic() + 1.0
+    while _pipeline_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _pipeline_threads() == []
