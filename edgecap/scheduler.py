@@ -53,6 +53,14 @@ thread consuming the open run, it stops that run first).
 A step that sleeps (pacing) should call ``sleep_until(deadline)`` instead of
 ``time.sleep``: it returns early, with False, when the run it works for is
 stopped.
+
+An error raised by a step or the source reaches the consumer after the
+results of every item before it; the source then stops. ``PipelineBusy``
+and ``RunCancelled`` are ``edgecap.errors`` classes, so a caller wrapping a
+pipeline (the captioner) passes them on as they are, and a CLI's SIGINT or
+SIGTERM handler needs only call ``close()`` (or ``cancel()``) and catch
+``RunCancelled`` around its loop; slow work, such as writing a trace, belongs
+after the loop, not in the handler.
 """
 
 from __future__ import annotations
@@ -382,10 +390,14 @@ class _Core:
         me = threading.current_thread()
         stuck = []
         for thread in threads:
-            if thread is not me:
+            if thread is me:
+                continue
+            try:
                 thread.join(max(0.0, deadline - time.monotonic()))
-                if thread.is_alive():
-                    stuck.append(thread.name)
+            except RuntimeError:  # a signal handler's close() during its start(): it finds the queues closed
+                continue
+            if thread.is_alive():
+                stuck.append(thread.name)
         with self.lock:
             self.threads = [t for t in self.threads if t.is_alive()]
             self.feeders = [t for t in self.feeders if t.is_alive()]
