@@ -792,7 +792,7 @@ class _InlineRun(Iterator[Any]):
     def __init__(self, pipeline: Pipeline, run: _Run, items: Iterable[Any]) -> None:
         self._pipeline = pipeline
         self._run = run
-        self._fns = pipeline._inline
+        self._fns: List[Callable[[Any], Any]] = pipeline._inline or []
         self._source: Optional[Iterator[Any]] = None
         self._items = items
         self._seq = 0
@@ -817,7 +817,7 @@ class _InlineRun(Iterator[Any]):
             if tracer is not None:
                 tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
             recorder.item_in(t_in)
-            for j, (step, fn) in enumerate(zip(self._pipeline._steps, self._fns)):  # type: ignore
+            for j, (step, fn) in enumerate(zip(self._pipeline._steps, self._fns)):
                 if step.accepts is not None and not step.accepts(payload):
                     continue
                 start = time.perf_counter()
@@ -842,7 +842,7 @@ class _InlineRun(Iterator[Any]):
         self._done = True
         self._run.ended = True
         self._run.recorder.finish()
-        source, self._source = self._source, None
+        source = self._items if self._source is None else self._source
         close = getattr(source, "close", None)
         if close is not None:
             close()
