@@ -157,6 +157,10 @@ class _RnnStep:
         return job
 
 
+def _ends_a_window(job: _FrameJob) -> bool:
+    return bool(job.finished)
+
+
 class _Decode:
     """The greedy decoder of finished windows; owned by the decode worker."""
 
@@ -255,7 +259,9 @@ class EdgeCaptioner:
         rnn = functools.partial(_RnnStep, self.bundle, self.window, rnn_ms,
                                 self._output_name, self._output_quantization)
         steps.append(Step("rnn_step", CPU_WORKER, rnn))
-        steps.append(Step("decode", DECODE_WORKER, functools.partial(_Decode, self.bundle)))
+        # The decoder sees only frames that end a window: the others pass its worker by.
+        steps.append(Step("decode", DECODE_WORKER, functools.partial(_Decode, self.bundle),
+                          accepts=_ends_a_window))
         return steps
 
     def _cnn_step(self, stage: Stage) -> Step:
@@ -271,7 +277,7 @@ class EdgeCaptioner:
             _CnnStage, stage, device, num_threads=threads,
             timing_only=self.options.timing_only, pace=pace,
         )
-        return Step(f"stage{stage.index}", device, opener)
+        return Step(f"stage {stage.index} ({stage.device})", device, opener)
 
     def caption_frames(self, frames: Any) -> List[Caption]:
         """Captions frames that are already sampled, one caption per complete window.
@@ -306,9 +312,9 @@ class EdgeCaptioner:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         in_memory_rate = fps or self.window.sample_fps or 30.0
         src = open_source(source, fps=in_memory_rate)
-        self._source = src
         try:
             run = self._pipeline.run(self._jobs(src), live=src.live)
+            self._source = src  # not before: a stream refused as busy must not replace the running one's
             try:
                 for job in run:
                     yield from job.captions

@@ -19,3 +19,11 @@ class PlanError(EdgecapError):
 
 class ConfigError(EdgecapError):
     """A malformed configuration file or option."""
+
+
+class PipelineBusy(EdgecapError):
+    """A run started on a pipeline (or captioner) while another thread's run is still open."""
+
+
+class RunCancelled(EdgecapError):
+    """A run stopped before its end by ``close()`` or ``cancel()``, from another thread or a signal handler."""

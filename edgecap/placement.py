@@ -8,7 +8,7 @@ as a ``Placement``; the captioner only reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Mapping, Optional
 
 from edgecap import devices
 from edgecap.devices import DeviceSpec, parse_device
@@ -58,7 +58,8 @@ def place(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str],
 
     Raises:
       ConfigError: If an override names a device the plan does not use or is
-        not a device string, or two non-adjacent steps would share a worker.
+        not a device string. (Two non-adjacent steps on one worker are refused
+        by the scheduler, which names both.)
     """
     wanted = {parse_device(k): parse_device(v) for k, v in overrides.items()}
     planned = [s.spec for s in plan.active_stages]
@@ -78,7 +79,6 @@ def place(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str],
         workers[str(spec)] = _worker(spec, wanted.get(spec), bool(emulate))
     emulated = bool(emulate) or any(parse_device(w).kind == "emu-tpu" for w in workers.values())
     pace_cpu = emulated and all(s.predicted_ms is not None for s in plan.active_stages)
-    _check_consecutive(plan, workers)
     return Placement(workers, emulated, pace_cpu, attached or 0)
 
 
@@ -90,21 +90,3 @@ def _worker(spec: DeviceSpec, override: Optional[DeviceSpec], emulate: bool) -> 
     if spec.kind == "cpu":
         return CPU_WORKER
     return str(spec)
-
-
-def _check_consecutive(plan: Plan, workers: Mapping[str, str]) -> None:
-    # A worker runs consecutive steps only (see edgecap.scheduler); the RNN step
-    # and the decoder follow the last stage on their own workers. Checked here,
-    # where the stages have names a user recognises.
-    order = [(f"stage {s.index} ({s.device})", workers[s.device]) for s in plan.active_stages]
-    order += [("the RNN step", CPU_WORKER), ("the decoder", DECODE_WORKER)]
-    first: Dict[str, str] = {}
-    prev: List[str] = []
-    for name, worker in order:
-        if prev and worker != prev[-1] and worker in first:
-            raise ConfigError(
-                f"devices_map puts {first[worker]} and {name} on worker {worker} with other steps "
-                "between them; give each device a worker of its own, e.g. cpu:1"
-            )
-        first.setdefault(worker, name)
-        prev.append(worker)

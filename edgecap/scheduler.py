@@ -1,4 +1,4 @@
-"""Runs per-frame work as a pipeline: one thread per device, bounded queues between them.
+"""Runs per-item work as a pipeline: one thread per device, bounded queues between them.
 
 A pipeline is a chain of ``Step``s. Consecutive steps on the same worker (a
 device, e.g. ``tpu:0``, or a CPU role such as ``cpu`` and ``decode``) run on
@@ -18,28 +18,81 @@ item and counts the ones it displaced as drops.
 ``Pipeline(steps, pipelined=False)`` runs every step in the calling thread
 instead, one item at a time: the sequential schedule, with the same statistics.
 
-A hand-off (a queue put, and the wake-up of the thread waiting on it) costs
-tens of microseconds of CPU. Where stages take well under a millisecond (a
-small CNN on a fast host CPU) that is a large share of the work, so
-``batch=N`` hands a file source's items over N at a time; each item still
-runs every step on its own and comes out in order.
+Hand-offs. A hand-off (a put, and the wake-up of the thread waiting on it)
+costs microseconds of CPU. Where stages take well under a millisecond (a small
+CNN on a fast host CPU) that is a large share of the work, so ``batch=N``
+hands a file source's items over N at a time; each item still runs every step
+on its own and comes out in order. A step that has work for few items (a
+decoder that runs once per window) says which with ``Step.accepts``: an item
+it does not accept skips the step, and skips its worker altogether (no
+hand-off) when no step there accepts it and that worker holds no earlier
+item, which keeps results in input order.
+
+Stopping, from any thread. One run is open at a time; a second ``run()``
+from another thread while one is open raises ``PipelineBusy`` (from the
+thread consuming the open run, it stops that run first).
+
+* Breaking out of the loop and closing (or dropping) the run's iterator stops
+  the run: items in flight are dropped, the feeder closes the source, and the
+  workers stay up for the next run.
+* ``cancel()`` stops the current run and ``close()`` stops it and the workers;
+  both are safe from any thread and from a signal handler (a SIGINT or SIGTERM
+  handler may call ``close()``). The run's iterator then raises
+  ``RunCancelled`` at its next item (the consumer's own ``close()`` of it
+  raises nothing). Blocked queue operations wake at once, and so do steps
+  that wait with ``sleep_until`` (the emulated devices' pacing): a run stops
+  within the time of one step invoke.
+* ``close(timeout=)`` joins the threads for at most ``timeout`` seconds in
+  all (``JOIN_TIMEOUT_S`` by default) and warns (``RuntimeWarning``) naming
+  each thread that did not stop, e.g. a step stuck in a driver call; such a
+  daemon thread is left behind.
+* A pipeline dropped without ``close()`` stops its workers when it is
+  garbage-collected, and every pipeline still open at interpreter exit is
+  closed then, with the same timeout and warning.
+
+A step that sleeps (pacing) should call ``sleep_until(deadline)`` instead of
+``time.sleep``: it returns early, with False, when the run it works for is
+stopped.
+
+An error raised by a step or the source reaches the consumer after the
+results of every item before it; the source then stops. ``PipelineBusy``
+and ``RunCancelled`` are ``edgecap.errors`` classes, so a caller wrapping a
+pipeline (the captioner) passes them on as they are, and a CLI's SIGINT or
+SIGTERM handler needs only call ``close()`` (or ``cancel()``) and catch
+``RunCancelled`` around its loop; slow work, such as writing a trace, belongs
+after the loop, not in the handler.
 """
 
 from __future__ import annotations
 
-import itertools
-import queue
+import atexit
+import collections
+import math
 import threading
 import time
+import warnings
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from edgecap.errors import ConfigError, PipelineBusy, RunCancelled
 from edgecap.stats import PipelineStats, RunRecorder
 from edgecap.trace import Tracer
 
 SOURCE_TRACK = "source"
 _THREAD_PREFIX = "edgecap-"
+
+JOIN_TIMEOUT_S = 1.0
+# A signal handler runs on the main thread between two bytecodes, so it can
+# set a stop flag after the main thread checked it and before it waits: a
+# consumer on the main thread re-checks this often instead of waiting blind.
+_MAIN_THREAD_RECHECK_S = 0.1
+# Waits shorter than this use time.sleep, which wakes closer to the deadline
+# than a condition variable does (measured: 10-20 us later at 2 ms).
+_TIGHT_WAIT_S = 0.001
+
+_local = threading.local()
 
 
 @dataclass(frozen=True)
@@ -51,49 +104,430 @@ class Step:
       worker: The worker (device) whose thread runs it.
       open: Called once in that thread; returns the function ``payload -> payload``
         the thread then calls for every item. It owns whatever it opens.
+      accepts: Optional ``payload -> bool``: False skips the step for that
+        item, and skips the step's worker (no hand-off) when no step there
+        accepts the item and that worker holds no earlier item. Called on the
+        thread handing the item over and again on the step's worker, so keep
+        it cheap and let it read only what earlier steps wrote. The first
+        worker receives every item.
     """
 
     name: str
     worker: str
     open: Callable[[], Callable[[Any], Any]]
+    accepts: Optional[Callable[[Any], bool]] = None
 
 
-@dataclass
+class _Flag:
+    """A settable flag one may wait on; settable from a signal handler.
+
+    Unlike ``threading.Event`` it is built on a reentrant lock: a signal
+    handler that interrupts the main thread while it holds the lock can still
+    set it instead of deadlocking.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.RLock())
+        self._set = False
+
+    def set(self) -> None:
+        with self._cond:
+            self._set = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Waits until the flag is set or ``timeout`` seconds pass; returns the flag."""
+        with self._cond:
+            if not self._set:
+                self._cond.wait(timeout)
+            return self._set
+
+
+class _Run:
+    """One run's shared state: its recorder, how far it goes, who consumes it."""
+
+    def __init__(self, recorder: RunRecorder) -> None:
+        self.recorder = recorder
+        # Items after this sequence number are dropped: inf while the run goes
+        # on, the failing item's after an error, -1 once cancelled.
+        self.stop_after: float = math.inf
+        self.stopped = _Flag()
+        self._lock = threading.RLock()
+        self.owner = threading.get_ident()
+        self.ended = False
+        self.reason = ""
+        self.feeder: Optional[threading.Thread] = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.stop_after < 0
+
+    @property
+    def open(self) -> bool:
+        return not self.ended and not self.cancelled
+
+    def halt(self, seq: int) -> None:
+        """An item failed: items after ``seq`` need no more work."""
+        with self._lock:
+            self.stop_after = min(self.stop_after, seq)
+
+    def cancel(self, reason: str) -> bool:
+        """Drops every item in flight; returns False if the run had ended already."""
+        with self._lock:
+            if not self.open:
+                return False
+            self.stop_after = -1
+            self.reason = reason
+        self.recorder.finish()
+        self.stopped.set()
+        return True
+
+
 class _Item:
-    seq: int
-    payload: Any
-    t_in: float
+    __slots__ = ("seq", "payload", "t_in")
+
+    def __init__(self, seq: int, payload: Any, t_in: float) -> None:
+        self.seq, self.payload, self.t_in = seq, payload, t_in
 
 
-@dataclass
 class _Job:
-    recorder: RunRecorder
-    items: List[_Item]
+    """What one hand-off carries: items of one run, or the run's end (with its error, if any)."""
+
+    __slots__ = ("run", "seq", "items", "end", "error")
+
+    def __init__(self, run: _Run, seq: int, items: List[_Item], end: bool = False,
+                 error: Optional[BaseException] = None) -> None:
+        self.run, self.seq, self.items, self.end, self.error = run, seq, items, end, error
 
 
-@dataclass
-class _EndOfRun:
-    recorder: RunRecorder
+class _Closed(Exception):
+    """The pipeline is closed: the thread waiting on a queue exits."""
 
 
-_SHUTDOWN = object()
+class _Dropped(Exception):
+    """The job's run stopped while its put waited for room."""
 
 
-class _HeadQueue(queue.Queue):
-    """The pipeline's input queue: bounded for files, newest-only for live sources."""
+class _Channel:
+    """A bounded FIFO between threads whose waits a stop interrupts.
 
-    def put_latest(self, item: Any) -> int:
-        """Replaces whatever is waiting with ``item``; never blocks.
+    It records the depth it had at each put into the putting job's run, under
+    its own lock, so a queue that several threads put into (see
+    ``Step.accepts``) still has one writer per counter.
+    """
 
-        Returns:
-          How many waiting items were displaced (dropped).
+    def __init__(self, index: int, capacity: int) -> None:
+        self.index = index
+        self.capacity = capacity
+        self.puts = 0
+        self.closed = False
+        self._items: Deque[_Job] = collections.deque()
+        # Reentrant: close() may run in a signal handler that interrupted the
+        # main thread (the consumer) inside one of these methods.
+        lock = threading.RLock()
+        self._lock = lock
+        self._not_empty = threading.Condition(lock)
+        self._not_full = threading.Condition(lock)
+
+    def put(self, job: _Job) -> None:
+        """Appends ``job``, waiting for room.
+
+        Raises:
+          _Closed: The pipeline closed.
+          _Dropped: The job's run stopped while waiting.
         """
-        with self.mutex:
-            dropped = len(self.queue)
-            self.queue.clear()
-            self.queue.append(item)
-            self.not_empty.notify()
+        with self._lock:
+            items = self._items
+            while len(items) >= self.capacity and not self.closed:
+                if job.seq > job.run.stop_after:
+                    raise _Dropped
+                self._not_full.wait()
+            if self.closed:
+                raise _Closed
+            self._record(job.run.recorder, len(items))
+            items.append(job)
+            self.puts += 1
+            self._not_empty.notify()
+
+    def put_latest(self, job: _Job) -> int:
+        """Replaces whatever waits with ``job``; never blocks. Returns how many it displaced."""
+        with self._lock:
+            if self.closed:
+                raise _Closed
+            dropped = len(self._items)
+            self._record(job.run.recorder, dropped)
+            self._items.clear()
+            self._items.append(job)
+            self.puts += 1
+            self._not_empty.notify()
         return dropped
+
+    def _record(self, recorder: RunRecorder, depth: int) -> None:
+        i = self.index
+        recorder.depth_sum[i] += depth
+        recorder.depth_puts[i] += 1
+        if depth > recorder.depth_max[i]:
+            recorder.depth_max[i] = depth
+
+    def get(self, run: Optional[_Run] = None, recheck: Optional[float] = None) -> _Job:
+        """Takes the oldest job, waiting for one.
+
+        Args:
+          run: Also stop waiting when this run is cancelled (the consumer's get).
+          recheck: Re-check the stop conditions this often (seconds) while waiting.
+
+        Raises:
+          _Closed: The pipeline closed, or ``run`` was cancelled.
+        """
+        with self._lock:
+            items = self._items
+            while not items:
+                if self.closed or (run is not None and run.cancelled):
+                    raise _Closed
+                self._not_empty.wait(recheck)
+            job = items.popleft()
+            self._not_full.notify()
+            return job
+
+    def wake(self) -> None:
+        """Wakes every waiter, to re-check whether its run stopped."""
+        with self._lock:
+            self._not_empty.notify_all()
+            self._not_full.notify_all()
+
+    def close(self) -> None:
+        """Drops what waits and makes every wait, now and later, raise ``_Closed``."""
+        with self._lock:
+            self.closed = True
+            self._items.clear()
+            self._not_empty.notify_all()
+            self._not_full.notify_all()
+
+
+def sleep_until(deadline: float) -> bool:
+    """Sleeps until ``time.perf_counter()`` reaches ``deadline``, or the current run stops.
+
+    For steps that wait (an emulated device's pacing): called on a pipeline
+    thread, it returns as soon as the run the thread works for is cancelled or
+    the pipeline closed, so stopping never waits out a long pace. The last
+    millisecond is slept with ``time.sleep``, which wakes closest to the
+    deadline. Outside a run it is a plain sleep.
+
+    Args:
+      deadline: A ``time.perf_counter()`` value; a past one returns at once.
+
+    Returns:
+      False if the run was stopped (the deadline may not be reached), else True.
+    """
+    run: Optional[_Run] = getattr(_local, "run", None)
+    remaining = deadline - time.perf_counter()
+    if run is not None and remaining > _TIGHT_WAIT_S:
+        if run.stopped.wait(remaining - _TIGHT_WAIT_S):
+            return False
+        remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+    return run is None or not run.cancelled
+
+
+class _Core:
+    """What the pipeline's threads share; it holds no reference to the ``Pipeline``.
+
+    So a pipeline dropped without ``close()`` can be collected, and its
+    finalizer stops the threads.
+    """
+
+    def __init__(self, groups: List[Tuple[str, List[Step]]], queue_size: int, batch: int,
+                 tracer: Optional[Tracer]) -> None:
+        self.groups = groups
+        self.batch = batch
+        self.tracer = tracer
+        self.channels = [_Channel(i, queue_size) for i in range(len(groups) + 1)]
+        # Jobs each worker has finished with (forwarded or dropped), written by
+        # that worker only: with its inbox's puts it tells whether it is idle.
+        self.done = [0] * len(groups)
+        # Per worker: the predicates an item must fail to pass it by, or None
+        # when it takes every item (the first worker and the consumer do).
+        self.skips: List[Optional[List[Callable[[Any], bool]]]] = [None]
+        for _, steps in groups[1:]:
+            preds = [s.accepts for s in steps if s.accepts is not None]
+            self.skips.append(preds if len(preds) == len(steps) else None)
+        self.skips.append(None)
+        self.threads: List[threading.Thread] = []
+        self.feeders: List[threading.Thread] = []
+        self.active: Optional[_Run] = None
+        self.lock = threading.RLock()
+
+    def route(self, worker: int, job: _Job) -> int:
+        """The channel a job leaving ``worker`` goes to: the next worker's, or past it."""
+        k = worker + 1
+        while True:
+            preds = self.skips[k]
+            # A worker still holding an earlier job is not passed by: order is kept.
+            if preds is None or self.channels[k].puts != self.done[k]:
+                return k
+            if any(accepts(item.payload) for item in job.items for accepts in preds):
+                return k
+            k += 1
+
+    def wake(self) -> None:
+        for channel in self.channels:
+            channel.wake()
+
+    def shutdown(self, reason: str = "close()") -> None:
+        """Stops the open run and makes every thread exit; never blocks for long."""
+        run = self.active
+        if run is not None:
+            run.cancel(reason)
+        for channel in self.channels:
+            channel.close()
+
+    def join(self, timeout: float) -> None:
+        """Joins the workers and feeders, ``timeout`` seconds in all; warns naming each that did not stop."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            threads = self.threads + self.feeders
+        me = threading.current_thread()
+        stuck = []
+        for thread in threads:
+            if thread is me:
+                continue
+            try:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            except RuntimeError:  # a signal handler's close() during its start(): it finds the queues closed
+                continue
+            if thread.is_alive():
+                stuck.append(thread.name)
+        with self.lock:
+            self.threads = [t for t in self.threads if t.is_alive()]
+            self.feeders = [t for t in self.feeders if t.is_alive()]
+        if stuck:
+            warnings.warn(
+                f"edgecap: {', '.join(stuck)} did not stop within {timeout:g} s of close() and "
+                "is left running; a step is blocked (a device or a source that does not return)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+# Every core with threads, for the join at interpreter exit (threads hold their core).
+_LIVE: "weakref.WeakSet[_Core]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    for core in list(_LIVE):
+        core.shutdown("interpreter exit")
+        core.join(JOIN_TIMEOUT_S)
+
+
+def _work(core: _Core, w: int, first: int, ready: Future) -> None:
+    """A worker thread: opens its steps, then runs every job of its inbox through them."""
+    name, steps = core.groups[w]
+    try:
+        fns = [step.open() for step in steps]
+    except BaseException as exc:  # reported to the constructor, which shuts down
+        ready.set_exception(exc)
+        return
+    ready.set_result(None)
+    plan = [(first + j, step.name, fn, step.accepts) for j, (step, fn) in enumerate(zip(steps, fns))]
+    del fns
+    inbox, channels, done, tracer = core.channels[w], core.channels, core.done, core.tracer
+    route = core.route if core.skips[w + 1] is not None else None
+    current: Optional[_Run] = None
+    busy: List[float] = []
+    invokes: List[int] = []
+    try:
+        while True:
+            job = inbox.get()
+            run = job.run
+            if job.seq > run.stop_after:  # its run stopped
+                done[w] += 1
+                continue
+            if job.items:
+                if run is not current:
+                    current = _local.run = run
+                    busy, invokes = run.recorder.busy, run.recorder.invokes
+                _run_items(job, plan, name, tracer, busy, invokes)
+            if job.seq <= run.stop_after:
+                try:
+                    channels[w + 1 if route is None else route(w, job)].put(job)
+                except _Dropped:
+                    pass
+            done[w] += 1
+    except _Closed:
+        pass
+
+
+def _run_items(job: _Job, plan: List[Tuple[int, str, Callable[[Any], Any], Any]], track: str,
+               tracer: Optional[Tracer], busy: List[float], invokes: List[int]) -> None:
+    """Runs each item of ``job`` through a worker's steps; a failure ends the job there."""
+    perf_counter = time.perf_counter
+    for n, item in enumerate(job.items):
+        try:
+            for j, name, fn, accepts in plan:
+                if accepts is not None and not accepts(item.payload):
+                    continue
+                start = perf_counter()
+                item.payload = fn(item.payload)
+                end = perf_counter()
+                busy[j] += end - start
+                invokes[j] += 1
+                if tracer is not None:
+                    tracer.slice(track, name, item.seq, start, end)
+        except BaseException as exc:  # a dead worker would leave the consumer waiting forever
+            # Items before it go on; the error reaches the consumer after them.
+            job.run.halt(item.seq)
+            job.items, job.end, job.error = job.items[:n], True, exc
+            return
+
+
+def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
+    """The feeder thread: reads the source into the head queue, then sends the run's end."""
+    head = core.channels[0]
+    recorder, tracer, batch = run.recorder, core.tracer, core.batch
+    seq = 0
+    try:
+        try:
+            source = iter(items)
+            try:
+                pending: List[_Item] = []
+                # Checked before each read, so a stopped run reads no further item.
+                while seq <= run.stop_after:
+                    start = time.perf_counter()
+                    try:
+                        payload = next(source)
+                    except StopIteration:
+                        break
+                    t_in = time.perf_counter()
+                    if tracer is not None:
+                        tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
+                    recorder.item_in(t_in)
+                    item = _Item(seq, payload, t_in)
+                    seq += 1
+                    if live:
+                        recorder.dropped += head.put_latest(_Job(run, item.seq, [item]))
+                        continue
+                    pending.append(item)
+                    if len(pending) == batch:
+                        head.put(_Job(run, pending[0].seq, pending))
+                        pending = []
+                if pending:
+                    head.put(_Job(run, pending[0].seq, pending))
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
+        except (_Closed, _Dropped):
+            raise
+        except BaseException as exc:  # reported to the consumer, like a step's
+            run.halt(seq)
+            head.put(_Job(run, seq, [], end=True, error=exc))
+        else:
+            if seq <= run.stop_after:  # else no one waits for the end
+                head.put(_Job(run, seq, [], end=True))
+    except (_Closed, _Dropped):
+        pass
 
 
 class Pipeline:
@@ -109,6 +543,8 @@ class Pipeline:
       tracer: Records one slice per step invoke when given.
 
     Raises:
+      ConfigError: If there is no step, ``queue_size`` or ``batch`` is below 1,
+        or a worker's steps are not consecutive.
       Exception: Whatever a step's ``open`` raised, after every thread is joined.
     """
 
@@ -122,26 +558,27 @@ class Pipeline:
         tracer: Optional[Tracer] = None,
     ) -> None:
         if not steps:
-            raise ValueError("a pipeline needs at least one step")
+            raise ConfigError("a pipeline needs at least one step; give it the steps to run")
         if queue_size < 1:
-            raise ValueError("queue_size must be >= 1")
+            raise ConfigError(f"queue_size {queue_size}: each queue must hold at least 1 hand-off; use 1 or more")
         if batch < 1:
-            raise ValueError("batch must be >= 1")
-        self._batch = batch
+            raise ConfigError(f"batch {batch}: hand over at least 1 frame at a time; use 1 or more")
         self._steps = list(steps)
         self._pipelined = pipelined
-        self._tracer = tracer
         self._groups = _group_by_worker(self._steps)
         ends = [SOURCE_TRACK] + [name for name, _ in self._groups] + ["consumer"]
         self._queue_names = [f"{a}->{b}" for a, b in zip(ends, ends[1:])]
         self._queue_size = queue_size
-        self._recorder: Optional[RunRecorder] = None
-        self._active: Optional[Generator[Any, None, None]] = None
+        self._tracer = tracer
+        self._core = _Core(self._groups, queue_size, batch, tracer)
+        self._lock = threading.RLock()
         self._closed = False
         self._inline: Optional[List[Callable[[Any], Any]]] = None
-        self._threads: List[threading.Thread] = []
         if tracer is not None:
             tracer.add_tracks([SOURCE_TRACK] + [name for name, _ in self._groups])
+        # Bound to the core, not to self: the finalizer must not keep the pipeline alive.
+        self._finalizer = weakref.finalize(self, self._core.shutdown, "garbage collection")
+        self._finalizer.atexit = False  # _close_all_at_exit joins, with a timeout
         if pipelined:
             self._start_workers()
         else:
@@ -154,236 +591,273 @@ class Pipeline:
         return [name for name, _ in self._groups]
 
     def _start_workers(self) -> None:
-        self._queues: List[queue.Queue] = [_HeadQueue(self._queue_size)] + [
-            queue.Queue(self._queue_size) for _ in self._groups
-        ]
+        core = self._core
         ready: List[Future] = []
-        for i, (name, steps) in enumerate(self._groups):
+        first = 0
+        for w, (name, steps) in enumerate(self._groups):
             future: Future = Future()
             thread = threading.Thread(
-                target=self._work,
-                args=(name, steps, self._queues[i], self._queues[i + 1], self._queue_names[i + 1], future),
-                name=f"{_THREAD_PREFIX}{name}",
-                daemon=True,
+                target=_work, args=(core, w, first, future), name=f"{_THREAD_PREFIX}{name}", daemon=True
             )
+            first += len(steps)
             thread.start()
-            self._threads.append(thread)
+            core.threads.append(thread)
             ready.append(future)
+        _LIVE.add(core)
         for future in ready:
             if future.exception() is not None:
                 self.close()
                 raise future.exception()
 
-    def _work(
-        self,
-        name: str,
-        steps: List[Step],
-        inbox: queue.Queue,
-        outbox: queue.Queue,
-        outbox_name: str,
-        ready: Future,
-    ) -> None:
-        # The worker owns its steps' resources: opened here, dropped here.
-        try:
-            fns = [step.open() for step in steps]
-        except BaseException as exc:  # reported to the constructor, which shuts down
-            ready.set_exception(exc)
-            fns = []
-        else:
-            ready.set_result(None)
-        tracer = self._tracer
-        while True:
-            job = inbox.get()
-            if job is _SHUTDOWN:
-                outbox.put(job)
-                break
-            if isinstance(job, _Job):
-                recorder = job.recorder
-                if recorder.cancelled.is_set():
-                    continue
-                try:
-                    for item in job.items:
-                        for step, fn in zip(steps, fns):
-                            start = time.perf_counter()
-                            item.payload = fn(item.payload)
-                            end = time.perf_counter()
-                            recorder.step(step.name, start, end)
-                            if tracer is not None:
-                                tracer.slice(name, step.name, item.seq, start, end)
-                except BaseException as exc:  # a dead worker would leave the consumer waiting forever
-                    recorder.fail(exc)
-                    continue
-                recorder.depth(outbox_name, outbox.qsize())
-            outbox.put(job)
-        del fns
-
     def run(self, items: Iterable[Any], *, live: bool = False) -> Iterator[Any]:
         """Starts a run of every item through the steps.
 
-        A run still open is stopped first: one run at a time. Stopping the
-        iteration early (``break``, the iterator's ``close()``) cancels the run:
-        items in flight are dropped and the source is closed; the workers stay
-        up for the next run until ``close()``.
+        One run at a time: started from the thread that consumes the open run,
+        it stops that run first (resumed, the old iterator raises
+        ``RunCancelled``); from another thread, it raises ``PipelineBusy``.
+        Stopping the iteration early (``break`` and dropping the iterator, or
+        its ``close()``) cancels the run: items in flight are dropped and the
+        source is closed; the workers stay up for the next run.
 
         Args:
-          items: The source. Iterated on the feeder thread (and closed there).
+          items: The source. Iterated on the feeder thread (and closed there);
+            in the calling thread with ``pipelined=False``.
           live: Keep only the newest waiting item and count the others as
             drops, instead of blocking the source.
 
         Returns:
           An iterator of each item's payload after the last step, in input
-          order. It raises the first error raised by the source or a step.
+          order. It raises the first error raised by the source or a step
+          (after the items before it), and ``RunCancelled`` once ``cancel()``
+          or ``close()`` stopped the run.
 
         Raises:
           RuntimeError: If the pipeline is closed.
+          PipelineBusy: If another thread's run is open.
         """
-        if self._closed:
-            raise RuntimeError("pipeline is closed")
-        self._stop_active()
         recorder = RunRecorder(
             steps=[(s.name, w) for w, group in self._groups for s in group],
             queues=[(n, 1 if (i == 0 and live) else self._queue_size) for i, n in enumerate(self._queue_names)],
         )
-        self._recorder = recorder
-        if self._pipelined:
-            self._active = self._run_threaded(items, recorder, live)
-        else:
-            self._active = self._run_inline(items, recorder)
-        return self._active
-
-    def _stop_active(self) -> None:
-        if self._active is not None:
-            self._active.close()
-            self._active = None
-
-    def _run_threaded(
-        self, items: Iterable[Any], recorder: RunRecorder, live: bool
-    ) -> Generator[Any, None, None]:
-        feeder = threading.Thread(
-            target=self._feed, args=(items, recorder, live), name=f"{_THREAD_PREFIX}feeder", daemon=True
+        run = _Run(recorder)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("pipeline is closed")
+            previous = self._core.active
+            if previous is not None and previous.open:
+                if previous.owner != run.owner:
+                    raise PipelineBusy(
+                        f"pipeline {'/'.join(self.workers)}: another thread's run is in progress; "
+                        "stop it first (close its iterator, or cancel()) or use a pipeline per thread"
+                    )
+                previous.cancel("a newer run started on this pipeline")
+                self._core.wake()
+            self._core.active = run
+        if previous is not None and previous.feeder is not None:
+            # The previous run's source is closed before this one is read.
+            _join(previous.feeder, JOIN_TIMEOUT_S, "its run was stopped")
+        if not self._pipelined:
+            return _InlineRun(self, run, items)
+        run.feeder = threading.Thread(
+            target=_feed, args=(self._core, run, items, live), name=f"{_THREAD_PREFIX}feeder", daemon=True
         )
-        feeder.start()
-        outbox = self._queues[-1]
-        ended = False
-        try:
-            while True:
-                job = outbox.get()
-                if isinstance(job, _EndOfRun):
-                    ended = True
-                    break
-                for item in job.items:
-                    recorder.item_out(item.t_in, time.perf_counter())
-                    yield item.payload
-        finally:
-            if not ended:
-                # The consumer stopped early (or raised): cancel, then drain so
-                # every worker blocked on a full queue can reach the end marker.
-                recorder.cancelled.set()
-                while not isinstance(outbox.get(), _EndOfRun):
-                    pass
-            feeder.join()
-            recorder.finish()
-        if recorder.error is not None:
-            raise recorder.error
-
-    def _feed(self, items: Iterable[Any], recorder: RunRecorder, live: bool) -> None:
-        head = self._queues[0]
-        try:
-            source = iter(items)
-            try:
-                self._feed_from(source, head, recorder, live)
-            finally:
-                close = getattr(source, "close", None)
-                if close is not None:
-                    close()
-        except BaseException as exc:  # reported to the consumer, like a step's
-            recorder.fail(exc)
-        finally:
-            # Always sent, so the consumer and the close() drain never wait forever.
-            head.put(_EndOfRun(recorder))
-
-    def _feed_from(self, source: Iterator[Any], head: _HeadQueue, recorder: RunRecorder, live: bool) -> None:
-        batch: List[_Item] = []
-        for seq, payload, t_in in self._pull(source, recorder):
-            if live:
-                recorder.dropped += head.put_latest(_Job(recorder, [_Item(seq, payload, t_in)]))
-                continue
-            batch.append(_Item(seq, payload, t_in))
-            if len(batch) == self._batch:
-                recorder.depth(self._queue_names[0], head.qsize())
-                head.put(_Job(recorder, batch))
-                batch = []
-        if batch:
-            head.put(_Job(recorder, batch))
-
-    def _pull(self, source: Iterator[Any], recorder: RunRecorder) -> Iterator[Tuple[int, Any, float]]:
-        """Yields (sequence number, item, arrival time) from the source, tracing each read.
-
-        Checks for cancellation before each read, so a stopped run reads no
-        further frame.
-        """
-        for seq in itertools.count():
-            if recorder.cancelled.is_set():
-                return
-            start = time.perf_counter()
-            try:
-                payload = next(source)
-            except StopIteration:
-                return
-            t_in = time.perf_counter()
-            if self._tracer is not None:
-                self._tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
-            recorder.item_in(t_in)
-            yield seq, payload, t_in
-
-    def _run_inline(self, items: Iterable[Any], recorder: RunRecorder) -> Generator[Any, None, None]:
-        # The sequential schedule: the calling thread owns the resources.
-        tracer = self._tracer
-        source = iter(items)
-        try:
-            for seq, payload, t_in in self._pull(source, recorder):
-                for step, fn in zip(self._steps, self._inline):
-                    start = time.perf_counter()
-                    payload = fn(payload)
-                    end = time.perf_counter()
-                    recorder.step(step.name, start, end)
-                    if tracer is not None:
-                        tracer.slice(step.worker, step.name, seq, start, end)
-                recorder.item_out(t_in, time.perf_counter())
-                yield payload
-        finally:
-            recorder.finish()
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
+        with self._core.lock:  # so close() joins it, or finds the queues closed when it starts
+            self._core.feeders = [t for t in self._core.feeders if t.is_alive()] + [run.feeder]
+            run.feeder.start()
+        return _ThreadedRun(self, run)
 
     def stats(self) -> Optional[PipelineStats]:
         """Statistics of the current or most recent run, or None before the first."""
-        return None if self._recorder is None else self._recorder.snapshot()
+        run = self._core.active
+        return None if run is None else run.recorder.snapshot()
 
-    def close(self) -> None:
-        """Stops the workers and joins every thread; idempotent.
+    def cancel(self) -> None:
+        """Stops the current run, if any; safe from any thread and from a signal handler.
 
-        A run still open is stopped first; call it from the consumer's thread.
+        Its iterator raises ``RunCancelled``; the workers stay up for the next run.
         """
-        if self._closed:
-            return
-        self._stop_active()
-        self._closed = True
+        run = self._core.active
+        if run is not None and run.cancel("cancel()"):
+            self._core.wake()
+
+    def close(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Stops the run in progress and the workers, and joins every thread; idempotent.
+
+        Safe from any thread and from a signal handler: the run's iterator
+        raises ``RunCancelled`` at its next item.
+
+        Args:
+          timeout: Seconds to wait for the threads, in all; each thread still
+            running then is named in a ``RuntimeWarning`` and left behind.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._finalizer.detach()
+        self._core.shutdown()
+        self._core.join(timeout)
         self._inline = None
-        if self._threads:
-            self._queues[0].put(_SHUTDOWN)
-            while self._queues[-1].get() is not _SHUTDOWN:
-                pass
-            for thread in self._threads:
-                thread.join()
-            self._threads = []
 
     def __enter__(self) -> "Pipeline":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _join(thread: threading.Thread, timeout: float, why: str) -> None:
+    if thread is threading.current_thread():
+        return
+    thread.join(timeout)
+    if thread.is_alive():
+        warnings.warn(f"edgecap: {thread.name} did not stop within {timeout:g} s after {why}; "
+                      "its source is blocked in a read and is left running", RuntimeWarning, stacklevel=4)
+
+
+def _cancelled(run: _Run) -> RunCancelled:
+    return RunCancelled(f"the run was stopped by {run.reason or 'close()'} before its end; "
+                        "start a new run to process more")
+
+
+class _ThreadedRun(Iterator[Any]):
+    """The consumer's end of a pipelined run: payloads in input order."""
+
+    def __init__(self, pipeline: Pipeline, run: _Run) -> None:
+        self._pipeline = pipeline  # kept alive while the run is consumed
+        self._run = run
+        self._out = pipeline._core.channels[-1]
+        self._pending: Deque[_Item] = collections.deque()
+        self._end = False
+        self._error: Optional[BaseException] = None
+
+    def __next__(self) -> Any:
+        run = self._run
+        while True:
+            if run.cancelled and not self._end:
+                self._end = True
+                self._pending.clear()
+                self._finish()
+                raise _cancelled(run)
+            if self._pending:
+                item = self._pending.popleft()
+                run.recorder.item_out(item.t_in, time.perf_counter())
+                return item.payload
+            if self._end:
+                self._finish()
+                error, self._error = self._error, None
+                if error is not None:
+                    raise error
+                raise StopIteration
+            recheck = _MAIN_THREAD_RECHECK_S if threading.current_thread() is threading.main_thread() else None
+            try:
+                job = self._out.get(run, recheck)
+            except _Closed:  # cancelled, or the pipeline closed
+                run.cancel("close()")
+                self._end = True
+                self._finish()
+                raise _cancelled(run) from None
+            if job.run is not run:  # left over from a stopped run
+                continue
+            self._pending.extend(job.items)
+            if job.end:
+                self._end, self._error = True, job.error
+                run.ended = True
+
+    def _finish(self) -> None:
+        run = self._run
+        run.recorder.finish()
+        if run.feeder is not None:
+            _join(run.feeder, JOIN_TIMEOUT_S, "its run ended")
+
+    def close(self) -> None:
+        """Stops the run if it is still going: items in flight are dropped, the source closed."""
+        if self._run.cancel("closing its iterator"):
+            self._pipeline._core.wake()
+        self._end, self._error = True, None
+        self._pending.clear()
+        self._finish()
+
+    def __del__(self) -> None:
+        try:
+            if self._run.cancel("dropping its iterator"):
+                self._pipeline._core.wake()
+        except Exception:  # at interpreter exit, what it needs may be gone
+            pass
+
+
+class _InlineRun(Iterator[Any]):
+    """A run of the sequential schedule: every step in the consumer's thread."""
+
+    def __init__(self, pipeline: Pipeline, run: _Run, items: Iterable[Any]) -> None:
+        self._pipeline = pipeline
+        self._run = run
+        self._fns: List[Callable[[Any], Any]] = pipeline._inline or []
+        self._source: Optional[Iterator[Any]] = None
+        self._items = items
+        self._seq = 0
+        self._done = False
+
+    def __next__(self) -> Any:
+        run = self._run
+        if self._done:
+            raise StopIteration
+        if run.cancelled:
+            self._finish()
+            raise _cancelled(run)
+        recorder, tracer = run.recorder, self._pipeline._tracer
+        _local.run = run
+        try:
+            if self._source is None:
+                self._source = iter(self._items)
+            start = time.perf_counter()
+            payload = next(self._source)
+            t_in = time.perf_counter()
+            seq, self._seq = self._seq, self._seq + 1
+            if tracer is not None:
+                tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
+            recorder.item_in(t_in)
+            for j, (step, fn) in enumerate(zip(self._pipeline._steps, self._fns)):
+                if step.accepts is not None and not step.accepts(payload):
+                    continue
+                start = time.perf_counter()
+                payload = fn(payload)
+                end = time.perf_counter()
+                recorder.busy[j] += end - start
+                recorder.invokes[j] += 1
+                if tracer is not None:
+                    tracer.slice(step.worker, step.name, seq, start, end)
+        except BaseException:
+            self._finish()
+            raise
+        finally:
+            _local.run = None
+        if run.cancelled:  # stopped while a step ran (its pacing cut short)
+            self._finish()
+            raise _cancelled(run)
+        recorder.item_out(t_in, time.perf_counter())
+        return payload
+
+    def _finish(self) -> None:
+        self._done = True
+        self._run.ended = True
+        self._run.recorder.finish()
+        source = self._items if self._source is None else self._source
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+    def close(self) -> None:
+        """Ends the run and closes the source."""
+        self._run.cancel("closing its iterator")
+        if not self._done:
+            self._finish()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # at interpreter exit, what it needs may be gone
+            pass
 
 
 def _group_by_worker(steps: Sequence[Step]) -> List[Tuple[str, List[Step]]]:
@@ -393,10 +867,13 @@ def _group_by_worker(steps: Sequence[Step]) -> List[Tuple[str, List[Step]]]:
             groups[-1][1].append(step)
         else:
             groups.append((step.worker, [step]))
-    names = [name for name, _ in groups]
-    if len(set(names)) != len(names):
-        raise ValueError(
-            f"workers {names} revisit a worker; a worker's steps must be consecutive "
-            "(a worker feeding itself through the chain could deadlock)"
-        )
+    # A worker feeding itself through the chain could deadlock: its steps must be consecutive.
+    first: Dict[str, str] = {}
+    for name, group in groups:
+        if name in first:
+            raise ConfigError(
+                f"puts {first[name]} and {group[0].name} on worker {name} with other steps "
+                "between them; give each device a worker of its own, e.g. cpu:1"
+            )
+        first[name] = group[0].name
     return groups

@@ -25,6 +25,7 @@ from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, EdgecapError, PlanError
 from edgecap.modelfile import TensorSpec
 from edgecap.plan import Stage
+from edgecap.scheduler import sleep_until
 
 EDGETPU_LIBRARY = "libedgetpu.so.1"
 _PR_SET_TIMERSLACK = 29  # linux/prctl.h
@@ -117,10 +118,12 @@ class Pacer:
 
     @staticmethod
     def wait_until(deadline: float) -> None:
-        """Sleeps until ``time.perf_counter()`` reaches ``deadline``; returns at once if it has."""
-        remaining = deadline - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
+        """Sleeps until ``time.perf_counter()`` reaches ``deadline``; returns at once if it has.
+
+        On a pipeline thread it wakes early when the run is stopped
+        (``scheduler.sleep_until``), so a paced stage never delays a stop.
+        """
+        sleep_until(deadline)
 
 
 class PacedSegment(Segment):

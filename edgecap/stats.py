@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import collections
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -32,12 +31,13 @@ class StageStats:
 
 @dataclass(frozen=True)
 class QueueStats:
-    """Depth of one queue, sampled each time an item is put into it."""
+    """One queue: its hand-offs, and its depth sampled at each of them."""
 
     name: str
     capacity: int
     mean_depth: float
     max_depth: int
+    puts: int
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,16 @@ class PipelineStats:
 class RunRecorder:
     """Collects a run's measurements from the pipeline's threads.
 
-    Each counter is written by one thread only (the step's worker, the feeder or
-    the consumer), so no lock is needed; ``snapshot`` may run at any time.
+    Each counter has one writer: a step's ``busy`` and ``invokes`` entries its
+    worker, the input counts the feeder, the output counts the consumer, and a
+    queue's depth entries whoever puts into it, under that queue's lock. So no
+    lock is needed here, and ``snapshot`` may run at any time. Steps and
+    queues are indexed in pipeline order, so the hot path indexes lists
+    instead of hashing names.
     """
 
     steps: Sequence[Tuple[str, str]]
     queues: Sequence[Tuple[str, int]]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    error: Optional[BaseException] = None
     frames_in: int = 0
     frames_out: int = 0
     dropped: int = 0
@@ -89,18 +91,12 @@ class RunRecorder:
     finished: Optional[float] = None
 
     def __post_init__(self) -> None:
-        self.busy: Dict[str, float] = {name: 0.0 for name, _ in self.steps}
-        self.invokes: Dict[str, int] = {name: 0 for name, _ in self.steps}
-        self.depth_sum: Dict[str, int] = {name: 0 for name, _ in self.queues}
-        self.depth_puts: Dict[str, int] = {name: 0 for name, _ in self.queues}
-        self.depth_max: Dict[str, int] = {name: 0 for name, _ in self.queues}
+        self.busy: List[float] = [0.0] * len(self.steps)
+        self.invokes: List[int] = [0] * len(self.steps)
+        self.depth_sum: List[int] = [0] * len(self.queues)
+        self.depth_puts: List[int] = [0] * len(self.queues)
+        self.depth_max: List[int] = [0] * len(self.queues)
         self.latencies: Deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
-
-    def fail(self, exc: BaseException) -> None:
-        """Records the first error and cancels the run."""
-        if self.error is None:
-            self.error = exc
-        self.cancelled.set()
 
     def item_in(self, t: float) -> None:
         """An item left the source at ``t``."""
@@ -110,8 +106,9 @@ class RunRecorder:
         self.frames_in += 1
 
     def finish(self) -> None:
-        """The run ended (completed, failed or stopped by the consumer)."""
-        self.finished = time.perf_counter()
+        """The run ended (completed, failed or stopped); the first call counts."""
+        if self.finished is None:
+            self.finished = time.perf_counter()
 
     def item_out(self, t_in: float, t: float) -> None:
         """The consumer received the item that left the source at ``t_in``."""
@@ -121,18 +118,6 @@ class RunRecorder:
         self.frames_out += 1
         self.latencies.append(t - t_in)
 
-    def step(self, name: str, start: float, end: float) -> None:
-        """Step ``name`` ran from ``start`` to ``end``."""
-        self.busy[name] += end - start
-        self.invokes[name] += 1
-
-    def depth(self, queue: str, depth: int) -> None:
-        """Queue ``queue`` held ``depth`` items when one more was put."""
-        self.depth_sum[queue] += depth
-        self.depth_puts[queue] += 1
-        if depth > self.depth_max[queue]:
-            self.depth_max[queue] = depth
-
     def snapshot(self) -> PipelineStats:
         """Returns the run's statistics so far."""
         end = self.finished if self.finished is not None else time.perf_counter()
@@ -141,20 +126,21 @@ class RunRecorder:
             StageStats(
                 name=name,
                 worker=worker,
-                invokes=self.invokes[name],
-                busy_s=self.busy[name],
-                utilization=self.busy[name] / elapsed if elapsed else 0.0,
+                invokes=self.invokes[i],
+                busy_s=self.busy[i],
+                utilization=self.busy[i] / elapsed if elapsed else 0.0,
             )
-            for name, worker in self.steps
+            for i, (name, worker) in enumerate(self.steps)
         )
         queues = tuple(
             QueueStats(
                 name=name,
                 capacity=capacity,
-                mean_depth=self.depth_sum[name] / self.depth_puts[name] if self.depth_puts[name] else 0.0,
-                max_depth=self.depth_max[name],
+                mean_depth=self.depth_sum[i] / self.depth_puts[i] if self.depth_puts[i] else 0.0,
+                max_depth=self.depth_max[i],
+                puts=self.depth_puts[i],
             )
-            for name, capacity in self.queues
+            for i, (name, capacity) in enumerate(self.queues)
         )
         return PipelineStats(
             frames_in=self.frames_in,

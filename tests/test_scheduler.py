@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from edgecap.errors import ConfigError
 from edgecap.scheduler import Pipeline, Step
 from edgecap.trace import Tracer, load_slices
 
@@ -199,7 +200,8 @@ def test_open_failure_raises_and_joins_threads():
 
 
 def test_a_worker_may_not_be_revisited():
-    with pytest.raises(ValueError, match="revisit"):
+    # Named by its steps: a worker revisited could feed itself through the chain and deadlock.
+    with pytest.raises(ConfigError, match="puts a and c on worker cpu with other steps between them"):
         Pipeline([_step("a", "cpu"), _step("b", "tpu:0"), _step("c", "cpu")])
 
 
@@ -322,6 +324,47 @@ def test_batched_hand_offs_bound_items_in_flight_and_stop_early():
 
 
 def test_batch_must_be_positive():
-    with pytest.raises(ValueError, match="batch"):
+    with pytest.raises(ConfigError, match="batch"):
         Pipeline([_step("a", "cpu")], batch=0)
 
+
+
+def test_items_a_step_does_not_accept_pass_its_worker_by_in_order():
+    # A decoder that works once per 8-frame window: most frames need no hand-off to it.
+    def rnn(x):
+        time.sleep(0.001)
+        return x + ["rnn"]
+
+    def decode(x):
+        time.sleep(0.0015)  # frames after it would overtake it if order were not kept
+        return x + ["decoded"]
+
+    steps = [
+        _step("cnn", "tpu:0", lambda x: x + ["cnn"]),
+        _step("rnn", "cpu", rnn),
+        Step("decode", "decode", lambda: decode, accepts=lambda x: x[0] % 8 == 7),
+    ]
+    stats = {}
+    for pipelined in (True, False):
+        with Pipeline(steps, pipelined=pipelined) as pipe:
+            out = list(pipe.run([i] for i in range(80)))
+            stats[pipelined] = pipe.stats()
+        assert out == [[i, "cnn", "rnn"] + (["decoded"] if i % 8 == 7 else []) for i in range(80)]
+        assert {s.name: s.invokes for s in stats[pipelined].stages} == {"cnn": 80, "rnn": 80, "decode": 10}
+    queues = {q.name: q.puts for q in stats[True].queues}
+    # Every decode-bound frame is handed to the decoder; the others only while it is busy.
+    assert 10 <= queues["cpu->decode"] < 60
+    assert queues["cpu->decode"] + queues["decode->consumer"] >= 80 + 1  # every frame and the end
+
+
+def test_a_worker_with_a_step_that_takes_every_item_is_never_passed_by():
+    seen = []
+    steps = [
+        _step("a", "tpu:0"),
+        Step("b", "cpu", lambda: (lambda x: x * 10), accepts=lambda x: x % 2 == 0),
+        Step("c", "cpu", lambda: (lambda x: seen.append(x) or x)),
+    ]
+    with Pipeline(steps) as pipe:
+        assert list(pipe.run(range(6))) == [0, 1, 20, 3, 40, 5]
+        assert [q.puts for q in pipe.stats().queues] == [7, 7, 7]
+    assert seen == [0, 1, 20, 3, 40, 5]
