@@ -139,7 +139,7 @@ class StatusServer:
                                   f"0.0.0.0 or one of its addresses") from None
             raise ConfigError(f"http: cannot listen on {where}: {e.strerror or e}; "
                               f"check [http] address and port") from None
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="edgecap-http", daemon=True)
         self._thread.start()
         log.info("status page on %s", self.url)
@@ -150,7 +150,7 @@ class StatusServer:
         httpd, self._httpd = self._httpd, None
         if httpd is None:
             return
-        httpd.shutdown()  # returns within one poll interval
+        httpd.shutdown()  # returns within one poll interval (50 ms)
         httpd.close_connections()
         httpd.server_close()
         if self._thread is not None:
