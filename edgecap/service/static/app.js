@@ -56,6 +56,7 @@ function card(name) {
 function renderCamera(name, cam, captions) {
   const c = card(name);
   c.status.textContent = cam.status + (cam.reason ? ": " + cam.reason : "");
+  c.status.title = c.status.textContent;  // the badge may be cut short on a phone
   c.status.className = "badge " + cam.status;
   // A new frame is fetched only when the state has one and the last has loaded.
   if (cam.frame_seq !== c.seq && !c.loading) {
