@@ -138,6 +138,8 @@ def test_no_request_changes_state(server: StatusServer, state: ServiceState) -> 
 def test_an_open_loopback_server_refuses_foreign_host_headers(server: StatusServer) -> None:
     # A web page that rebinds its own name to 127.0.0.1 would send its name as Host.
     assert request(server, "/api/stats", headers={"Host": "evil.example"})[0] == 421
+    assert request(server, "/api/stats", headers={"Host": f"127.evil.example:{server.port}"})[0] == 421
+    assert request(server, "/api/stats", headers={"Host": f"127.0.0.2:{server.port}"})[0] == 200
     assert request(server, "/api/stats", headers={"Host": f"localhost:{server.port}"})[0] == 200
     assert request(server, "/api/stats", headers={"Host": f"[::1]:{server.port}"})[0] == 200
 
@@ -161,7 +163,7 @@ def test_with_a_token_every_route_needs_it_but_a_bare_healthz(guarded: StatusSer
         assert status == 401 and headers["www-authenticate"].startswith("Bearer"), path
         assert b"guitar" not in body and JPEG not in body
     status, headers, _ = request(guarded, "/")
-    assert status == 303 and headers["location"] == "/login"
+    assert status == 303 and headers["location"] == "login"
     # Probes without the secret still tell up from down, and learn nothing else.
     status, _, body = request(guarded, "/healthz")
     assert status == 503 and json.loads(body) == {"ok": False}
@@ -198,7 +200,7 @@ def test_login_sets_an_httponly_strict_cookie_that_is_not_the_token(guarded: Sta
     assert status == 401 and b"Wrong token." in body and "set-cookie" not in headers
 
     status, headers, _ = request(guarded, "/login", "POST", f"token={TOKEN}".encode(), form)
-    assert status == 303 and headers["location"] == "/"
+    assert status == 303 and headers["location"] == "./"
     cookie = headers["set-cookie"]
     attrs = [a.strip() for a in cookie.split(";")]
     assert "HttpOnly" in attrs and "SameSite=Strict" in attrs and "Path=/" in attrs

@@ -3,21 +3,23 @@
 Standard library only (``http.server``): one daemon thread per connection,
 read-only routes, nothing fetched from elsewhere.
 
-The page polls ``/api/stats`` once a second rather than holding a
-server-sent-events stream: on a thread-per-connection server a stream holds a
-thread for as long as a tab stays open, where a poll holds one for a
-millisecond; a poll passes any proxy and resumes by itself after a restart.
-Whatever needs pushed events (home automation, a fleet) has the MQTT sink. Bound to a loopback address
-it needs no login; bound to any other address it refuses to start without an
-access token, and then every route but ``/login``, the page's script and style
-and a bare ``/healthz`` needs ``Authorization: Bearer <token>`` or the login
-cookie.
+Bound to a loopback address it needs no login (and refuses requests naming a
+foreign Host, which is how a web page would reach it by DNS rebinding); bound
+to any other address it refuses to start without an access token, and then
+every route but ``/login``, the page's script and style and a bare
+``/healthz`` needs ``Authorization: Bearer <token>`` or the login cookie.
 
 ``/healthz`` stays open so that probes which cannot carry a secret (a load
 balancer, a container health check, an uptime pinger) can still tell up from
 down; without the token it answers only the status code and ``{"ok": ...}``,
-never a camera name, reason or frame. With the token (or on loopback) it
-carries the full detail.
+never a camera name, reason or frame. With the token (or on a server without
+one) it carries the full detail.
+
+The page polls ``/api/stats`` once a second rather than holding a
+server-sent-events stream: on a thread-per-connection server a stream holds a
+thread for as long as a tab stays open, where a poll holds one for a
+millisecond; a poll passes any proxy and resumes by itself after a restart.
+Whatever needs pushed events (home automation, a fleet) has the MQTT sink.
 """
 
 from __future__ import annotations
@@ -53,7 +55,6 @@ MIN_TOKEN_CHARS = 16
 _LOGIN_BODY_MAX = 4096
 _FRAME = re.compile(r"^/api/frame/([A-Za-z0-9_-]+)\.jpg$")
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII: fits a header and a form unchanged
-_LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1"}
 # The page and its script come from this server alone; the browser enforces it too.
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
         "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -125,7 +126,7 @@ class StatusServer:
         """
         if self._httpd is not None:
             raise RuntimeError("StatusServer.start() called twice")
-        where = f"{self.address}:{self._requested_port}"
+        where = (f"[{self.address}]" if ":" in self.address else self.address) + f":{self._requested_port}"
         try:
             self._httpd = _Server((self.address, self._requested_port), self)
         except OSError as e:
@@ -272,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             if path == "/":
                 return self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", head=head,
-                                  extra=[("Location", "/login")])
+                                  extra=[("Location", "login")])  # relative: works behind a proxy's prefix
             return self._send_json(HTTPStatus.UNAUTHORIZED, {"error": "token required: log in at /login "
                                                              "or send Authorization: Bearer <token>"},
                                    head=head, extra=[("WWW-Authenticate", 'Bearer realm="edgecap"')])
@@ -300,8 +301,7 @@ class _Handler(BaseHTTPRequestHandler):
         if host is None:
             return True  # HTTP/1.0 tools; browsers, the only rebinding vector, always send one
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        name = name.strip("[]").lower()
-        if name in _LOOPBACK_HOSTS or name.startswith("127."):
+        if is_loopback(name.strip("[]").lower()):  # an IP check: "127.evil.example" is a host name
             return True
         self._send_json(HTTPStatus.MISDIRECTED_REQUEST,
                         {"error": f"host {host!r} is not this loopback server; open {self.app.url}"})
@@ -335,7 +335,7 @@ class _Handler(BaseHTTPRequestHandler):
         cookie = (f"{COOKIE}={self.app._session.decode('ascii')}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; "
                   f"HttpOnly; SameSite=Strict")
         self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", head=False,
-                   extra=[("Location", "/"), ("Set-Cookie", cookie)])
+                   extra=[("Location", "./"), ("Set-Cookie", cookie)])
 
     def _login_page(self, status: HTTPStatus, message: str, head: bool) -> None:
         page = self.app._static["login.html"].replace(b"<!--message-->", html.escape(message).encode())
