@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import psutil
 import pytest
@@ -26,7 +26,7 @@ def scrape(metrics: Metrics) -> Tuple[Dict[str, object], Samples]:
     return families, samples
 
 
-def fake_apex(root: Path, temps: Dict[str, str]) -> Path:
+def fake_apex(root: Path, temps: Dict[str, Optional[str]]) -> Path:
     for name, text in temps.items():
         (root / "class" / "apex" / name).mkdir(parents=True)
         if text is not None:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import cv2
 import pytest
