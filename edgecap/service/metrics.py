@@ -1,0 +1,156 @@
+"""Prometheus metrics of the service, on a registry of their own.
+
+Rates (fps) are not exported as gauges: counters of frames captured,
+processed and dropped give them as ``rate(...[1m])`` in Prometheus, exact over
+any window, where a gauge would be sampled. Process CPU and memory and the
+EdgeTPU temperatures are read when a scrape asks, not on a timer.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterator, Optional, Tuple, Union
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Seconds. An EdgeTPU segment takes ~1-20 ms, a CPU tail 10-200 ms; a caption
+# arrives a window (seconds) after its first frame, so latency needs the long tail.
+INFERENCE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+_APEX = re.compile(r"^apex_(\d+)$")
+
+
+class Metrics:
+    """The service's metrics; the service calls the methods, ``/metrics`` calls ``render``.
+
+    Args:
+      registry: Where to register (tests pass their own); default a new
+        ``CollectorRegistry``, never prometheus_client's global one, so two
+        services in one process (tests) do not collide.
+      sysfs: The sysfs root (``/sys``); TPU temperatures are read from
+        ``<sysfs>/class/apex/apex_N/temp`` (milli-degrees Celsius).
+    """
+
+    def __init__(self, registry: Optional[CollectorRegistry] = None,
+                 sysfs: Union[str, Path] = "/sys") -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._captured = Counter("edgecap_frames_captured", "Frames read from the camera.",
+                                 ["camera"], registry=r)
+        self._processed = Counter("edgecap_frames_processed",
+                                  "Sampled frames that went through the CNN.", ["camera"], registry=r)
+        self._dropped = Counter("edgecap_frames_dropped",
+                                "Frames dropped because the pipeline was behind.", ["camera"], registry=r)
+        self._inference = Histogram("edgecap_inference_seconds", "Time of one invoke on a device.",
+                                    ["device"], buckets=INFERENCE_BUCKETS, registry=r)
+        self._latency = Histogram("edgecap_caption_latency_seconds",
+                                  "From a window's last frame leaving the camera to its caption.",
+                                  ["camera"], buckets=LATENCY_BUCKETS, registry=r)
+        self._queue = Gauge("edgecap_queue_depth", "Items waiting in a pipeline queue.",
+                            ["queue"], registry=r)
+        self._camera_up = Gauge("edgecap_camera_up", "1 while the camera delivers frames, else 0.",
+                                ["camera"], registry=r)
+        self._reconnects = Counter("edgecap_camera_reconnects",
+                                   "Times the camera was reopened after a drop-out.", ["camera"], registry=r)
+        self._fallbacks = Counter("edgecap_fallbacks",
+                                  "Times the service ran on less hardware than planned.",
+                                  ["reason"], registry=r)
+        self._failovers = Counter("edgecap_failovers",
+                                  "Times a device failed at run time and its work moved elsewhere.",
+                                  ["device"], registry=r)
+        r.register(_ScrapeCollector(Path(sysfs)))
+
+    def frames_captured(self, camera: str, n: int = 1) -> None:
+        """Counts frames read from a camera."""
+        self._captured.labels(camera).inc(n)
+
+    def frames_processed(self, camera: str, n: int = 1) -> None:
+        """Counts sampled frames that went through the CNN."""
+        self._processed.labels(camera).inc(n)
+
+    def frames_dropped(self, camera: str, n: int = 1) -> None:
+        """Counts frames dropped because the pipeline was behind."""
+        self._dropped.labels(camera).inc(n)
+
+    def inference(self, device: str, seconds: float) -> None:
+        """Records one invoke's time on a device (``cpu``, ``tpu:0``, ...)."""
+        self._inference.labels(device).observe(seconds)
+
+    def caption_latency(self, camera: str, seconds: float) -> None:
+        """Records one caption's latency."""
+        self._latency.labels(camera).observe(seconds)
+
+    def queue_depth(self, queue: str, depth: int) -> None:
+        """Sets a queue's current depth."""
+        self._queue.labels(queue).set(depth)
+
+    def camera_up(self, camera: str, up: bool) -> None:
+        """Marks a camera online (True) or offline (False)."""
+        self._camera_up.labels(camera).set(1 if up else 0)
+
+    def camera_reconnect(self, camera: str) -> None:
+        """Counts a reopen of a camera after a drop-out."""
+        self._reconnects.labels(camera).inc()
+
+    def fallback(self, reason: str) -> None:
+        """Counts a start on less hardware than planned (``reason``: e.g. ``missing_tpu``)."""
+        self._fallbacks.labels(reason).inc()
+
+    def failover(self, device: str) -> None:
+        """Counts a device that failed at run time and had its work moved."""
+        self._failovers.labels(device).inc()
+
+    def render(self) -> Tuple[bytes, str]:
+        """Returns the exposition text of every metric and its Content-Type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _ScrapeCollector:
+    """Process CPU and memory (psutil) and EdgeTPU temperatures (sysfs), read per scrape."""
+
+    def __init__(self, sysfs: Path) -> None:
+        self._apex = sysfs / "class" / "apex"
+        self._process = psutil.Process()
+
+    def collect(self) -> Iterator[object]:
+        times = self._process.cpu_times()
+        cpu = CounterMetricFamily("process_cpu_seconds", "User and system CPU time of the service.")
+        cpu.add_metric([], times.user + times.system)
+        yield cpu
+        yield GaugeMetricFamily("process_resident_memory_bytes", "Resident memory of the service.",
+                                value=self._process.memory_info().rss)
+        temp = GaugeMetricFamily("edgecap_tpu_temperature_celsius",
+                                 "EdgeTPU die temperature (PCIe apex driver).", labels=["device"])
+        for name, celsius in read_tpu_temperatures(self._apex):
+            temp.add_metric([name], celsius)
+        yield temp
+
+
+def read_tpu_temperatures(apex: Path) -> Iterator[Tuple[str, float]]:
+    """Yields ``(apex_N, degrees Celsius)`` for each PCIe EdgeTPU whose sysfs temp reads.
+
+    Args:
+      apex: The apex class directory (``/sys/class/apex``).
+    """
+    try:
+        entries = sorted(apex.iterdir(), key=lambda p: _apex_index(p.name))
+    except OSError:  # no apex driver loaded: no PCIe TPU
+        return
+    for entry in entries:
+        if _APEX.match(entry.name) is None:
+            continue
+        try:
+            millis = int((entry / "temp").read_text().strip())
+        except (OSError, ValueError):  # a TPU mid-reset or a driver without the attribute
+            continue
+        yield entry.name, millis / 1000.0
+
+
+def _apex_index(name: str) -> int:
+    m = _APEX.match(name)
+    return int(m.group(1)) if m else -1
