@@ -198,8 +198,12 @@ record() {
 if [ -x "$VENV/bin/python" ] && [ "$(version_of "$VENV/bin/python")" = "$(version_of "$PYTHON")" ]; then
     say "virtual environment $VENV is in place"
 else
-    [ ! -e "$VENV" ] || say "replacing $VENV (its Python is not $(version_of "$PYTHON"))"
-    rm -rf "$VENV"
+    if [ -f "$VENV/pyvenv.cfg" ]; then
+        say "replacing $VENV (its Python is not $(version_of "$PYTHON"))"
+        rm -rf "$VENV"
+    elif [ -e "$VENV" ] && [ -n "$(ls -A "$VENV")" ]; then
+        die "--prefix $PREFIX: $VENV exists and is not a virtual environment; choose another --prefix" 2
+    fi
     "$PYTHON" -m venv "$VENV" || die "$PYTHON -m venv failed; on Debian install python3-venv for this Python" 1
     say "created virtual environment $VENV"
 fi
@@ -276,12 +280,13 @@ if real_system; then
     chown root:edgecap "$CONFDIR" "$CONFDIR/edgecap.toml" "$CONFDIR/edgecap.toml.example"
 fi
 
-# 6. The demo bundle, so the example config starts: only from a source checkout and
-# only where no bundle is installed yet.
-if [ -n "$SOURCE" ] && [ -d "$SOURCE/models/demo/bundle" ] && [ ! -e "$STATEDIR/bundle" ]; then
+# 6. The demo bundle, so the example config starts: from the checkout (the wheel does
+# not carry it), and only where no bundle is installed yet.
+DEMO="${SOURCE:-$(dirname "$HERE")}/models/demo/bundle"
+if [ -d "$DEMO" ] && [ ! -e "$STATEDIR/bundle" ]; then
     mkdir -p "$STATEDIR"
     chmod 0750 "$STATEDIR"
-    cp -R "$SOURCE/models/demo/bundle" "$STATEDIR/bundle"
+    cp -R "$DEMO" "$STATEDIR/bundle"
     say "copied the demo bundle to $STATEDIR/bundle"
     if real_system; then
         chown -R edgecap:edgecap "$STATEDIR"

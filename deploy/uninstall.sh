@@ -76,7 +76,11 @@ fi
 gone "$ROOT/etc/systemd/system/$SERVICE.service.d"
 gone "$UNIT"
 gone "$RULES"
-gone "$VENV"
+if [ -f "$VENV/pyvenv.cfg" ]; then
+    gone "$VENV"
+elif [ -e "$VENV" ]; then
+    say "left $VENV alone: it is not a virtual environment"
+fi
 gone "$CONFDIR/edgecap.toml.example"
 
 if [ -z "$ROOT" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then

@@ -356,17 +356,37 @@ def run_script(script: Path, *args: str, env=None, timeout: float = 300) -> subp
                           env=env, timeout=timeout)
 
 
+def index_reachable() -> bool:
+    probe = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "setuptools",
+                            "--disable-pip-version-check"], capture_output=True, text=True, timeout=120)
+    return probe.returncode == 0
+
+
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory):
-    """install.sh from this checkout into a temporary root (no deps: pip is not under test)."""
+    """install.sh --wheel into a temporary root (no deps: pip is not under test).
+
+    The wheel is built once here with the command install.sh uses for a checkout
+    (building fetches setuptools from the package index); test_install_from_source
+    (slow) runs that path inside install.sh. The tests using this fixture run in
+    file order: install, install again, uninstall.
+    """
+    if not index_reachable():
+        pytest.skip("package index unreachable: the wheel cannot be built")
+    wheels = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--disable-pip-version-check", "--wheel-dir", str(wheels), str(REPO)],
+                   check=True, capture_output=True, timeout=300)
+    wheel = next(wheels.glob("edgecap-*.whl"))
     root = tmp_path_factory.mktemp("root")
-    args = ("--root", str(root), "--python", sys.executable, "--source", str(REPO),
+    args = ("--root", str(root), "--python", sys.executable, "--wheel", str(wheel),
             "--pip-option=--no-deps")
     first = run_script(INSTALL, *args)
     assert first.returncode == 0, first.stdout + first.stderr
     return root, args, first
 
 
+@pytest.mark.network
 def test_install_stages_the_unit_rules_config_venv_and_bundle(staged, tmp_path):
     root, _, first = staged
     unit = (root / "etc/systemd/system/edgecap.service").read_text()
@@ -393,6 +413,7 @@ def test_install_stages_the_unit_rules_config_venv_and_bundle(staged, tmp_path):
         assert code == 0 and lines == [], lines
 
 
+@pytest.mark.network
 def test_install_twice_changes_nothing_and_keeps_the_config(staged):
     root, args, _ = staged
     config = root / "etc/edgecap/edgecap.toml"
@@ -406,9 +427,11 @@ def test_install_twice_changes_nothing_and_keeps_the_config(staged):
     assert changed == [], changed
     assert config.read_text() == 'board = "devboard"\n'
     assert "kept existing" in second.stdout
-    assert "installed " not in second.stdout
+    assert not [line for line in second.stdout.splitlines()
+                if line.startswith("edgecap-install: installed ")]
 
 
+@pytest.mark.network
 def test_uninstall_keeps_config_and_state_then_purge_removes_them(staged):
     root, _, _ = staged
     out = run_script(UNINSTALL, "--root", str(root))
@@ -426,6 +449,35 @@ def test_uninstall_keeps_config_and_state_then_purge_removes_them(staged):
     assert purge.returncode == 0, purge.stdout + purge.stderr
     files = [k for k, v in tree(root).items() if v[0] != "dir"]
     assert files == []
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_install_from_source_twice(tmp_path):
+    """The walkthrough's path: install.sh builds the wheel from the checkout itself."""
+    if not index_reachable():
+        pytest.skip("package index unreachable: the wheel cannot be built")
+    args = ("--root", str(tmp_path), "--python", sys.executable, "--source", str(REPO),
+            "--pip-option=--no-deps")
+    first = run_script(INSTALL, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert (tmp_path / "opt/edgecap/bin/edgecap").is_file()
+    before = tree(tmp_path)
+    second = run_script(INSTALL, *args)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert tree(tmp_path) == before
+
+
+def test_install_and_uninstall_leave_a_prefix_that_is_not_a_venv_alone(tmp_path):
+    prefix = tmp_path / "root" / "usr"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "tool").write_text("keep me")
+    args = ("--root", str(tmp_path / "root"), "--prefix", "/usr")
+    out = run_script(INSTALL, *args, "--python", sys.executable, "--wheel", str(UNIT))
+    assert out.returncode == 2 and "is not a virtual environment" in out.stderr
+    out = run_script(UNINSTALL, *args)
+    assert out.returncode == 0 and "left" in out.stdout
+    assert (prefix / "bin" / "tool").read_text() == "keep me"
 
 
 # --- the Python version check ---------------------------------------------------
