@@ -5,6 +5,9 @@
 # deploy/uninstall.sh takes it out again. Walkthrough: docs/deploy.md.
 set -eu
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# The venv must be readable by the service user whatever root's umask is; the
+# config gets its restrictive modes explicitly.
+umask 022
 
 usage() {
     cat <<'EOF'
@@ -229,8 +232,8 @@ elif [ "$installed" = "$wheel_version" ]; then
     say "edgecap $installed is already installed; --reinstall replaces it with this build"
 fi
 # shellcheck disable=SC2086
-"$VENV/bin/python" -m pip install --quiet $PIP_OPTIONS "$WHEEL[service]" \
-    || die "pip install of $WHEEL[service] failed (see above)" 1
+"$VENV/bin/python" -m pip install --quiet $PIP_OPTIONS "${WHEEL}[service]" \
+    || die "pip install of ${WHEEL}[service] failed (see above)" 1
 [ -x "$VENV/bin/edgecap" ] || die "$VENV/bin/edgecap is missing after pip install" 1
 say "edgecap in $VENV: $("$VENV/bin/python" -I -c 'from importlib.metadata import version; print(version("edgecap"))')"
 
@@ -309,15 +312,25 @@ elif [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
     systemctl --quiet enable "$SERVICE.service"
     if command -v udevadm >/dev/null 2>&1; then
         udevadm control --reload
-        udevadm trigger --subsystem-match=apex --subsystem-match=usb || true
+        # Devices already plugged in get the new modes and groups now.
+        udevadm trigger --subsystem-match=apex || true
+        udevadm trigger --subsystem-match=usb --attr-match=idVendor=1a6e || true
+        udevadm trigger --subsystem-match=usb --attr-match=idVendor=18d1 || true
     fi
     if [ "$START" -eq 1 ]; then
         systemctl restart "$SERVICE.service"
         say "started: journalctl -u $SERVICE -f"
+    elif systemctl --quiet is-active "$SERVICE.service"; then
+        say "$SERVICE is running the previous install: systemctl restart $SERVICE"
     else
         say "enabled; start it with: systemctl start $SERVICE"
     fi
+elif command -v systemctl >/dev/null 2>&1; then
+    # An image being built, a chroot: enabling needs no running systemd.
+    systemctl --quiet enable "$SERVICE.service" 2>/dev/null \
+        || say "systemctl could not enable $SERVICE.service"
+    say "systemd is not running here: skipped daemon-reload and udevadm"
 else
-    say "systemd is not running here: skipped daemon-reload, enable and udevadm"
+    say "systemctl not found: $SERVICE.service not enabled; skipped udevadm"
 fi
 say "done"

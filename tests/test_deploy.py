@@ -480,6 +480,67 @@ def test_install_and_uninstall_leave_a_prefix_that_is_not_a_venv_alone(tmp_path)
     assert (prefix / "bin" / "tool").read_text() == "keep me"
 
 
+def python_outside_home() -> str:
+    """A Python >= 3.9 with venv outside /root and /home (the service's view), or ""."""
+    for name in ("python3", "python3.13", "python3.12", "python3.11", "python3.10", "python3.9"):
+        for d in ("/usr/bin", "/usr/local/bin", "/opt/python/bin"):
+            exe = Path(d) / name
+            if not exe.is_file():
+                continue
+            ok = subprocess.run([str(exe), "-I", "-c",
+                                 "import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 9))"],
+                                capture_output=True)
+            if ok.returncode == 0:
+                return str(exe)
+    return ""
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_install_as_root_creates_accounts_and_ownership_in_a_private_namespace(tmp_path):
+    """The real-system path (accounts, chown, record, purge) with /etc, /opt and /var
+    bind-mounted from copies in a private mount namespace: the host is not touched."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1)")
+    if subprocess.run(["unshare", "--mount", "--propagation", "private", "true"]).returncode != 0:
+        pytest.skip("no permission to create a mount namespace here")
+    python = python_outside_home()
+    if not python:
+        pytest.skip("no Python >= 3.9 with venv outside /root and /home")
+    if not index_reachable():
+        pytest.skip("package index unreachable: the wheel cannot be built")
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir",
+                    str(wheels), str(REPO)], check=True, capture_output=True, timeout=300)
+    wheel = next(wheels.glob("edgecap-*.whl"))
+    for d in ("opt", "var"):
+        (tmp_path / d).mkdir()
+    subprocess.run(["cp", "-a", "/etc", str(tmp_path / "etc")], check=True)
+    install = f"sh {INSTALL} --python {python} --wheel {wheel} --pip-option=--no-deps"
+    script = f"""set -e
+for d in etc opt var; do mount --bind {tmp_path}/$d /$d; done
+{install}
+{install} > {tmp_path}/second.txt
+echo "passwd: $(getent passwd edgecap)"
+echo "groups: $(id -nG edgecap)"
+echo "modes: $(stat -c '%a %U:%G' /etc/edgecap /etc/edgecap/edgecap.toml /var/lib/edgecap | tr '\\n' ' ')"
+su -s /bin/sh edgecap -c 'cat /etc/edgecap/edgecap.toml > /dev/null' && echo "service user reads config"
+su -s /bin/sh nobody -c 'cat /etc/edgecap/edgecap.toml > /dev/null' 2>/dev/null || echo "others do not"
+sh {UNINSTALL} --purge
+getent passwd edgecap || echo "user removed"
+"""
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "passwd: edgecap:x:" in text and ":/var/lib/edgecap:" in text
+    assert "modes: 750 root:edgecap 640 root:edgecap 750 edgecap:edgecap" in text
+    assert "service user reads config" in text and "others do not" in text
+    assert "user removed" in text
+    second = (tmp_path / "second.txt").read_text()
+    assert "created" not in second and "edgecap-install: installed " not in second
+
+
 # --- the Python version check ---------------------------------------------------
 
 
