@@ -1,0 +1,336 @@
+#!/bin/sh
+# Installs edgecap as a systemd service: a virtual environment with
+# edgecap[service], the unit, the udev rules for the Coral Edge TPUs, and the
+# example config. Running it again changes nothing that is already in place.
+# deploy/uninstall.sh takes it out again. Walkthrough: docs/deploy.md.
+set -eu
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# The venv must be readable by the service user whatever root's umask is; the
+# config gets its restrictive modes explicitly.
+umask 022
+
+usage() {
+    cat <<'EOF'
+usage: sudo sh deploy/install.sh [options]
+
+  --python PATH       interpreter for the virtual environment (3.9 or newer);
+                      default: the first of python3, python3.13 ... python3.9 on PATH
+                      that is new enough
+  --wheel FILE        install this edgecap wheel (default: the source checkout
+                      this script lives in, built into a wheel first)
+  --source DIR        install from this source checkout
+  --prefix DIR        where the virtual environment goes (default /opt/edgecap)
+  --root DIR          stage everything under DIR instead of / (packaging, tests):
+                      no accounts, no ownership, no systemctl/udevadm calls
+  --pip-option OPT    pass OPT to pip install (repeatable), e.g. for a board
+                      without internet: --pip-option=--no-index
+                      --pip-option=--find-links=/media/usb/wheels
+  --reinstall         reinstall edgecap even if the same version is installed
+  --start             start (or restart) the service after installing it
+  -h, --help          this text
+EOF
+}
+
+say() { printf 'edgecap-install: %s\n' "$*"; }
+die() { printf 'edgecap-install: error: %s\n' "$*" >&2; exit "${2:-1}"; }
+
+PYTHON=""
+WHEEL=""
+SOURCE=""
+PREFIX="/opt/edgecap"
+ROOT=""
+PIP_OPTIONS=""
+REINSTALL=0
+START=0
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --python) [ $# -ge 2 ] || die "--python needs a path" 2; PYTHON="$2"; shift 2 ;;
+        --python=*) PYTHON="${1#*=}"; shift ;;
+        --wheel) [ $# -ge 2 ] || die "--wheel needs a file" 2; WHEEL="$2"; shift 2 ;;
+        --wheel=*) WHEEL="${1#*=}"; shift ;;
+        --source) [ $# -ge 2 ] || die "--source needs a directory" 2; SOURCE="$2"; shift 2 ;;
+        --source=*) SOURCE="${1#*=}"; shift ;;
+        --prefix) [ $# -ge 2 ] || die "--prefix needs a directory" 2; PREFIX="$2"; shift 2 ;;
+        --prefix=*) PREFIX="${1#*=}"; shift ;;
+        --root) [ $# -ge 2 ] || die "--root needs a directory" 2; ROOT="$2"; shift 2 ;;
+        --root=*) ROOT="${1#*=}"; shift ;;
+        --pip-option) [ $# -ge 2 ] || die "--pip-option needs a value" 2
+                      PIP_OPTIONS="$PIP_OPTIONS $2"; shift 2 ;;
+        --pip-option=*) PIP_OPTIONS="$PIP_OPTIONS ${1#*=}"; shift ;;
+        --reinstall) REINSTALL=1; shift ;;
+        --start) START=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; die "unknown option: $1" 2 ;;
+    esac
+done
+
+# The interpreter comes first: on Mendel Linux the answer is usually "not this one",
+# and nothing should be written before the user knows what to do about it.
+version_of() {
+    "$1" -I -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
+}
+
+new_enough() {
+    case "$1" in
+        [0-9]*.[0-9]*) ;;
+        *) return 1 ;;
+    esac
+    major=${1%%.*}
+    minor=${1#*.}
+    [ "$major" -gt 3 ] || { [ "$major" -eq 3 ] && [ "$minor" -ge 9 ]; }
+}
+
+too_old() {
+    cat >&2 <<EOF
+edgecap-install: error: edgecap needs Python 3.9 or newer; $1 is ${2:-not a Python}.
+Mendel Linux 4 and 5 (Debian 10 "buster") ship Python 3.7, and Debian has no newer
+python3 for buster (its Python 3.9 arrived with Debian 11). Two ways that work on a
+Coral Dev Board (aarch64, glibc 2.28):
+
+  1. A prebuilt CPython from uv (python-build-standalone builds for aarch64 Linux),
+     installed outside /root and /home, which the service cannot see:
+       curl -LsSf https://astral.sh/uv/install.sh | sh
+       sudo UV_PYTHON_INSTALL_DIR=/opt/python ~/.local/bin/uv python install 3.11
+       sudo sh deploy/install.sh --python "\$(UV_PYTHON_INSTALL_DIR=/opt/python ~/.local/bin/uv python find 3.11)"
+
+  2. Build one with pyenv (slow: it compiles CPython on the board), also outside
+     /root and /home:
+       sudo apt-get install build-essential libssl-dev zlib1g-dev libbz2-dev \\
+           libreadline-dev libsqlite3-dev libffi-dev liblzma-dev
+       sudo git clone https://github.com/pyenv/pyenv /opt/pyenv
+       sudo PYENV_ROOT=/opt/pyenv /opt/pyenv/bin/pyenv install 3.11
+       sudo sh deploy/install.sh --python /opt/pyenv/versions/3.11.*/bin/python3
+
+Every runtime dependency has prebuilt aarch64 wheels for Python 3.9 and 3.11, so pip
+compiles nothing on the board. Details: docs/deploy.md.
+EOF
+    exit 1
+}
+
+if [ -n "$PYTHON" ]; then
+    command -v "$PYTHON" >/dev/null 2>&1 || die "--python $PYTHON: not found" 2
+    PYTHON=$(command -v "$PYTHON")
+    v=$(version_of "$PYTHON")
+    new_enough "$v" || too_old "$PYTHON" "$v"
+else
+    first=""
+    for candidate in python3 python3.13 python3.12 python3.11 python3.10 python3.9; do
+        command -v "$candidate" >/dev/null 2>&1 || continue
+        v=$(version_of "$candidate")
+        [ -n "$first" ] || first="$candidate $v"
+        if new_enough "$v"; then
+            PYTHON=$(command -v "$candidate")
+            break
+        fi
+    done
+    if [ -z "$PYTHON" ]; then
+        [ -n "$first" ] || too_old "python3" "not on PATH"
+        too_old "${first% *}" "${first#* }"
+    fi
+fi
+say "Python: $PYTHON ($(version_of "$PYTHON"))"
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+if [ -z "$WHEEL" ] && [ -z "$SOURCE" ]; then
+    SOURCE=$(dirname "$HERE")
+fi
+if [ -n "$SOURCE" ]; then
+    [ -f "$SOURCE/pyproject.toml" ] || die "--source $SOURCE: no pyproject.toml there; give an edgecap checkout or --wheel FILE" 2
+fi
+if [ -n "$WHEEL" ]; then
+    [ -f "$WHEEL" ] || die "--wheel $WHEEL: no such file" 2
+    case "$WHEEL" in /*) ;; *) WHEEL="$(pwd)/$WHEEL" ;; esac
+fi
+case "$PREFIX" in /*) ;; *) die "--prefix $PREFIX: must be an absolute path" 2 ;; esac
+
+if [ -n "$ROOT" ]; then
+    mkdir -p "$ROOT"
+    ROOT=$(cd "$ROOT" && pwd)
+    [ "$ROOT" != "/" ] || ROOT=""
+fi
+if [ -z "$ROOT" ] && [ "$(id -u)" -ne 0 ]; then
+    die "run as root (sudo), or stage into a directory with --root DIR" 2
+fi
+
+# ProtectHome= hides /root and /home from the service: a venv whose interpreter lives
+# there would fail to start with status 203/EXEC.
+base=$("$PYTHON" -I -c 'import os, sys; print(os.path.realpath(sys.base_prefix))')
+case "$base" in
+    /root|/root/*|/home|/home/*|/run/user/*)
+        if [ -n "$ROOT" ]; then
+            say "note: $PYTHON lives under $base, which the service cannot see on a real system"
+        else
+            die "$PYTHON lives under $base, which the service cannot see (ProtectHome=yes); give --python an interpreter outside /root and /home, e.g. under /opt or /usr" 2
+        fi ;;
+esac
+
+SERVICE=edgecap
+UNIT="$ROOT/etc/systemd/system/$SERVICE.service"
+RULES="$ROOT/etc/udev/rules.d/70-edgecap-coral.rules"
+CONFDIR="$ROOT/etc/edgecap"
+STATEDIR="$ROOT/var/lib/edgecap"
+VENV="$ROOT$PREFIX"
+# What this script created that the system may already have had (accounts); kept
+# with the config, so that uninstall.sh --purge removes only those.
+RECORD="$CONFDIR/install-record"
+
+# A real system gets accounts and ownership; a staging root gets neither.
+real_system() { [ -z "$ROOT" ]; }
+
+# Writes $2 from $1 with mode $3 unless it already holds exactly that; says so.
+put() {
+    src=$1 dst=$2 mode=$3
+    if [ -f "$dst" ] && cmp -s "$src" "$dst"; then
+        chmod "$mode" "$dst"
+        return 0
+    fi
+    mkdir -p "$(dirname "$dst")"
+    tmp="$dst.edgecap-new"
+    cp "$src" "$tmp"
+    chmod "$mode" "$tmp"
+    mv -f "$tmp" "$dst"
+    say "installed $dst"
+}
+
+record() {
+    grep -qx "$1" "$RECORD" 2>/dev/null || printf '%s\n' "$1" >> "$RECORD"
+}
+
+# 1. The virtual environment.
+if [ -x "$VENV/bin/python" ] && [ "$(version_of "$VENV/bin/python")" = "$(version_of "$PYTHON")" ]; then
+    say "virtual environment $VENV is in place"
+else
+    if [ -f "$VENV/pyvenv.cfg" ]; then
+        say "replacing $VENV (its Python is not $(version_of "$PYTHON"))"
+        rm -rf "$VENV"
+    elif [ -e "$VENV" ] && [ -n "$(ls -A "$VENV")" ]; then
+        die "--prefix $PREFIX: $VENV exists and is not a virtual environment; choose another --prefix" 2
+    fi
+    "$PYTHON" -m venv "$VENV" || die "$PYTHON -m venv failed; on Debian install python3-venv for this Python" 1
+    say "created virtual environment $VENV"
+fi
+
+# 2. edgecap[service]. A source checkout is built into a wheel first: pip treats a
+# wheel of the version already installed as done, so a second run changes nothing.
+build=""
+if [ -z "$WHEEL" ]; then
+    build=$(mktemp -d)
+    trap 'rm -rf "$build"' EXIT
+    # shellcheck disable=SC2086
+    "$VENV/bin/python" -m pip wheel --quiet --no-deps $PIP_OPTIONS --wheel-dir "$build" "$SOURCE" \
+        || die "could not build a wheel from $SOURCE" 1
+    WHEEL=$(ls "$build"/edgecap-*.whl)
+fi
+installed=$("$VENV/bin/python" -I -c 'from importlib.metadata import version; print(version("edgecap"))' 2>/dev/null || true)
+wheel_version=$(basename "$WHEEL" | cut -d- -f2)
+if [ "$REINSTALL" -eq 1 ]; then
+    # shellcheck disable=SC2086
+    "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps $PIP_OPTIONS "$WHEEL" \
+        || die "pip install --force-reinstall of $WHEEL failed (see above)" 1
+elif [ "$installed" = "$wheel_version" ]; then
+    say "edgecap $installed is already installed; --reinstall replaces it with this build"
+fi
+# shellcheck disable=SC2086
+"$VENV/bin/python" -m pip install --quiet $PIP_OPTIONS "${WHEEL}[service]" \
+    || die "pip install of ${WHEEL}[service] failed (see above)" 1
+[ -x "$VENV/bin/edgecap" ] || die "$VENV/bin/edgecap is missing after pip install" 1
+say "edgecap in $VENV: $("$VENV/bin/python" -I -c 'from importlib.metadata import version; print(version("edgecap"))')"
+
+if [ -f "$HERE/../docs/deploy.md" ]; then
+    put "$HERE/../docs/deploy.md" "$VENV/share/doc/edgecap/deploy.md" 0644
+fi
+
+# 3. Groups and the service user.
+mkdir -p "$CONFDIR"
+chmod 0750 "$CONFDIR"
+if real_system; then
+    for group in video plugdev apex; do
+        if ! getent group "$group" >/dev/null; then
+            groupadd --system "$group"
+            record "group $group"
+            say "created group $group"
+        fi
+    done
+    if ! getent passwd edgecap >/dev/null; then
+        getent group edgecap >/dev/null || { groupadd --system edgecap; record "group edgecap"; }
+        nologin=$(command -v nologin || echo /usr/sbin/nologin)
+        useradd --system --gid edgecap --home-dir /var/lib/edgecap --no-create-home \
+            --shell "$nologin" --comment "edgecap service" edgecap
+        record "user edgecap"
+        say "created system user edgecap"
+    fi
+else
+    say "staging root $ROOT: groups video, plugdev, apex and user edgecap are not created"
+fi
+
+# 4. Unit and udev rules.
+subst=$(mktemp)
+trap 'rm -f "$subst"; [ -z "$build" ] || rm -rf "$build"' EXIT
+sed "s#@VENV@#$PREFIX#g" "$HERE/edgecap.service" > "$subst"
+put "$subst" "$UNIT" 0644
+put "$HERE/70-edgecap-coral.rules" "$RULES" 0644
+
+# 5. Config: root:edgecap 0750/0640 (it may hold a token and a password); an
+# existing config is the user's and is never touched.
+put "$HERE/edgecap.toml" "$CONFDIR/edgecap.toml.example" 0640
+if [ -e "$CONFDIR/edgecap.toml" ]; then
+    say "kept existing $CONFDIR/edgecap.toml (the new example is edgecap.toml.example)"
+else
+    put "$HERE/edgecap.toml" "$CONFDIR/edgecap.toml" 0640
+fi
+if real_system; then
+    chown root:edgecap "$CONFDIR" "$CONFDIR/edgecap.toml" "$CONFDIR/edgecap.toml.example"
+fi
+
+# 6. The demo bundle, so the example config starts: from the checkout (the wheel does
+# not carry it), and only where no bundle is installed yet.
+DEMO="${SOURCE:-$(dirname "$HERE")}/models/demo/bundle"
+if [ -d "$DEMO" ] && [ ! -e "$STATEDIR/bundle" ]; then
+    mkdir -p "$STATEDIR"
+    chmod 0750 "$STATEDIR"
+    cp -R "$DEMO" "$STATEDIR/bundle"
+    say "copied the demo bundle to $STATEDIR/bundle"
+    if real_system; then
+        chown -R edgecap:edgecap "$STATEDIR"
+    fi
+elif [ ! -e "$STATEDIR/bundle" ]; then
+    say "no bundle at $STATEDIR/bundle: copy yours there (or set bundle = in edgecap.toml)"
+fi
+
+# 7. Tell systemd and udev; enable, start only when asked.
+if [ -n "$ROOT" ]; then
+    if command -v systemctl >/dev/null 2>&1; then
+        systemctl --root="$ROOT" --quiet enable "$SERVICE.service" 2>/dev/null \
+            || say "systemctl --root could not enable $SERVICE.service"
+    else
+        say "systemctl not found: $SERVICE.service not enabled in $ROOT"
+    fi
+    say "staging root $ROOT: skipped systemctl daemon-reload and udevadm"
+elif [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    systemctl daemon-reload
+    systemctl --quiet enable "$SERVICE.service"
+    if command -v udevadm >/dev/null 2>&1; then
+        udevadm control --reload
+        # Devices already plugged in get the new modes and groups now.
+        udevadm trigger --subsystem-match=apex || true
+        udevadm trigger --subsystem-match=usb --attr-match=idVendor=1a6e || true
+        udevadm trigger --subsystem-match=usb --attr-match=idVendor=18d1 || true
+    fi
+    if [ "$START" -eq 1 ]; then
+        systemctl restart "$SERVICE.service"
+        say "started: journalctl -u $SERVICE -f"
+    elif systemctl --quiet is-active "$SERVICE.service"; then
+        say "$SERVICE is running the previous install: systemctl restart $SERVICE"
+    else
+        say "enabled; start it with: systemctl start $SERVICE"
+    fi
+elif command -v systemctl >/dev/null 2>&1; then
+    # An image being built, a chroot: enabling needs no running systemd.
+    systemctl --quiet enable "$SERVICE.service" 2>/dev/null \
+        || say "systemctl could not enable $SERVICE.service"
+    say "systemd is not running here: skipped daemon-reload and udevadm"
+else
+    say "systemctl not found: $SERVICE.service not enabled; skipped udevadm"
+fi
+say "done"
