@@ -172,3 +172,10 @@ def test_step_models_swapped(bundle_copy: Path) -> None:
     _set(bundle_copy, "rnn.decoder_step", meta["rnn"]["encoder_step"])
     msg = _error(bundle_copy)
     assert "rnn_encoder_step.tflite" in msg and "signature" in msg and "logits" in msg
+
+
+def test_field_naming_a_directory(bundle_copy: Path) -> None:
+    (bundle_copy / "sub").mkdir()
+    _set(bundle_copy, "vocab", "sub")
+    msg = _error(bundle_copy)
+    assert "'vocab'" in msg and "sub" in msg
