@@ -8,7 +8,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import Iterator, List
 
 import cv2
 import numpy as np
@@ -19,7 +19,7 @@ DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def private_cache(tmp_path_factory) -> Path:
+def private_cache(tmp_path_factory) -> Iterator[Path]:
     """Points $XDG_CACHE_HOME at a session temp dir, so no test writes plans into the user's cache.
 
     Set in ``os.environ`` rather than through monkeypatch (which is per test)
