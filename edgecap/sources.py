@@ -205,8 +205,8 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
 
     Args:
       source: A video file path; a camera as a device path (``/dev/video0``) or
-        index (``0`` or ``"0"``); or frames: a ``[T,H,W,3]`` array or an
-        iterable of HxWx3 uint8 BGR images.
+        index (``0``, or ``"0"`` when no file of that name exists); or frames:
+        a ``[T,H,W,3]`` array or an iterable of HxWx3 uint8 BGR images.
       fps: Rate of in-memory frames (ignored for files and cameras).
 
     Returns:
@@ -223,7 +223,8 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
         return CameraSource(source)
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
-        if text.isdigit():
+        # A video file named like a number ("2024") is that file, not camera 2024.
+        if text.isdigit() and not os.path.isfile(text):
             return CameraSource(int(text))
         if _is_camera_path(text):
             return CameraSource(text)

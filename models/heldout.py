@@ -11,11 +11,20 @@ from typing import List, Sequence, Union
 
 import numpy as np
 
+from edgecap.bundle import InputSpec
 from edgecap.interpreter import make_cpu_interpreter
+from edgecap.preprocess import Preprocessor, dequantize
 
 
 class FrameEncoder:
-    """Runs a TFLite frame encoder (int8 or float) on RGB uint8 frames, float features out."""
+    """Runs a TFLite frame encoder (int8 or float) on RGB uint8 frames, float features out.
+
+    Inputs are made by the runtime's own ``Preprocessor`` and outputs read with
+    its ``dequantize``, so the features the recipe fine-tunes the RNN on are
+    bit for bit the ones the runtime feeds it: normalising and quantising in
+    numpy here instead rounds the ties of ``(x - 127.5) / 127.5`` the other way
+    for most pixel values.
+    """
 
     def __init__(self, model: Union[Path, bytes], mean: Sequence[float], std: Sequence[float],
                  num_threads: int = 1):
@@ -23,30 +32,25 @@ class FrameEncoder:
 
         Args:
           model: Path or bytes of the encoder.
-          mean: Per-channel normalisation mean.
-          std: Per-channel normalisation std.
+          mean: Per-channel normalisation mean (RGB order).
+          std: Per-channel normalisation std (RGB order).
           num_threads: Interpreter threads.
         """
         self._interp = make_cpu_interpreter(model, num_threads)
         self._inp = self._interp.get_input_details()[0]
         self._out = self._interp.get_output_details()[0]
-        self._mean = np.asarray(mean, np.float32)
-        self._std = np.asarray(std, np.float32)
+        _, height, width, channels = (int(d) for d in self._inp["shape"])
+        spec = InputSpec(height=height, width=width, channels=channels, color_order="RGB",
+                         mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std))
+        self._preprocess = Preprocessor(spec, self._inp)
 
     def __call__(self, frame: np.ndarray) -> np.ndarray:
         """Returns the float feature ``[1,F]`` of one RGB uint8 frame at the encoder's size."""
-        x = (frame.astype(np.float32) - self._mean) / self._std
-        if self._inp["dtype"] != np.float32:
-            scale, zero = self._inp["quantization"]
-            info = np.iinfo(self._inp["dtype"])
-            x = np.clip(np.round(x / scale) + zero, info.min, info.max)
-        self._interp.set_tensor(self._inp["index"], x[None].astype(self._inp["dtype"]))
+        # The runtime preprocesses frames as OpenCV gives them: BGR.
+        x = self._preprocess(np.ascontiguousarray(frame[..., ::-1]))
+        self._interp.set_tensor(self._inp["index"], x)
         self._interp.invoke()
-        y = self._interp.get_tensor(self._out["index"])
-        if self._out["dtype"] != np.float32:
-            scale, zero = self._out["quantization"]
-            y = (y.astype(np.float32) - zero) * scale
-        return y.astype(np.float32)
+        return dequantize(self._interp.get_tensor(self._out["index"]), self._out)
 
     def windows(self, windows: np.ndarray) -> np.ndarray:
         """Returns features ``[B,N,F]`` of windows ``[B,N,S,S,3]``."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, List
 
 import cv2
 import numpy as np
@@ -13,6 +16,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory) -> Iterator[Path]:
+    """Points $XDG_CACHE_HOME at a session temp dir, so no test writes plans into the user's cache.
+
+    Set in ``os.environ`` rather than through monkeypatch (which is per test)
+    so that it covers the whole session and the CLI subprocesses tests start.
+    """
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    yield cache
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +76,45 @@ def write_noise_clip(path: Path, frames: int, size: int, fps: float = 16.0) -> P
         w.write(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
     w.release()
     return path
+
+
+SAMPLE_CLIP = REPO / "models" / "demo" / "sample.mp4"
+
+
+@dataclass(frozen=True)
+class Story:
+    """Real clips played one after another, each one window long, with its ground truth.
+
+    Attributes:
+      frames: uint8 BGR frames at the bundle's sampling rate, ``[windows * per_window, H, W, 3]``.
+      truths: The caption of each window, in order.
+      per_window: Sampled frames in each clip (the bundle's window).
+    """
+
+    frames: np.ndarray
+    truths: List[str]
+    per_window: int
+
+
+def sample_story() -> Story:
+    """The shipped sample clip (3 windows) then five fresh rendered clips, sampled at 8 fps.
+
+    Neighbouring windows have different ground truth, so any state one window
+    leaks into another shows in the captions.
+    """
+    from models.dataset import read_video, random_spec, render_clip
+
+    doc = json.loads(SAMPLE_CLIP.with_suffix(".json").read_text())
+    video, fps = read_video(SAMPLE_CLIP)
+    step = int(round(fps / 8.0))  # the demo bundle samples at 8 fps
+    parts, truths = [video[::step]], [w["caption"] for w in doc["windows"]]
+    for i in range(5):
+        # Seeds far from the training data's (see test_quality).
+        rng = np.random.default_rng([77_001, i])
+        clip, truth = render_clip(random_spec(rng), rng)
+        parts.append(clip[::step])
+        truths.append(truth)
+    frames = np.concatenate(parts)
+    per_window = len(parts[1])
+    assert len(frames) == per_window * len(truths)
+    return Story(frames, truths, per_window)

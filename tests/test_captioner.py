@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import SAMPLE_CLIP, Story, sample_story
 from edgecap.bundle import WindowSpec
 from edgecap.captioner import Caption, EdgeCaptioner, _windows_of
 from edgecap.errors import ConfigError, EdgecapError
@@ -29,6 +30,11 @@ def captioner(shipped_bundle: Path):
         yield cap
 
 
+@pytest.fixture(scope="module")
+def story() -> Story:
+    return sample_story()
+
+
 def _clip(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 255, (n, 80, 96, 3), dtype=np.uint8)
 
@@ -44,10 +50,15 @@ def test_one_caption_per_complete_window(captioner: EdgeCaptioner) -> None:
     assert all(v >= 0 for v in caps[0].stage_ms.values())
 
 
-def test_stream_equals_caption_frames(captioner: EdgeCaptioner) -> None:
-    frames = _clip(2 * captioner.window.frames, seed=3)
-    assert ([c.text for c in captioner.stream(frames, fps=0)]
-            == [c.text for c in captioner.caption_frames(frames)])
+def test_stream_equals_caption_frames(captioner: EdgeCaptioner, story: Story) -> None:
+    frames = story.frames
+    streamed = [c.text for c in captioner.stream(frames, fps=0)]
+    assert streamed == [c.text for c in captioner.caption_frames(frames)]
+    # caption_frames is stream underneath: what makes the check independent is
+    # the clips' ground truth, and the sample file read and sampled by the source.
+    assert streamed == story.truths
+    from_file = [c.text for c in captioner.stream(str(SAMPLE_CLIP))]
+    assert from_file == story.truths[:3]
 
 
 def test_source_rate_is_sampled(captioner: EdgeCaptioner) -> None:
@@ -65,13 +76,17 @@ def test_overlapping_windows(shipped_bundle: Path) -> None:
     assert [(c.start_frame, c.end_frame) for c in caps] == [(0, 3), (2, 5), (4, 7), (6, 9)]
 
 
-def test_window_state_is_independent(shipped_bundle: Path) -> None:
-    frames = _clip(12, seed=5)
-    with EdgeCaptioner(shipped_bundle, frames=4, stride=2) as cap:
+def test_window_state_is_independent(shipped_bundle: Path, story: Story) -> None:
+    # Real clips with different ground truth: window 1 straddles clips 0 and 1
+    # and opens while window 0 is open; windows 0 and 2 are clips 0 and 1.
+    n = story.per_window
+    frames = story.frames[: 3 * n]
+    with EdgeCaptioner(shipped_bundle, frames=n, stride=n // 2) as cap:
         overlapped = cap.caption_frames(frames)
-    with EdgeCaptioner(shipped_bundle, frames=4, stride=4) as cap:
-        alone = cap.caption_frames(frames[2:6])
+    with EdgeCaptioner(shipped_bundle, frames=n, stride=n) as cap:
+        alone = cap.caption_frames(frames[n // 2: n // 2 + n])
     assert overlapped[1].tokens == alone[0].tokens
+    assert [c.text for c in overlapped[::2]] == story.truths[:3]
 
 
 @pytest.mark.parametrize("options,message", [

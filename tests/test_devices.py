@@ -215,7 +215,7 @@ def test_this_machine_lists_its_cpu() -> None:
     assert infos[0].device == "cpu" and "ai-edge-litert" in infos[0].runtime
 
 
-@pytest.mark.tpu
+# Needs no EdgeTPU (no delegate may load), so it runs in the default suite.
 def test_uncompiled_segment_is_refused_on_a_real_edgetpu(plan, monkeypatch) -> None:
     def load_delegate(library, options):
         raise AssertionError("no delegate may be loaded for an uncompiled segment")

@@ -249,3 +249,5 @@ def test_sample_clip_through_two_emulated_tpus_equals_the_cpu_path(plans, shippe
     with EdgeCaptioner(shipped_bundle, plan=plans["2tpu+cpu"], num_threads=1) as cap:
         got = [(c.window, c.start_frame, c.text) for c in cap.stream(str(clip))]
     assert got == expected and len(got) >= 2
+    truth = json.loads(clip.with_suffix(".json").read_text())["windows"]
+    assert [(c[1], c[2]) for c in got] == [(w["start_frame"], w["caption"]) for w in truth]

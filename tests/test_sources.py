@@ -143,3 +143,45 @@ def test_camera_close_does_not_wait_on_a_hung_read(monkeypatch) -> None:
     assert not camera.released.is_set()
     camera.unblock.set()  # the read returns: the reader thread releases the camera
     assert camera.released.wait(1.0)
+
+
+def test_a_video_file_named_like_a_number_is_that_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _write_video(tmp_path / "clip.mp4", 6, 10.0)
+    (tmp_path / "clip.mp4").rename(tmp_path / "2024")
+    for source in ("2024", Path("2024")):
+        with open_source(source) as src:
+            assert not src.live and src.name == "2024"
+            assert [f.index for f in src] == list(range(6))
+
+
+def test_a_number_with_no_such_file_is_a_camera_index(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    opened = []
+
+    class _NoCamera:
+        def __init__(self, device):
+            opened.append(device)
+
+        def isOpened(self) -> bool:
+            return False
+
+        def release(self) -> None:
+            pass
+
+    monkeypatch.setattr(sources.cv2, "VideoCapture", _NoCamera)
+    with pytest.raises(SourceError, match="camera 2024: cannot be opened"):
+        open_source("2024")
+    assert opened == [2024]
+
+
+def test_sampling_restarts_its_clock_after_a_stall() -> None:
+    # 1 s at 32 fps, nothing for 2 s (a stalled camera), then 1 s more.
+    stamps = [i / 32 for i in range(32)] + [3.0 + i / 32 for i in range(32)]
+    frames = [Frame(i, t, np.zeros((2, 2, 3), np.uint8)) for i, t in enumerate(stamps)]
+    kept = [f.timestamp for f in sample(frames, 8.0)]
+    after = [t for t in kept if t >= 3.0]
+    assert after[0] == 3.0  # the first frame after the stall is sampled...
+    # ...and the clock restarts there: no burst of the samples the stall "owed".
+    assert np.diff(after).min() >= 1 / 8 - 1e-6
+    assert len(after) == 8 and len(kept) == 16
