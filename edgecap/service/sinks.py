@@ -292,8 +292,10 @@ class MqttSink(Sink):
             client.username_pw_set(config.username, config.password or None)
         client.will_set(self.availability_topic, b"offline", qos=1, retain=True)
         client.reconnect_delay_set(*reconnect_delay)
-        # Bounds paho's own queue (messages sent while a drop is not yet noticed).
-        client.max_queued_messages_set(max(config.buffer, 1))
+        # paho's own queue holds what is in flight (awaiting PUBACK), the flush of
+        # our buffer on reconnect, and what is sent while a dead connection is not
+        # yet noticed (up to 1.5x keepalive): room for all that, yet bounded.
+        client.max_queued_messages_set(2 * config.buffer + 64)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_connect_fail = self._on_connect_fail
