@@ -262,3 +262,38 @@ def test_open_sinks_refuses_an_unwritable_jsonl_path_before_starting_anything(tm
                     '[sinks.mqtt]\nhost = "127.0.0.1"\nport = 9\n')
     with pytest.raises(ConfigError, match="sinks.jsonl.path: cannot write"):
         open_sinks(load_config(path))
+
+
+def test_mqtt_sink_never_blocks_on_a_broker_that_does_not_answer(caplog):
+    # A socket that completes TCP handshakes (the kernel does) but never speaks MQTT.
+    import socket
+    import time
+
+    from edgecap.service.config import MqttSinkConfig
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+    try:
+        with caplog.at_level(logging.WARNING, logger="edgecap.service.sinks"):
+            for port in (silent.getsockname()[1], refused.getsockname()[1]):
+                sink = MqttSink(MqttSinkConfig(host="127.0.0.1", port=port, buffer=2),
+                                reconnect_delay=(0.05, 0.1))
+                started = time.monotonic()
+                for window in range(4):
+                    sink.caption("front", make_caption(window))
+                sink.stats({"fps": 1.0})
+                assert time.monotonic() - started < 0.2
+                counters = sink.counters()
+                assert (counters["connected"], counters["buffered"], counters["dropped"]) == (False, 2, 2)
+                time.sleep(0.5)  # several reconnect attempts
+                started = time.monotonic()
+                sink.close(timeout=1.0)
+                assert time.monotonic() - started < 1.5
+        unreachable = [r for r in caplog.records if "not reachable" in r.getMessage()]
+        assert len(unreachable) == 1  # the refusing port: said once, however many attempts
+    finally:
+        silent.close()
+        refused.close()

@@ -285,6 +285,7 @@ class MqttSink(Sink):
         self._dropped = 0
         self._errors = 0
         self._connects = 0
+        self._unreachable_said = False
 
         client_id = config.client_id or f"edgecap-{socket.gethostname()}"
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
@@ -372,18 +373,23 @@ class MqttSink(Sink):
                 self._publish(*self._buffer.popleft())
             self._connected = True
             self._connects += 1
+            self._unreachable_said = False
         log.info("MQTT connected to %s", self._where)
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         # No lock: paho may call this while holding its own locks that publish() takes.
         was, self._connected = self._connected, False
         if was and not self._closing:
+            self._unreachable_said = True  # one line per outage
             log.warning("MQTT connection to %s lost (%s); buffering up to %d captions and reconnecting",
                         self._where, reason, self._capacity)
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
-        if self._connects == 0 and not self._closing:
-            log.debug("MQTT broker %s not reachable yet; retrying", self._where)
+        # Once per outage: the broker being away is worth a line, not a line a second.
+        if not self._unreachable_said and not self._closing:
+            self._unreachable_said = True
+            log.warning("MQTT broker %s not reachable; retrying with backoff, buffering up to %d captions",
+                        self._where, self._capacity)
 
     def _error(self, what: str, exc: BaseException) -> None:
         with self._lock:
@@ -415,9 +421,19 @@ class MqttSink(Sink):
                 info.wait_for_publish(max(0.0, deadline - time.monotonic()))
         except Exception as exc:
             log.warning("MQTT: offline not published on close: %s", exc)
+        # After disconnect() paho's loop ends within its 1 s select timeout, unless
+        # it is inside a TCP connect or a DNS lookup: wait for it only as long as
+        # the timeout allows (its thread is a daemon and dies with the process).
+        stopper = threading.Thread(target=self._stop_network, name="mqtt-close", daemon=True)
+        stopper.start()
+        stopper.join(max(0.0, deadline - time.monotonic()))
+        if stopper.is_alive():
+            log.warning("MQTT: the connection to %s did not close within %.1f s; leaving it",
+                        self._where, timeout)
+
+    def _stop_network(self) -> None:
         try:
             self._client.disconnect()
-            # After disconnect() paho's loop ends within its 1 s select timeout.
             self._client.loop_stop()
         except Exception as exc:
             log.warning("MQTT: closing the connection to %s: %s", self._where, exc)
