@@ -123,7 +123,7 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "clip.mp4").write_bytes(b"")
-    path = write(etc, """\
+    write(etc, """\
         bundle = "bundle"
         plan = "plans/devboard"
         [[cameras]]

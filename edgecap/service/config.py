@@ -251,7 +251,7 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(_toml_message(path, exc)) from None
+        raise ConfigError(_toml_message(path, text, exc)) from None
     _resolve_paths(raw, path.absolute().parent)
     applied = _apply_overrides(raw, overrides, path)
     try:
@@ -363,24 +363,16 @@ def _text(path: Path, data: bytes) -> str:
         raise ConfigError(f"{path}:{line}: not UTF-8 text; save the config file as UTF-8") from None
 
 
-def _toml_message(path: Path, exc: Exception) -> str:
+def _toml_message(path: Path, text: str, exc: Exception) -> str:
     """tomllib's error as ``FILE:LINE: malformed TOML (problem, column N); fix``."""
     msg = str(exc)
     at = _AT_LINE.search(msg)
     if at:
-        problem = msg[:at.start()]
-        where = f"{path}:{at.group('line')}"
-        problem = f"{problem[:1].lower()}{problem[1:]}, column {at.group('col')}"
+        line, problem = at.group("line"), f"{msg[:at.start()]}, column {at.group('col')}"
     else:
-        problem = _AT_END.sub("", msg)
-        lines = 0
-        try:
-            lines = max(1, len(path.read_text(encoding="utf-8").splitlines()))
-        except (OSError, ValueError):
-            pass
-        where = f"{path}:{lines}" if lines else str(path)
-        problem = f"{problem[:1].lower()}{problem[1:]}, at the end of the file"
-    return f"{where}: malformed TOML ({problem}); fix the syntax there (TOML reference: https://toml.io)"
+        line, problem = str(max(1, len(text.splitlines()))), f"{_AT_END.sub('', msg)}, at the end of the file"
+    return (f"{path}:{line}: malformed TOML ({problem[:1].lower()}{problem[1:]}); "
+            f"fix the TOML syntax there")
 
 
 def _resolve_paths(raw: Dict[str, Any], base: Path) -> None:

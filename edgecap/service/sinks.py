@@ -32,7 +32,7 @@ from edgecap.errors import ConfigError
 
 if TYPE_CHECKING:  # the captioner pulls in the interpreters; sinks only need to_dict()
     from edgecap.captioner import Caption
-    from edgecap.service.config import JsonlSinkConfig, MqttSinkConfig, ServiceConfig
+    from edgecap.service.config import MqttSinkConfig, ServiceConfig
 
 log = logging.getLogger(__name__)
 
