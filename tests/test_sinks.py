@@ -106,6 +106,7 @@ def test_jsonl_appends_flushed_lines(tmp_path):
     assert json.loads(lines[1])["text"] == "a red star moves right"
     sink.caption("back", make_caption(1))
     sink.close()
+    sink.caption("late", make_caption(2))  # after close: ignored, the file stays closed
     assert [json.loads(line).get("camera") for line in path.read_text().splitlines()] == [None, "front", "back"]
 
 
@@ -297,3 +298,17 @@ def test_mqtt_sink_never_blocks_on_a_broker_that_does_not_answer(caplog):
     finally:
         silent.close()
         refused.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_fails_the_jsonl_sink_alone(caplog):
+    full, recorder = JsonlSink("/dev/full"), Recorder()  # every write: ENOSPC
+    sinks = SinkSet([full, recorder])
+    with caplog.at_level(logging.WARNING, logger="edgecap.service.sinks"):
+        for window in range(3):
+            sinks.caption("front", make_caption(window))
+    assert [w for _, w in recorder.captions] == [0, 1, 2]
+    assert sinks.counters()["jsonl"]["failures"] == 3
+    assert sum("jsonl sink failed" in r.getMessage() for r in caplog.records) == 1
+    assert "No space left on device" in caplog.text
+    sinks.close()

@@ -187,6 +187,7 @@ class JsonlSink(Sink):
         self._backups = backups
         self._written = 0
         self._rotations = 0
+        self._closed = False
         try:
             self._file: Optional[TextIO] = self._open()
         except OSError as exc:
@@ -207,8 +208,11 @@ class JsonlSink(Sink):
         Raises:
           OSError: The disk is full or the file went away (``SinkSet`` counts it).
         """
+        if self._closed:
+            return
         line = json.dumps(caption_record(camera, caption), ensure_ascii=False) + "\n"
         size = len(line.encode("utf-8"))
+        # No file: the last rotation failed half-way; try it again.
         if self._file is None or (self._size and self._size + size > self._max_bytes):
             self._rotate()
         assert self._file is not None
@@ -238,7 +242,8 @@ class JsonlSink(Sink):
         return {"written": self._written, "rotations": self._rotations}
 
     def close(self, timeout: float = 2.0) -> None:
-        """Flushes and closes the file."""
+        """Flushes and closes the file; later captions are ignored."""
+        self._closed = True
         file, self._file = self._file, None
         if file is not None:
             try:
