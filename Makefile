@@ -19,7 +19,7 @@ test: .venv-test/.installed
 .venv-test/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv-test
 	.venv-test/bin/pip install -q --upgrade pip
-	.venv-test/bin/pip install -q -e ".[dev]"
+	.venv-test/bin/pip install -q -e ".[dev,service]"
 	touch $@
 
 clean:

@@ -1,0 +1,561 @@
+"""The service's TOML config file, read into typed records through edgecap.schema.
+
+One file names the cameras, the bundle, the plan or board, the HTTP address and
+the sinks (see deploy/edgecap.toml for a commented example). Every failure is
+one ``ConfigError`` line naming the file, the line and the key::
+
+    edgecap.toml:12: cameras[0].fps: must be float > 0.0; frames per second the camera delivers
+
+Paths in the file (``bundle``, ``plan``, ``http.token_file``,
+``sinks.jsonl.path`` and file camera sources) are relative to the file's own
+directory; paths given as overrides (command-line flags) are taken as they are.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import msgspec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.9/3.10 only
+    import tomli as tomllib
+
+from edgecap import schema
+from edgecap.errors import ConfigError
+
+try:  # Annotated is in typing from 3.9 on
+    from typing import Annotated, Literal
+except ImportError:  # pragma: no cover
+    from typing_extensions import Annotated, Literal  # type: ignore[assignment]
+
+NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
+
+CameraName = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Side = Annotated[int, msgspec.Meta(ge=1, le=16384)]
+CameraFps = Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0.0, le=86_400.0)]
+WindowFrames = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+SampleFps = Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]
+# MQTT wildcards and NUL have no place in a topic someone publishes to.
+TopicPrefix = Annotated[str, msgspec.Meta(pattern=r"^[^#+\x00]+$", max_length=256)]
+
+_FIX = "see deploy/edgecap.toml for every key and its default"
+
+# What to do about a bad value, by key: appended to the message.
+_HINTS: Dict[str, str] = {
+    "bundle": "give the bundle's directory",
+    "plan": "give a plan.json or a directory holding one, or leave it empty to plan for `board`",
+    "board": "use auto or a board profile name (`edgecap devices` lists them)",
+    "on_missing_tpu": 'use "cpu" (run on the CPU) or "fail"',
+    "log_level": "use debug, info, warning or error",
+    "http": "[http] takes address, port, token and token_file",
+    "address": "give an IP address to bind, e.g. 127.0.0.1",
+    "port": "use a port number from 0 to 65535",
+    "token": "give the access token as a string",
+    "token_file": "give the path of a file holding the token",
+    "cameras": "add at least one [[cameras]] table with a name and a source",
+    "name": "use letters, digits, '_' and '-' only: the name goes into MQTT topics and metric labels",
+    "source": "give a device path (/dev/video0), a camera index or a video file",
+    "width": "use the capture width in pixels",
+    "height": "use the capture height in pixels",
+    "fps": "use the frames per second the camera delivers",
+    "fourcc": "use MJPG or YUYV",
+    "loop": "use true or false",
+    "frames": "use a whole number of sampled frames per window, 1 to 10000",
+    "stride": "use a whole number of sampled frames between windows, 1 to 10000",
+    "sample_fps": "use the sampling rate in frames per second (0 keeps every frame)",
+    "stall_seconds": "use the seconds without a frame before the camera is reopened",
+    "backoff_max_seconds": "use the longest wait between reopen attempts, in seconds",
+    "sinks": "[sinks] takes the tables stdout, jsonl and mqtt",
+    "stdout": "[sinks.stdout] takes enabled = true | false",
+    "enabled": "use true or false",
+    "jsonl": "[sinks.jsonl] takes path, max_bytes and backups",
+    "path": 'give the JSON-lines file to write, or "" to disable it',
+    "max_bytes": "use the size in bytes at which the file is rotated",
+    "backups": "use how many rotated files to keep",
+    "mqtt": "[sinks.mqtt] takes host, port, topic_prefix, client_id, username, password, "
+            "stats_interval_seconds and buffer",
+    "host": 'give the broker\'s host name or address, or "" to disable MQTT',
+    "topic_prefix": "use a topic prefix without the wildcards + and #",
+    "client_id": "give a client id, or leave it empty for edgecap-<hostname>",
+    "stats_interval_seconds": "use the seconds between stats messages",
+    "buffer": "use how many messages to keep while the broker is away",
+}
+
+
+class _Record(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A table of the config file: unknown keys are errors, values are immutable."""
+
+
+class CameraConfig(_Record):
+    """One ``[[cameras]]`` table.
+
+    Attributes:
+      name: Unique, ``[A-Za-z0-9_-]+``; names MQTT topics and metric labels.
+      source: Device path, camera index (as text) or video file.
+      width: Capture width requested from the camera.
+      height: Capture height requested from the camera.
+      fps: Capture rate requested from the camera.
+      fourcc: Pixel format requested from the camera.
+      loop: Restart a file source at its end (testing, demos).
+      frames: Sampled frames per window (default: the bundle's).
+      stride: Sampled frames between window starts (default: the bundle's).
+      sample_fps: Sampling rate (default: the bundle's; 0 keeps every frame).
+      stall_seconds: No frame for this long reopens the camera.
+      backoff_max_seconds: Longest wait between reopen attempts.
+    """
+
+    name: CameraName
+    source: schema.Name
+    width: Side = 640
+    height: Side = 480
+    fps: CameraFps = 15.0
+    fourcc: Literal["MJPG", "YUYV"] = "MJPG"
+    loop: bool = False
+    frames: Optional[WindowFrames] = None
+    stride: Optional[WindowFrames] = None
+    sample_fps: Optional[SampleFps] = None
+    stall_seconds: Seconds = 20.0
+    backoff_max_seconds: Seconds = 30.0
+
+
+class HttpConfig(_Record):
+    """The ``[http]`` table.
+
+    Attributes:
+      address: Address to bind; any but loopback requires a token.
+      port: Port to bind (0: any free port).
+      token: Access token (bearer or login cookie); filled from ``token_file``.
+      token_file: File holding the token; must not be world-readable.
+    """
+
+    address: schema.Name = "127.0.0.1"
+    port: Port = 8080
+    token: str = ""
+    token_file: str = ""
+
+
+class StdoutSinkConfig(_Record):
+    """``[sinks.stdout]``: one line per caption on stdout (the journal under systemd)."""
+
+    enabled: bool = True
+
+
+class JsonlSinkConfig(_Record):
+    """``[sinks.jsonl]``: captions as JSON lines, rotated by size.
+
+    Attributes:
+      path: The file; empty disables the sink.
+      max_bytes: Size at which the file is rotated.
+      backups: Rotated files kept (``file.1`` is the newest).
+    """
+
+    path: str = ""
+    max_bytes: Annotated[int, msgspec.Meta(ge=1024, le=schema.MAX_BYTES)] = 10_000_000
+    backups: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3
+
+
+class MqttSinkConfig(_Record):
+    """``[sinks.mqtt]``: captions, availability and stats on an MQTT broker.
+
+    Attributes:
+      host: Broker host; empty disables the sink.
+      port: Broker port.
+      topic_prefix: Topics are ``{prefix}/{camera}/caption``, ``{prefix}/availability``
+        and ``{prefix}/stats``.
+      client_id: MQTT client id; empty means ``edgecap-<hostname>``.
+      username: Broker user (empty: anonymous).
+      password: Broker password.
+      stats_interval_seconds: Seconds between stats messages.
+      buffer: Messages kept while the broker is away; the oldest go beyond it.
+    """
+
+    host: str = ""
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 1883
+    topic_prefix: TopicPrefix = "edgecap"
+    client_id: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    username: str = ""
+    password: str = ""
+    stats_interval_seconds: Seconds = 10.0
+    buffer: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1000
+
+
+class SinksConfig(_Record):
+    """The ``[sinks]`` tables."""
+
+    stdout: StdoutSinkConfig = msgspec.field(default_factory=StdoutSinkConfig)
+    jsonl: JsonlSinkConfig = msgspec.field(default_factory=JsonlSinkConfig)
+    mqtt: MqttSinkConfig = msgspec.field(default_factory=MqttSinkConfig)
+
+
+class ServiceConfig(_Record):
+    """The whole config file of ``edgecap serve``.
+
+    Attributes:
+      cameras: One or more cameras; names are unique.
+      bundle: Model bundle directory (empty: ``$EDGECAP_BUNDLE``, else the demo).
+      plan: A plan.json or directory (empty: plan for ``board``).
+      board: ``auto`` or a board profile name.
+      on_missing_tpu: ``cpu`` runs on what is there; ``fail`` refuses to start.
+      log_level: debug, info, warning or error.
+      http: The status page and API.
+      sinks: Where captions go.
+    """
+
+    cameras: Annotated[List[CameraConfig], msgspec.Meta(min_length=1, max_length=64)]
+    bundle: str = ""
+    plan: str = ""
+    board: schema.Name = "auto"
+    on_missing_tpu: Literal["cpu", "fail"] = "cpu"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    sinks: SinksConfig = msgspec.field(default_factory=SinksConfig)
+
+
+Key = Tuple[Union[str, int], ...]
+
+
+def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {}) -> ServiceConfig:
+    """Reads and checks the service's config file.
+
+    Args:
+      path: The TOML file.
+      overrides: Values that replace the file's, by dotted key (``"http.port"``,
+        ``"cameras[0].fps"``, ``"board"``), e.g. from command-line flags; a
+        value of None (a flag not given) leaves the file's value.
+
+    Returns:
+      The typed config, with the token read from ``http.token_file`` when set and
+      the file's relative paths made relative to its directory.
+
+    Raises:
+      ConfigError: One line naming the file, the line and the key, for an
+        unreadable file, malformed TOML, an unknown key, a wrong type, a value
+        out of range, duplicate or malformed camera names, an off-loopback
+        address without a token, or a token file that is unreadable or
+        readable by everyone.
+    """
+    path = Path(path)
+    data = schema.read_bytes(path, what="config file", error=ConfigError,
+                             fix="give the path of a readable TOML file")
+    text = _text(path, data)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(_toml_message(path, text, exc)) from None
+    _resolve_paths(raw, path.absolute().parent)
+    applied = _apply_overrides(raw, overrides, path)
+    try:
+        config = msgspec.convert(raw, ServiceConfig, strict=True)
+    except msgspec.ValidationError as exc:
+        problem, key = _problem(exc)
+        raise ConfigError(_message(path, text, key, problem, applied)) from None
+    _check_names(path, text, config, applied)
+    return _check_http(path, text, config, applied)
+
+
+def locate(text: str, key: Sequence[Union[str, int]]) -> Optional[int]:
+    """Finds the line of a TOML document that sets ``key`` (or its closest enclosing table).
+
+    A small reader of TOML's line structure: table headers, arrays of tables and
+    (dotted) keys; it is only asked where a document that parsed went wrong.
+
+    Args:
+      text: The TOML document.
+      key: Path of the key, e.g. ``("cameras", 1, "fps")``.
+
+    Returns:
+      The 1-based line that sets the key, else the line of its nearest
+      enclosing table or key, else None.
+    """
+    target = tuple(key)
+    best: Optional[Tuple[int, int]] = None  # (length of the matched prefix, line)
+    table: Key = ()
+    arrays: Dict[Key, int] = {}  # array-of-tables path -> current index
+    in_string = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if in_string:  # inside a multi-line string: no keys or headers here
+            in_string = not _toggles_multiline(line)
+            continue
+        found: Optional[Key] = None
+        header = _HEADER.match(line)
+        if header:
+            parts = _dotted(header.group("key"))
+            full = _in_arrays(parts, arrays)
+            if header.group("open") == "[[":
+                arrays[parts] = arrays.get(parts, -1) + 1
+                full = full + (arrays[parts],)
+            table = full
+            found = full
+        else:
+            assignment = _KEY.match(line)
+            if assignment:
+                found = table + _dotted(assignment.group("key"))
+                in_string = _toggles_multiline(line[assignment.end():])
+        if found is None:
+            continue
+        # The key itself (or a dotted key or header inside it), else its closest enclosing table.
+        score = len(target) if found[:len(target)] == target else (
+            len(found) if found == target[:len(found)] else 0)
+        if score and (best is None or score > best[0]):
+            best = (score, number)
+    return best[1] if best else None
+
+
+# --- reading -------------------------------------------------------------------------
+
+_BARE = r"[A-Za-z0-9_-]+"
+_QUOTED = r'"(?:[^"\\]|\\.)*"|\'[^\']*\''
+_DOTTED = rf"(?:{_BARE}|{_QUOTED})(?:\s*\.\s*(?:{_BARE}|{_QUOTED}))*"
+_HEADER = re.compile(rf"^\s*(?P<open>\[\[?)\s*(?P<key>{_DOTTED})\s*\]\]?\s*(?:#.*)?$")
+_KEY = re.compile(rf"^\s*(?P<key>{_DOTTED})\s*=")
+_PART = re.compile(rf"\s*({_BARE}|{_QUOTED})\s*(?:\.|$)")
+_AT_LINE = re.compile(r"\s*\(at line (?P<line>\d+), column (?P<col>\d+)\)\s*$")
+_AT_END = re.compile(r"\s*\(at end of document\)\s*$")
+_MSGSPEC = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_INDEX = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+_OVERRIDE_PART = re.compile(r"([A-Za-z0-9_-]+)|\[(\d+)\]")
+
+
+def _dotted(key: str) -> Tuple[str, ...]:
+    """Splits a TOML key (``a."b.c".d``) into its parts."""
+    parts = []
+    for part in _PART.findall(key):
+        if part[:1] == '"':
+            part = part[1:-1].encode().decode("unicode_escape")
+        elif part[:1] == "'":
+            part = part[1:-1]
+        parts.append(part)
+    return tuple(parts)
+
+
+def _in_arrays(parts: Tuple[str, ...], arrays: Mapping[Key, int]) -> Key:
+    """A header's path with the current index inserted after each array of tables it is inside."""
+    full: List[Union[str, int]] = []
+    for i, part in enumerate(parts):
+        full.append(part)
+        prefix = parts[:i + 1]
+        if i + 1 < len(parts) and prefix in arrays:
+            full.append(arrays[prefix])
+    return tuple(full)
+
+
+def _toggles_multiline(rest: str) -> bool:
+    """True if ``rest`` opens a multi-line string that it does not close."""
+    return (rest.count('"""') + rest.count("'''")) % 2 == 1
+
+
+def _text(path: Path, data: bytes) -> str:
+    """The file as text; a file that is not UTF-8 gets one line naming where."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text; save the config file as UTF-8") from None
+
+
+def _toml_message(path: Path, text: str, exc: Exception) -> str:
+    """tomllib's error as ``FILE:LINE: malformed TOML (problem, column N); fix``."""
+    msg = str(exc)
+    at = _AT_LINE.search(msg)
+    if at:
+        line, problem = at.group("line"), f"{msg[:at.start()]}, column {at.group('col')}"
+    else:
+        line, problem = str(max(1, len(text.splitlines()))), f"{_AT_END.sub('', msg)}, at the end of the file"
+    return (f"{path}:{line}: malformed TOML ({problem[:1].lower()}{problem[1:]}); "
+            f"fix the TOML syntax there")
+
+
+def _resolve_paths(raw: Dict[str, Any], base: Path) -> None:
+    """Makes the file's relative paths relative to its directory, in place."""
+
+    def fix(table: Any, key: str) -> None:
+        if isinstance(table, dict) and isinstance(table.get(key), str) and table[key]:
+            value = Path(table[key]).expanduser()
+            if not value.is_absolute():
+                table[key] = str(base / value)
+
+    fix(raw, "bundle")
+    fix(raw, "plan")
+    fix(raw.get("http"), "token_file")
+    sinks = raw.get("sinks")
+    fix(sinks.get("jsonl") if isinstance(sinks, dict) else None, "path")
+    cameras = raw.get("cameras")
+    for camera in cameras if isinstance(cameras, list) else ():
+        if not isinstance(camera, dict):
+            continue
+        source = camera.get("source")
+        # A camera index may be written as a number; the pipeline takes text.
+        if isinstance(source, int) and not isinstance(source, bool):
+            camera["source"] = str(source)
+        elif isinstance(source, str) and source and not source.isdigit() and "://" not in source:
+            fix(camera, "source")
+
+
+def _override_key(key: str) -> Key:
+    """``"cameras[0].fps"`` or ``"cameras.0.fps"`` -> ``("cameras", 0, "fps")``."""
+    parts: List[Union[str, int]] = []
+    for piece in key.split("."):
+        matched = _OVERRIDE_PART.findall(piece)
+        if not piece or "".join(f"{n}" if n else f"[{i}]" for n, i in matched) != piece:
+            raise ConfigError(f"override {key!r}: not a key; write keys as in the file, "
+                              f"e.g. http.port or cameras[0].fps")
+        for name, index in matched:
+            parts.append(int(name) if name.isdigit() else name if name else int(index))
+    return tuple(parts)
+
+
+def _apply_overrides(raw: Dict[str, Any], overrides: Mapping[str, Any], path: Path) -> List[Key]:
+    """Sets each override in the parsed document; returns their keys."""
+    applied = []
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        key = _override_key(dotted)
+        node: Any = raw
+        for i, part in enumerate(key[:-1]):
+            nxt = key[i + 1]
+            if isinstance(part, int):
+                if not isinstance(node, list) or part >= len(node):
+                    raise ConfigError(f"{path}: override {dotted}: there is no {_name(key[:i + 1])}; "
+                                      f"the file has {len(node) if isinstance(node, list) else 0}")
+                node = node[part]
+            else:
+                if not isinstance(node, dict):
+                    raise ConfigError(f"{path}: override {dotted}: {_name(key[:i])} is not a table")
+                node = node.setdefault(part, [] if isinstance(nxt, int) else {})
+        last = key[-1]
+        if isinstance(last, int):
+            if not isinstance(node, list) or last >= len(node):
+                raise ConfigError(f"{path}: override {dotted}: there is no {_name(key)}")
+        elif not isinstance(node, dict):
+            raise ConfigError(f"{path}: override {dotted}: {_name(key[:-1])} is not a table")
+        node[last] = value
+        applied.append(key)
+    return applied
+
+
+# --- messages --------------------------------------------------------------------------
+
+def _name(key: Sequence[Union[str, int]]) -> str:
+    """``("cameras", 0, "fps")`` -> ``cameras[0].fps``."""
+    out = ""
+    for part in key:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _problem(exc: msgspec.ValidationError) -> Tuple[str, Key]:
+    """msgspec's message as (problem in edgecap's words, key it is about)."""
+    m = _MSGSPEC.match(str(exc).strip())
+    msg, where = (m.group("msg"), m.group("path") or "") if m else (str(exc), "")
+    key: Key = tuple(int(i) if i else n for n, i in _INDEX.findall(where))
+    field = re.match(r"^Object (missing required|contains unknown) field `(?P<name>[^`]*)`$", msg)
+    if field:
+        key = key + (field.group("name"),)
+        return ("is missing" if field.group(1) == "missing required" else "unknown key"), key
+    if "matching regex" in msg:
+        if NAME_PATTERN in msg:
+            return "must be letters, digits, '_' and '-' only", key
+        return "must be text without the MQTT wildcards + and #", key
+    if msg.startswith("Expected "):
+        what = msg[len("Expected "):].replace("`", "")
+        what = what.replace("array of length", "a list of length")
+        return f"must be {what}", key
+    if msg.startswith("Invalid enum value"):
+        return f"invalid value {msg[len('Invalid enum value '):]}", key
+    return msg[:1].lower() + msg[1:], key
+
+
+def _hint(key: Key) -> str:
+    """The fix for a bad value at ``key``."""
+    names = [part for part in key if isinstance(part, str)]
+    return _HINTS.get(names[-1], _FIX) if names else _FIX
+
+
+def _message(path: Path, text: str, key: Key, problem: str, applied: Sequence[Key],
+             hint: Optional[str] = None) -> str:
+    """``FILE:LINE: key: problem; fix`` (or ``FILE: key (override): ...`` for a flag's value)."""
+    hint = hint or _hint(key)
+    # An override's own key, a key inside it, or the unknown key it created.
+    if any(key[:len(o)] == o or o[:len(key)] == key for o in applied):
+        return f"{path}: {_name(key)} (from an override): {problem}; {hint}"
+    line = locate(text, key) if key else None
+    where = f"{path}:{line}" if line else str(path)
+    return f"{where}: {_name(key) or 'the file'}: {problem}; {hint}"
+
+
+# --- checks across keys -------------------------------------------------------------------
+
+def _check_names(path: Path, text: str, config: ServiceConfig, applied: Sequence[Key]) -> None:
+    """Refuses two cameras of the same name (the name keys topics, labels and pages)."""
+    seen: Dict[str, int] = {}
+    for i, camera in enumerate(config.cameras):
+        if camera.name in seen:
+            raise ConfigError(_message(
+                path, text, ("cameras", i, "name"),
+                f"{camera.name!r} is also the name of cameras[{seen[camera.name]}]", applied,
+                "give each camera its own name"))
+        seen[camera.name] = i
+
+
+def is_loopback(address: str) -> bool:
+    """True if ``address`` binds only this machine (127.0.0.0/8, ::1, localhost)."""
+    if address.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_http(path: Path, text: str, config: ServiceConfig, applied: Sequence[Key]) -> ServiceConfig:
+    """Reads the token file and refuses an address off loopback without a token."""
+    http = config.http
+    if http.token and http.token_file:
+        raise ConfigError(_message(path, text, ("http", "token_file"), "set together with http.token",
+                                   applied, "keep one of token and token_file"))
+    if http.token_file:
+        token = _read_token(path, text, Path(http.token_file), applied)
+        http = msgspec.structs.replace(http, token=token)
+    if not http.token and not is_loopback(http.address):
+        raise ConfigError(_message(
+            path, text, ("http", "address"),
+            f"{http.address} is not a loopback address and no access token is set", applied,
+            "set http.token or http.token_file (the page serves camera frames), "
+            "or bind 127.0.0.1"))
+    return msgspec.structs.replace(config, http=http)
+
+
+def _read_token(path: Path, text: str, token_file: Path, applied: Sequence[Key]) -> str:
+    """The token in ``token_file``, which must be readable by us and not by everyone."""
+    key = ("http", "token_file")
+    unreadable = "create the file, readable by the service's user"
+    try:
+        # stat first: opening a FIFO or device would block or read forever.
+        if not stat.S_ISREG(os.stat(token_file).st_mode):
+            raise ConfigError(_message(path, text, key, f"{token_file} is not a regular file", applied,
+                                       "give a file holding the token"))
+        with open(token_file, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            data = f.read(65536)
+    except OSError as exc:
+        raise ConfigError(_message(path, text, key, f"cannot read {token_file} "
+                                   f"({exc.strerror or exc})", applied, unreadable)) from None
+    if mode & stat.S_IROTH:
+        raise ConfigError(_message(path, text, key, f"{token_file} is readable by every user", applied,
+                                   f"run `chmod 600 {token_file}`"))
+    token = data.decode("utf-8", "replace").strip()
+    if not token:
+        raise ConfigError(_message(path, text, key, f"{token_file} is empty", applied,
+                                   "write the access token into it"))
+    return token

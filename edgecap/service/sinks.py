@@ -1,0 +1,525 @@
+"""Where captions go: stdout (the journal under systemd), a JSON-lines file, an MQTT broker.
+
+Every sink has the same three calls — ``caption``, ``stats`` and ``close`` —
+and ``SinkSet`` fans them out so that one failing sink never stops the others.
+A sink that cannot start because of the config (an unwritable file) fails at
+``open_sinks``, before the service starts; a broker that is down is never
+fatal: the MQTT sink keeps a bounded buffer and reconnects with backoff.
+
+MQTT topics, under ``topic_prefix``:
+
+- ``{prefix}/{camera}/caption``: one JSON object per caption (``caption_record``).
+- ``{prefix}/availability``: retained ``online`` on connect; ``offline`` on a
+  clean close and, by the broker's last will, when the connection dies.
+- ``{prefix}/stats``: the service's stats snapshot as JSON, at most every
+  ``stats_interval_seconds``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, TextIO, Tuple
+
+from edgecap.errors import ConfigError
+
+if TYPE_CHECKING:  # the captioner pulls in the interpreters; sinks only need to_dict()
+    from edgecap.captioner import Caption
+    from edgecap.service.config import MqttSinkConfig, ServiceConfig
+
+log = logging.getLogger(__name__)
+
+# syslog priorities that journald reads from a "<N>" line prefix (sd-daemon(3)).
+PRIORITIES = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+
+def caption_record(camera: str, caption: "Caption") -> Dict[str, Any]:
+    """The JSON object a sink writes for one caption.
+
+    Args:
+      camera: The camera's name.
+      caption: The caption.
+
+    Returns:
+      ``camera``, the caption's fields (``Caption.to_dict()``) and ``time``,
+      the wall-clock time it was emitted (Unix seconds).
+    """
+    record: Dict[str, Any] = {"camera": camera}
+    record.update(caption.to_dict())
+    record["time"] = round(time.time(), 3)
+    return record
+
+
+def is_journal(stream: Any) -> bool:
+    """True if ``stream`` is connected to the systemd journal.
+
+    systemd sets ``JOURNAL_STREAM=DEV:INODE`` for a service whose stdout or
+    stderr is the journal; the stream is the journal only when its file
+    matches (a redirect in between makes it a plain file again).
+
+    Args:
+      stream: A file object (stdout, stderr).
+
+    Returns:
+      Whether lines written to it should carry ``<N>`` priority prefixes.
+    """
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    if not expected:
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return expected == f"{st.st_dev}:{st.st_ino}"
+
+
+class JournalFormatter(logging.Formatter):
+    """A logging formatter that prefixes each line with its journald priority (``<4>`` for warnings).
+
+    Install it on the service's log handler when ``is_journal(handler.stream)``
+    so that ``journalctl -p warning`` finds the service's warnings.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Returns the formatted record, every line prefixed with ``<N>``."""
+        prefix = f"<{_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in super().format(record).splitlines() or [""])
+
+
+def _priority(level: int) -> int:
+    """The syslog priority of a logging level (levels between take the next more severe)."""
+    for threshold in sorted(PRIORITIES, reverse=True):
+        if level >= threshold:
+            return PRIORITIES[threshold]
+    return PRIORITIES[logging.DEBUG]
+
+
+class Sink:
+    """One destination for captions. Each sink owns its resources.
+
+    Attributes:
+      name: Short name for logs and counters.
+    """
+
+    name = "sink"
+
+    def caption(self, camera: str, caption: "Caption") -> None:
+        """Delivers one caption of ``camera``."""
+
+    def stats(self, snapshot: Dict[str, Any]) -> None:
+        """Delivers the service's stats (a JSON-ready dict), called every few seconds."""
+
+    def counters(self) -> Dict[str, Any]:
+        """Returns what the sink has done (written, dropped, ...), JSON-ready."""
+        return {}
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Flushes and releases everything within ``timeout`` seconds; never raises."""
+
+
+class StdoutSink(Sink):
+    """One line per caption on stdout; with journald priority ``<6>`` when stdout is the journal."""
+
+    name = "stdout"
+
+    def __init__(self, stream: Optional[TextIO] = None) -> None:
+        """Writes to ``stream``.
+
+        Args:
+          stream: Where to write (default: ``sys.stdout``).
+        """
+        self._stream = sys.stdout if stream is None else stream
+        self._prefix = f"<{PRIORITIES[logging.INFO]}>" if is_journal(self._stream) else ""
+        self._written = 0
+
+    def caption(self, camera: str, caption: "Caption") -> None:
+        """Writes ``camera [start - end] text`` and flushes, so the journal has it at once."""
+        text = " ".join(caption.text.split())  # one caption, one line
+        self._stream.write(f"{self._prefix}{camera} [{caption.start_time:7.2f}s - "
+                           f"{caption.end_time:7.2f}s] {text}\n")
+        self._stream.flush()
+        self._written += 1
+
+    def counters(self) -> Dict[str, Any]:
+        """Returns ``{"written": lines}``."""
+        return {"written": self._written}
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Flushes the stream (it is not ours to close)."""
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class JsonlSink(Sink):
+    """Captions as JSON lines in a file, rotated by size like logrotate's ``size``.
+
+    ``path`` grows until the next line would pass ``max_bytes``; then ``path.1``
+    becomes ``path.2`` and so on (``backups`` kept), ``path`` becomes ``path.1``
+    and a new ``path`` starts. Each line is flushed to the OS (not fsynced: a
+    power cut may lose the last lines, a crash of the service does not).
+    """
+
+    name = "jsonl"
+
+    def __init__(self, path: "str | os.PathLike[str]", max_bytes: int = 10_000_000, backups: int = 3) -> None:
+        """Opens (or creates, mode 0640) the file for appending.
+
+        Args:
+          path: The file.
+          max_bytes: Size past which the file is rotated.
+          backups: Rotated files kept.
+
+        Raises:
+          ConfigError: If the file cannot be opened for writing (missing
+            directory, permissions, a directory in its place).
+        """
+        self._path = Path(path)
+        self._max_bytes = max_bytes
+        self._backups = backups
+        self._written = 0
+        self._rotations = 0
+        self._closed = False
+        try:
+            self._file: Optional[TextIO] = self._open()
+        except OSError as exc:
+            raise ConfigError(f"sinks.jsonl.path: cannot write {self._path} ({exc.strerror or exc}); "
+                              f"create its directory, writable by the service's user, "
+                              f"or change sinks.jsonl.path") from None
+        self._size = self._file.tell()
+
+    def _open(self, truncate: bool = False) -> TextIO:
+        # Captions say what the camera saw: not for every user's eyes (0640).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(self._path, flags | (os.O_TRUNC if truncate else 0), 0o640)
+        return os.fdopen(fd, "a", encoding="utf-8")
+
+    def caption(self, camera: str, caption: "Caption") -> None:
+        """Appends one JSON line, rotating first if it would pass ``max_bytes``.
+
+        Raises:
+          OSError: The disk is full or the file went away (``SinkSet`` counts it).
+        """
+        if self._closed:
+            return
+        line = json.dumps(caption_record(camera, caption), ensure_ascii=False) + "\n"
+        size = len(line.encode("utf-8"))
+        # No file: the last rotation failed half-way; try it again.
+        if self._file is None or (self._size and self._size + size > self._max_bytes):
+            self._rotate()
+        assert self._file is not None
+        self._file.write(line)
+        self._file.flush()
+        self._size += size
+        self._written += 1
+
+    def _rotate(self) -> None:
+        """Shifts path.N-1 -> path.N ... path -> path.1 and starts an empty path."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._backups > 0:
+            for n in range(self._backups - 1, 0, -1):
+                older = self._path.with_name(f"{self._path.name}.{n}")
+                if older.exists():
+                    os.replace(older, self._path.with_name(f"{self._path.name}.{n + 1}"))
+            if self._path.exists():
+                os.replace(self._path, self._path.with_name(f"{self._path.name}.1"))
+        self._file = self._open(truncate=True)
+        self._size = 0
+        self._rotations += 1
+
+    def counters(self) -> Dict[str, Any]:
+        """Returns ``{"written": lines, "rotations": n}``."""
+        return {"written": self._written, "rotations": self._rotations}
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Flushes and closes the file; later captions are ignored."""
+        self._closed = True
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError as exc:
+                log.warning("closing %s: %s", self._path, exc)
+
+
+class MqttSink(Sink):
+    """Captions, availability and stats on an MQTT broker (paho-mqtt 2.x, its own network thread).
+
+    Never blocks the caller and never raises: while the broker is away,
+    captions wait in a buffer of ``buffer`` messages (the oldest are dropped
+    beyond it, and counted); paho's thread reconnects with exponential backoff
+    and the buffer is sent, in order, once it is back.
+    """
+
+    name = "mqtt"
+
+    def __init__(self, config: "MqttSinkConfig", reconnect_delay: Tuple[float, float] = (1.0, 30.0),
+                 keepalive: int = 30) -> None:
+        """Starts connecting in the background; returns at once.
+
+        Args:
+          config: The ``[sinks.mqtt]`` table (``host`` must be set).
+          reconnect_delay: First and longest wait between connection attempts (s).
+          keepalive: Seconds between pings; a broker silent for 1.5x this is gone.
+        """
+        import paho.mqtt.client as mqtt  # the service extra; only this sink needs it
+
+        prefix = config.topic_prefix.rstrip("/")
+        self._caption_topic = prefix + "/{camera}/caption"
+        self.availability_topic = f"{prefix}/availability"
+        self.stats_topic = f"{prefix}/stats"
+        self._stats_interval = config.stats_interval_seconds
+        self._last_stats = float("-inf")
+        self._where = f"{config.host}:{config.port}"
+        self._lock = threading.Lock()
+        self._buffer: Deque[Tuple[str, bytes]] = collections.deque()
+        self._capacity = config.buffer
+        self._connected = False
+        self._closing = False
+        self._published = 0
+        self._dropped = 0
+        self._errors = 0
+        self._connects = 0
+        self._unreachable_said = False
+
+        client_id = config.client_id or f"edgecap-{socket.gethostname()}"
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+        if config.username:
+            client.username_pw_set(config.username, config.password or None)
+        client.will_set(self.availability_topic, b"offline", qos=1, retain=True)
+        client.reconnect_delay_set(*reconnect_delay)
+        # paho's own queue holds what is in flight (awaiting PUBACK), the flush of
+        # our buffer on reconnect, and what is sent while a dead connection is not
+        # yet noticed (up to 1.5x keepalive): room for all that, yet bounded.
+        client.max_queued_messages_set(2 * config.buffer + 64)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_connect_fail = self._on_connect_fail
+        self._client = client
+        self._mqtt = mqtt
+        client.connect_async(config.host, config.port, keepalive=keepalive)
+        client.loop_start()
+
+    @property
+    def connected(self) -> bool:
+        """True while the broker has accepted the connection."""
+        return self._connected
+
+    def caption(self, camera: str, caption: "Caption") -> None:
+        """Publishes the caption (QoS 1) on ``{prefix}/{camera}/caption``, or buffers it."""
+        try:
+            payload = json.dumps(caption_record(camera, caption), ensure_ascii=False).encode("utf-8")
+            self._send(self._caption_topic.format(camera=camera), payload, buffer=True)
+        except Exception as exc:  # never into the caption loop
+            self._error("caption", exc)
+
+    def stats(self, snapshot: Dict[str, Any]) -> None:
+        """Publishes the snapshot on ``{prefix}/stats`` if ``stats_interval_seconds`` have passed.
+
+        Stats are not buffered: the next snapshot after a reconnect is newer.
+        """
+        now = time.monotonic()
+        if now - self._last_stats < self._stats_interval:
+            return
+        self._last_stats = now
+        try:
+            self._send(self.stats_topic, json.dumps(snapshot, default=str).encode("utf-8"), buffer=False)
+        except Exception as exc:
+            self._error("stats", exc)
+
+    def _send(self, topic: str, payload: bytes, buffer: bool) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            if not self._connected:
+                if buffer:
+                    self._keep(topic, payload)
+                return
+            self._publish(topic, payload)
+
+    def _keep(self, topic: str, payload: bytes) -> None:
+        """Buffers a message while disconnected, dropping the oldest beyond capacity (lock held)."""
+        if self._capacity <= 0:
+            self._dropped += 1
+            return
+        if len(self._buffer) >= self._capacity:
+            self._buffer.popleft()
+            self._dropped += 1
+        self._buffer.append((topic, payload))
+
+    def _publish(self, topic: str, payload: bytes, retain: bool = False) -> Any:
+        """Hands a message to paho (lock held); counts what paho refuses."""
+        info = self._client.publish(topic, payload, qos=1, retain=retain)
+        if info.rc == self._mqtt.MQTT_ERR_QUEUE_SIZE:
+            self._dropped += 1
+        else:
+            # NO_CONN: the connection dropped just now; paho keeps QoS 1 messages
+            # queued and sends them after it reconnects.
+            self._published += 1
+        return info
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            log.warning("MQTT broker %s refused the connection: %s", self._where, reason)
+            return
+        with self._lock:
+            self._publish(self.availability_topic, b"online", retain=True)
+            while self._buffer:
+                self._publish(*self._buffer.popleft())
+            self._connected = True
+            self._connects += 1
+            self._unreachable_said = False
+        log.info("MQTT connected to %s", self._where)
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        # No lock: paho may call this while holding its own locks that publish() takes.
+        was, self._connected = self._connected, False
+        if was and not self._closing:
+            self._unreachable_said = True  # one line per outage
+            log.warning("MQTT connection to %s lost (%s); buffering up to %d captions and reconnecting",
+                        self._where, reason, self._capacity)
+
+    def _on_connect_fail(self, client: Any, userdata: Any) -> None:
+        # Once per outage: the broker being away is worth a line, not a line a second.
+        if not self._unreachable_said and not self._closing:
+            self._unreachable_said = True
+            log.warning("MQTT broker %s not reachable; retrying with backoff, buffering up to %d captions",
+                        self._where, self._capacity)
+
+    def _error(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            self._errors += 1
+            first = self._errors == 1
+        if first:
+            log.warning("MQTT %s not sent: %s: %s", what, type(exc).__name__, exc)
+
+    def counters(self) -> Dict[str, Any]:
+        """Returns connected, published, buffered, dropped, errors and connects."""
+        with self._lock:
+            return {"connected": self._connected, "published": self._published,
+                    "buffered": len(self._buffer), "dropped": self._dropped,
+                    "errors": self._errors, "connects": self._connects}
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Publishes ``offline`` (retained) if connected, disconnects and stops paho's thread."""
+        deadline = time.monotonic() + timeout
+        try:
+            with self._lock:
+                self._closing = True
+                info = self._publish(self.availability_topic, b"offline", retain=True) \
+                    if self._connected else None
+                if self._buffer:
+                    log.warning("MQTT: %d captions not sent (broker %s away at shutdown)",
+                                len(self._buffer), self._where)
+                    self._buffer.clear()
+            if info is not None:
+                info.wait_for_publish(max(0.0, deadline - time.monotonic()))
+        except Exception as exc:
+            log.warning("MQTT: offline not published on close: %s", exc)
+        # After disconnect() paho's loop ends within its 1 s select timeout, unless
+        # it is inside a TCP connect or a DNS lookup: wait for it only as long as
+        # the timeout allows (its thread is a daemon and dies with the process).
+        stopper = threading.Thread(target=self._stop_network, name="mqtt-close", daemon=True)
+        stopper.start()
+        stopper.join(max(0.0, deadline - time.monotonic()))
+        if stopper.is_alive():
+            log.warning("MQTT: the connection to %s did not close within %.1f s; leaving it",
+                        self._where, timeout)
+
+    def _stop_network(self) -> None:
+        try:
+            self._client.disconnect()
+            self._client.loop_stop()
+        except Exception as exc:
+            log.warning("MQTT: closing the connection to %s: %s", self._where, exc)
+
+
+class SinkSet(Sink):
+    """Fans calls out to several sinks; a sink that raises is logged once, counted, and skipped.
+
+    Thread-safe: calls are serialized, so cameras may deliver from their own threads.
+    """
+
+    name = "sinks"
+
+    def __init__(self, sinks: List[Sink]) -> None:
+        """Takes ownership of ``sinks`` (``close`` closes them)."""
+        self.sinks = list(sinks)
+        self._failures: Dict[str, int] = {sink.name: 0 for sink in self.sinks}
+        self._lock = threading.Lock()
+
+    def caption(self, camera: str, caption: "Caption") -> None:
+        """Delivers the caption to every sink."""
+        with self._lock:
+            for sink in self.sinks:
+                try:
+                    sink.caption(camera, caption)
+                except Exception as exc:
+                    self._failed(sink, "caption", exc)
+
+    def stats(self, snapshot: Dict[str, Any]) -> None:
+        """Delivers the stats snapshot to every sink."""
+        with self._lock:
+            for sink in self.sinks:
+                try:
+                    sink.stats(snapshot)
+                except Exception as exc:
+                    self._failed(sink, "stats", exc)
+
+    def _failed(self, sink: Sink, what: str, exc: BaseException) -> None:
+        self._failures[sink.name] = self._failures.get(sink.name, 0) + 1
+        if self._failures[sink.name] == 1:
+            log.warning("%s sink failed (%s): %s: %s; the other sinks go on, further failures are counted",
+                        sink.name, what, type(exc).__name__, exc)
+
+    def counters(self) -> Dict[str, Any]:
+        """Returns each sink's counters plus ``failures`` (calls that raised), by sink name."""
+        with self._lock:
+            return {sink.name: {**sink.counters(), "failures": self._failures.get(sink.name, 0)}
+                    for sink in self.sinks}
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Closes every sink within ``timeout`` seconds overall."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            try:
+                sink.close(max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                log.warning("%s sink: close failed: %s", sink.name, exc)
+
+
+def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None) -> SinkSet:
+    """Opens the sinks the config enables.
+
+    Args:
+      config: The service config (its ``sinks`` tables).
+      stdout: Stream for the stdout sink (default ``sys.stdout``).
+
+    Returns:
+      The sinks, as one ``SinkSet``.
+
+    Raises:
+      ConfigError: If a sink cannot start (an unwritable JSON-lines path);
+        an unreachable broker is not an error.
+    """
+    sinks: List[Sink] = []
+    jsonl = config.sinks.jsonl
+    if jsonl.path:  # first: the one that can fail, before anything else starts
+        sinks.append(JsonlSink(jsonl.path, jsonl.max_bytes, jsonl.backups))
+    if config.sinks.stdout.enabled:
+        sinks.append(StdoutSink(stdout))
+    if config.sinks.mqtt.host:
+        sinks.append(MqttSink(config.sinks.mqtt))
+    return SinkSet(sinks)

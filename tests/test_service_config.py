@@ -1,0 +1,374 @@
+"""The service's TOML config: typed values, defaults, overrides, and one-line errors with file:line: key."""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from edgecap.errors import ConfigError
+from edgecap.service.config import (
+    CameraConfig, ServiceConfig, is_loopback, load_config, locate,
+)
+
+FULL = """\
+bundle = "/var/lib/edgecap/bundle"
+plan = ""
+board = "devboard"
+on_missing_tpu = "fail"
+log_level = "debug"
+
+[http]
+address = "127.0.0.1"
+port = 9090
+
+[[cameras]]
+name = "front"
+source = "/dev/video0"
+width = 320
+height = 240
+fps = 30
+fourcc = "YUYV"
+frames = 8
+stride = 4
+sample_fps = 8.0
+stall_seconds = 5.0
+backoff_max_seconds = 10.0
+
+[[cameras]]
+name = "back-2"
+source = 1
+loop = true
+
+[sinks.stdout]
+enabled = false
+
+[sinks.jsonl]
+path = "/var/lib/edgecap/captions.jsonl"
+max_bytes = 1_000_000
+backups = 5
+
+[sinks.mqtt]
+host = "broker.lan"
+port = 1884
+topic_prefix = "house/edgecap"
+client_id = "board-1"
+username = "u"
+password = "p"
+stats_interval_seconds = 2.5
+buffer = 50
+"""
+
+MINIMAL = """\
+[[cameras]]
+name = "cam"
+source = "/dev/video0"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "edgecap.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(path: Path, overrides=None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides or {})
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_full_file_is_read_into_typed_records(tmp_path):
+    config = load_config(write(tmp_path, FULL))
+    assert isinstance(config, ServiceConfig)
+    assert (config.board, config.on_missing_tpu, config.log_level) == ("devboard", "fail", "debug")
+    assert (config.http.address, config.http.port) == ("127.0.0.1", 9090)
+    front, back = config.cameras
+    assert isinstance(front, CameraConfig)
+    assert (front.name, front.width, front.height, front.fps, front.fourcc) == ("front", 320, 240, 30.0, "YUYV")
+    assert (front.frames, front.stride, front.sample_fps) == (8, 4, 8.0)
+    assert (front.stall_seconds, front.backoff_max_seconds) == (5.0, 10.0)
+    assert isinstance(front.fps, float)
+    # A camera index written as a number reaches the pipeline as text.
+    assert (back.name, back.source, back.loop) == ("back-2", "1", True)
+    assert config.sinks.stdout.enabled is False
+    assert (config.sinks.jsonl.max_bytes, config.sinks.jsonl.backups) == (1_000_000, 5)
+    mqtt = config.sinks.mqtt
+    assert (mqtt.host, mqtt.port, mqtt.topic_prefix, mqtt.client_id) == ("broker.lan", 1884, "house/edgecap", "board-1")
+    assert (mqtt.stats_interval_seconds, mqtt.buffer) == (2.5, 50)
+
+
+def test_absent_keys_take_the_documented_defaults(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    assert (config.bundle, config.plan, config.board, config.on_missing_tpu, config.log_level) == \
+        ("", "", "auto", "cpu", "info")
+    assert (config.http.address, config.http.port, config.http.token) == ("127.0.0.1", 8080, "")
+    camera = config.cameras[0]
+    assert (camera.width, camera.height, camera.fps, camera.fourcc, camera.loop) == (640, 480, 15.0, "MJPG", False)
+    assert (camera.frames, camera.stride, camera.sample_fps) == (None, None, None)
+    assert (camera.stall_seconds, camera.backoff_max_seconds) == (20.0, 30.0)
+    assert config.sinks.stdout.enabled is True
+    assert (config.sinks.jsonl.path, config.sinks.jsonl.max_bytes, config.sinks.jsonl.backups) == ("", 10_000_000, 3)
+    mqtt = config.sinks.mqtt
+    assert (mqtt.host, mqtt.port, mqtt.topic_prefix, mqtt.buffer, mqtt.stats_interval_seconds) == \
+        ("", 1883, "edgecap", 1000, 10.0)
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "clip.mp4").write_bytes(b"")
+    write(etc, """\
+        bundle = "bundle"
+        plan = "plans/devboard"
+        [[cameras]]
+        name = "a"
+        source = "clip.mp4"
+        [[cameras]]
+        name = "b"
+        source = "rtsp://cam/stream"
+        [sinks.jsonl]
+        path = "out/captions.jsonl"
+        """)
+    monkeypatch.chdir(tmp_path)  # somewhere else than the file's directory
+    config = load_config(Path("etc") / "edgecap.toml", {"plan": "mine.json"})
+    assert config.bundle == str(etc / "bundle")
+    assert config.cameras[0].source == str(etc / "clip.mp4")
+    assert config.cameras[1].source == "rtsp://cam/stream"
+    assert config.sinks.jsonl.path == str(etc / "out" / "captions.jsonl")
+    # A flag's path is the user's, relative to where they are.
+    assert config.plan == "mine.json"
+
+
+def test_overrides_replace_keys_by_dotted_and_indexed_name(tmp_path):
+    path = write(tmp_path, FULL)
+    config = load_config(path, {"http.port": 9000, "board": "auto", "cameras[1].fps": 5.0,
+                                "cameras.0.width": 64, "sinks.mqtt.host": "", "plan": None})
+    assert (config.http.port, config.board) == (9000, "auto")
+    assert (config.cameras[1].fps, config.cameras[0].width) == (5.0, 64)
+    assert config.sinks.mqtt.host == ""
+    assert config.plan == ""  # None: the flag was not given
+    # A table absent from the file is created by an override.
+    config = load_config(write(tmp_path, MINIMAL, "min.toml"), {"sinks.jsonl.path": "/x.jsonl"})
+    assert config.sinks.jsonl.path == "/x.jsonl"
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"http.port": "x"}, r"edgecap\.toml: http\.port \(from an override\): must be int, got str"),
+    ({"http.bogus": 1}, r"http\.bogus \(from an override\): unknown key"),
+    ({"cameras[3].fps": 1.0}, r"there is no cameras\[3\]"),
+    ({"http..port": 1}, r"override 'http\.\.port': not a key"),
+    ({"board.x": 1}, r"board is not a table"),
+])
+def test_a_bad_override_is_named_as_one(tmp_path, overrides, expected):
+    assert re.search(expected, error_of(write(tmp_path, FULL), overrides))
+
+
+def test_malformed_toml_names_the_line(tmp_path):
+    path = write(tmp_path, """\
+        board = "auto"
+
+        [http]
+        port = 80 80
+        """)
+    message = error_of(path)
+    assert message.startswith(f"{path}:4: malformed TOML (")
+    assert "column" in message
+
+
+def test_a_key_set_twice_is_malformed_toml_at_its_second_line(tmp_path):
+    path = write(tmp_path, MINIMAL + 'fps = 1\nfps = 2\n')
+    assert error_of(path).startswith(f"{path}:5: malformed TOML")
+
+
+def test_unterminated_document_names_the_end(tmp_path):
+    path = write(tmp_path, 'board = "auto"\n[http\n')
+    assert re.match(rf"{re.escape(str(path))}:\d+: malformed TOML", error_of(path))
+
+
+def test_a_file_that_is_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "edgecap.toml"
+    path.write_bytes(b'board = "auto"\nplan = "\xff"\n')
+    assert error_of(path) == f"{path}:2: not UTF-8 text; save the config file as UTF-8"
+
+
+def test_missing_file_and_directory_are_one_line(tmp_path):
+    assert "no such config file" in error_of(tmp_path / "absent.toml")
+    assert "is a directory" in error_of(tmp_path)
+
+
+@pytest.mark.parametrize("text, line, key, problem", [
+    # unknown keys: at the top, in a table, in the second camera
+    ('bord = "auto"\n' + MINIMAL, 1, "bord", "unknown key"),
+    ('[http]\nport = 1\nadress = "x"\n' + MINIMAL, 3, "http.adress", "unknown key"),
+    (MINIMAL + '[[cameras]]\nname = "b"\nsource = "x"\nfsp = 3\n', 7, "cameras[1].fsp", "unknown key"),
+    ('[sinks.mqtt]\nhost = "h"\nqos = 1\n' + MINIMAL, 3, "sinks.mqtt.qos", "unknown key"),
+    ('[sinks]\nfile = {path = "x"}\n' + MINIMAL, 2, "sinks.file", "unknown key"),
+    # wrong types
+    ('[http]\nport = "8080"\n' + MINIMAL, 2, "http.port", "must be int, got str"),
+    (MINIMAL + 'fps = "fast"\n', 4, "cameras[0].fps", "must be float, got str"),
+    (MINIMAL + 'loop = 1\n', 4, "cameras[0].loop", "must be bool, got int"),
+    ('http = 3\n' + MINIMAL, 1, "http", "must be object, got int"),
+    ('cameras = "front"\n', 1, "cameras", "must be array, got str"),
+    # out of range
+    (MINIMAL + 'fps = 0\n', 4, "cameras[0].fps", "must be float > 0.0"),
+    (MINIMAL + 'width = -1\n', 4, "cameras[0].width", "must be int >= 1"),
+    ('[http]\nport = 70000\n' + MINIMAL, 2, "http.port", "must be int <= 65535"),
+    ('[sinks.jsonl]\npath = "x"\nbackups = -1\n' + MINIMAL, 3, "sinks.jsonl.backups", "must be int >= 0"),
+    ('[sinks.mqtt]\nstats_interval_seconds = 0.0\n' + MINIMAL, 2, "sinks.mqtt.stats_interval_seconds",
+     "must be float > 0.0"),
+    (MINIMAL + 'sample_fps = nan\n', 4, "cameras[0].sample_fps", "must be float >= 0.0"),
+    # values outside their set
+    (MINIMAL + 'fourcc = "H264"\n', 4, "cameras[0].fourcc", "invalid value 'H264'"),
+    ('on_missing_tpu = "crash"\n' + MINIMAL, 1, "on_missing_tpu", "invalid value 'crash'"),
+    ('[sinks.mqtt]\ntopic_prefix = "a/#"\n' + MINIMAL, 2, "sinks.mqtt.topic_prefix",
+     "must be text without the MQTT wildcards + and #"),
+    # names
+    ('[[cameras]]\nname = "front door"\nsource = "0"\n', 2, "cameras[0].name",
+     "must be letters, digits, '_' and '-' only"),
+    ('[[cameras]]\nname = "a"\nsource = "0"\n[[cameras]]\nsource = "1"\nname = "a"\n', 6, "cameras[1].name",
+     "'a' is also the name of cameras[0]"),
+    # missing: the enclosing table's line
+    (MINIMAL + '[[cameras]]\nname = "b"\n', 4, "cameras[1].source", "is missing"),
+    ('cameras = []\n', 1, "cameras", "must be a list of length >= 1"),
+])
+def test_schema_errors_name_file_line_and_key(tmp_path, text, line, key, problem):
+    path = write(tmp_path, text)
+    message = error_of(path)
+    assert message.startswith(f"{path}:{line}: {key}: {problem}"), message
+    assert "; " in message  # and a fix
+
+
+def test_no_cameras_at_all_is_named_without_a_line(tmp_path):
+    path = write(tmp_path, 'board = "auto"\n')
+    assert error_of(path).startswith(f"{path}: cameras: is missing; add at least one [[cameras]]")
+
+
+def test_the_fix_is_specific_to_the_key(tmp_path):
+    assert error_of(write(tmp_path, MINIMAL + 'fourcc = "H264"\n')).endswith("; use MJPG or YUYV")
+    assert error_of(write(tmp_path, '[[cameras]]\nname = "a b"\nsource = "0"\n')).endswith(
+        "the name goes into MQTT topics and metric labels")
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.53", "::1", "localhost"])
+def test_loopback_needs_no_token(tmp_path, address):
+    config = load_config(write(tmp_path, f'[http]\naddress = "{address}"\n' + MINIMAL))
+    assert config.http.token == ""
+    assert is_loopback(address)
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "192.168.1.5", "board.lan"])
+def test_off_loopback_without_a_token_is_refused(tmp_path, address):
+    path = write(tmp_path, f'log_level = "info"\n[http]\naddress = "{address}"\n' + MINIMAL)
+    message = error_of(path)
+    assert message.startswith(f"{path}:3: http.address: {address} is not a loopback address "
+                              "and no access token is set; set http.token or http.token_file")
+    assert not is_loopback(address)
+
+
+def test_off_loopback_with_a_token_starts(tmp_path):
+    config = load_config(write(tmp_path, '[http]\naddress = "0.0.0.0"\ntoken = "s3cret"\n' + MINIMAL))
+    assert config.http.token == "s3cret"
+    # ... and a flag that moves the address off loopback is held to the same rule.
+    message = error_of(write(tmp_path, MINIMAL, "b.toml"), {"http.address": "0.0.0.0"})
+    assert "http.address (from an override): 0.0.0.0 is not a loopback address" in message
+
+
+def test_token_file_is_read_when_private(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("  abc123\n")
+    secret.chmod(0o600)
+    config = load_config(write(tmp_path, '[http]\naddress = "0.0.0.0"\ntoken_file = "token"\n' + MINIMAL))
+    assert config.http.token == "abc123"
+    assert config.http.token_file == str(secret)
+
+
+def test_world_readable_token_file_is_refused_with_chmod(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("abc123\n")
+    secret.chmod(0o644)
+    path = write(tmp_path, '[http]\naddress = "0.0.0.0"\n\ntoken_file = "token"\n' + MINIMAL)
+    message = error_of(path)
+    assert message == (f"{path}:4: http.token_file: {secret} is readable by every user; "
+                       f"run `chmod 600 {secret}`")
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: None, "cannot read"),
+    (lambda p: p.mkdir(), "not a regular file"),
+    (lambda p: (p.write_text("\n"), p.chmod(0o600)), "is empty"),
+])
+def test_unusable_token_file_is_refused(tmp_path, make, problem):
+    make(tmp_path / "token")
+    path = write(tmp_path, '[http]\ntoken_file = "token"\n' + MINIMAL)
+    message = error_of(path)
+    assert message.startswith(f"{path}:2: http.token_file: ") and problem in message, message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_token_file_is_refused(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("abc\n")
+    secret.chmod(0o000)
+    assert "http.token_file: cannot read" in error_of(write(tmp_path, '[http]\ntoken_file = "token"\n' + MINIMAL))
+
+
+def test_token_and_token_file_together_are_refused(tmp_path):
+    path = write(tmp_path, '[http]\ntoken = "a"\ntoken_file = "t"\n' + MINIMAL)
+    assert error_of(path).startswith(f"{path}:3: http.token_file: set together with http.token")
+
+
+LOCATOR_DOC = """\
+# comment = 1
+top = 1
+dotted.key = 2
+"quoted.key" = 3
+
+[table]
+a = 1
+  b = 2   # indented
+
+[[arr]]
+x = 1
+text = '''
+y = "not a key"
+[not.a.header]
+'''
+y = 2
+
+[[arr]]
+x = 3
+[arr.sub]
+z = 4
+
+[ "spaced" . 'part' ]
+w = 5
+"""
+
+
+@pytest.mark.parametrize("key, line", [
+    (("top",), 2),
+    (("dotted", "key"), 3),
+    (("dotted",), 3),
+    (("quoted.key",), 4),
+    (("table",), 6),
+    (("table", "a"), 7),
+    (("table", "b"), 8),
+    (("table", "missing"), 6),
+    (("arr", 0, "x"), 11),
+    (("arr", 0, "y"), 16),
+    (("arr", 1), 18),
+    (("arr", 1, "x"), 19),
+    (("arr", 1, "sub", "z"), 21),
+    (("arr", 1, "sub"), 20),
+    (("spaced", "part", "w"), 24),
+    (("nowhere",), None),
+    (("not", "a", "header"), None),
+])
+def test_locate_finds_the_line_of_a_key(key, line):
+    assert locate(LOCATOR_DOC, key) == line
