@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -69,12 +69,27 @@ class Caption:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class FrameResult:
+    """One frame of ``EdgeCaptioner.run_frames`` after every stage, with the captions it completed.
+
+    Attributes:
+      key: The stream the frame came from (e.g. a camera name); None for a heartbeat.
+      frame: The frame, or None for a heartbeat (see ``run_frames``).
+      captions: The captions of the windows this frame completed (usually none).
+    """
+
+    key: Optional[Hashable]
+    frame: Optional[Frame]
+    captions: List[Caption]
+
+
 @dataclass
 class _FrameJob:
-    """One sampled frame on its way through the pipeline."""
+    """One sampled frame on its way through the pipeline; ``frame`` None is a heartbeat."""
 
-    stream: object
-    frame: Frame
+    stream: Tuple[object, Optional[Hashable]]  # (run, key): window state is kept per key, per run
+    frame: Optional[Frame]
     tensors: Dict[str, np.ndarray]
     arrived: float
     ms: Dict[str, float]
@@ -103,47 +118,66 @@ class _CnnStage:
         self._runner = stages.open_stage(stage, device, **options)
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
+        if job.frame is None:  # a heartbeat passes through, proving the worker is alive
+            return job
         t0 = time.perf_counter()
         job.tensors = self._runner(job.tensors)
         job.ms["cnn"] += (time.perf_counter() - t0) * 1e3
         return job
 
 
+class _StreamWindows:
+    """The windows of one stream: frames counted so far and the windows still open."""
+
+    def __init__(self, spec: WindowSpec) -> None:
+        self.spec = spec
+        self.k = 0
+        self.open: Dict[int, _Window] = {}
+
+
 class _RnnStep:
     """The RNN encoder step of every window a frame belongs to; owned by the CPU worker.
 
-    Holds the step model and the state of each open window. Frames are counted
-    as they arrive, so frames a live source dropped never hold a window open;
-    a new stream starts from no open window.
+    Holds the step model and the state of each open window, per stream (a
+    camera of the service, or the one source of ``stream()``). Frames are
+    counted as they arrive, so frames a live source dropped never hold a window
+    open; a new run starts from no open window.
     """
 
     def __init__(self, bundle: Bundle, spec: WindowSpec, pace_ms: float, feature: str,
-                 quantization: Tuple[float, int]) -> None:
+                 quantization: Tuple[float, int], windows: Mapping[Hashable, WindowSpec]) -> None:
         self._rnn = RnnEncoder(bundle.encoder_step, 1)
         self._hidden = bundle.hidden_size
         self._spec = spec
+        self._windows = windows
         self._feature = feature
         self._scale, self._zero_point = quantization
         self._pace_s = pace_ms / 1000.0
         self._pacer = stages.Pacer() if pace_ms else None
-        self._stream: object = None
-        self._k = 0
-        self._open: Dict[int, _Window] = {}
+        self._run: object = None
+        self._streams: Dict[Optional[Hashable], _StreamWindows] = {}
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
+        if job.frame is None:
+            return job
         t0 = time.perf_counter()
-        if job.stream is not self._stream:
-            self._stream, self._k, self._open = job.stream, 0, {}
-        k, self._k = self._k, self._k + 1
+        run, key = job.stream
+        if run is not self._run:
+            self._run, self._streams = run, {}
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = _StreamWindows(self._windows.get(key, self._spec))
+        spec = stream.spec
+        k, stream.k = stream.k, stream.k + 1
         raw = job.tensors.pop(self._feature)
         if raw.dtype.kind == "f":
             feature = raw.astype(np.float32, copy=False)
         else:
             feature = (raw.astype(np.float32) - self._zero_point) * self._scale
-        for n in _windows_of(k, self._spec):
-            win = self._open.get(n)
+        for n in _windows_of(k, spec):
+            win = stream.open.get(n)
             if win is None:
-                win = self._open[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
+                win = stream.open[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
             ts = time.perf_counter()
             win.state = self._rnn.step(feature, win.state)
             if self._pacer is not None:
@@ -151,8 +185,8 @@ class _RnnStep:
             win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
             win.stage_ms["preprocess"] += job.ms["preprocess"]
             win.stage_ms["cnn"] += job.ms["cnn"]
-            if k == n * self._spec.stride + self._spec.frames - 1:
-                job.finished.append((self._open.pop(n), job.frame))
+            if k == n * spec.stride + spec.frames - 1:
+                job.finished.append((stream.open.pop(n), job.frame))
         job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
         return job
 
@@ -245,6 +279,8 @@ class EdgeCaptioner:
         self._preprocess = Preprocessor(
             self.bundle.input, {"dtype": np.dtype(model_in.dtype), "quantization": model_in.quantization}
         )
+        # Window specs of run_frames' streams, read by the RNN worker when a stream first appears.
+        self._stream_windows: Dict[Hashable, WindowSpec] = {}
         self._tracer = Tracer() if opts.trace is not None else None
         self._source: Optional[FrameSource] = None
         self._closed = False
@@ -257,7 +293,7 @@ class EdgeCaptioner:
         steps = [self._cnn_step(s) for s in self.plan.active_stages]
         rnn_ms = (self.plan.rnn_ms or 0.0) if self.placement.pace_cpu else 0.0
         rnn = functools.partial(_RnnStep, self.bundle, self.window, rnn_ms,
-                                self._output_name, self._output_quantization)
+                                self._output_name, self._output_quantization, self._stream_windows)
         steps.append(Step("rnn_step", CPU_WORKER, rnn))
         # The decoder sees only frames that end a window: the others pass its worker by.
         steps.append(Step("decode", DECODE_WORKER, functools.partial(_Decode, self.bundle),
@@ -326,13 +362,68 @@ class EdgeCaptioner:
 
     def _jobs(self, src: FrameSource) -> Iterator[_FrameJob]:
         # Runs on the pipeline's feeder thread: read, sample, preprocess.
-        stream = object()
+        stream = (object(), None)
         for frame in sample(src, self.window.sample_fps):
-            t0 = time.perf_counter()
-            x = self._preprocess(frame.image)
-            ms = dict.fromkeys(STAGES, 0.0)
-            ms["preprocess"] = (time.perf_counter() - t0) * 1e3
-            yield _FrameJob(stream, frame, {self._input_name: x}, t0, ms)
+            yield self._job(stream, frame)
+
+    def _job(self, stream: Tuple[object, Optional[Hashable]], frame: Frame) -> _FrameJob:
+        t0 = time.perf_counter()
+        x = self._preprocess(frame.image)
+        ms = dict.fromkeys(STAGES, 0.0)
+        ms["preprocess"] = (time.perf_counter() - t0) * 1e3
+        return _FrameJob(stream, frame, {self._input_name: x}, t0, ms)
+
+    def run_frames(
+        self,
+        frames: Iterable[Tuple[Optional[Hashable], Optional[Frame]]],
+        windows: Optional[Mapping[Hashable, WindowSpec]] = None,
+        live: bool = True,
+    ) -> Iterator[FrameResult]:
+        """Runs frames of several streams (e.g. cameras) through the one pipeline, interleaved.
+
+        Every stream shares the device workers; the RNN keeps each stream's
+        windows apart, so a caption only ever reads frames of its own stream.
+        The frames must already be sampled (one per window step). A ``(key,
+        None)`` item is a heartbeat: it passes every worker without work and
+        comes out as a ``FrameResult`` with no frame, so a consumer hears from
+        a healthy pipeline even while no stream has frames, and stops hearing
+        when a worker hangs.
+
+        Args:
+          frames: ``(key, frame)`` pairs, e.g. from the service's camera mux.
+            Iterated on the pipeline's feeder thread.
+          windows: A window spec per key (default: the captioner's window).
+          live: Keep only the newest waiting frame and count the others as
+            drops, instead of blocking the source (cameras).
+
+        Returns:
+          One ``FrameResult`` per frame (and heartbeat), in input order.
+
+        Raises:
+          EdgecapError: If the captioner is closed; RunCancelled if it is
+            closed while the run is going on.
+        """
+        if self._closed:
+            raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
+        self._stream_windows.clear()
+        self._stream_windows.update(windows or {})
+        run = object()
+
+        def jobs() -> Iterator[_FrameJob]:
+            for key, frame in frames:
+                if frame is None:
+                    yield _FrameJob((run, key), None, {}, time.perf_counter(), dict.fromkeys(STAGES, 0.0))
+                else:
+                    yield self._job((run, key), frame)
+
+        results = self._pipeline.run(jobs(), live=live)
+        self._source = None
+        try:
+            for job in results:
+                yield FrameResult(job.stream[1], job.frame, job.captions)
+        finally:
+            results.close()
+            self._write_trace()
 
     def stats(self) -> Optional[PipelineStats]:
         """Statistics of the current or latest stream (None before the first).
