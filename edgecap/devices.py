@@ -15,11 +15,8 @@ which then owns its interpreter.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import dataclasses
 import glob
-import json
 import os
 import platform
 import re
@@ -406,31 +403,3 @@ def _temperature(path: str) -> Optional[float]:
         return int(Path(_APEX_TEMP.format(m.group(1))).read_text()) / 1000.0
     except (OSError, ValueError):
         return None
-
-
-def format_devices(infos: Sequence[DeviceInfo]) -> str:
-    """Formats ``list_devices()`` as the table ``edgecap devices`` prints."""
-    rows = [("DEVICE", "KIND", "PATH", "TEMP", "RUNTIME")]
-    for i in infos:
-        temp = "-" if i.temperature_c is None else f"{i.temperature_c:.1f}C"
-        rows.append((i.device, i.kind, i.path, temp, i.runtime))
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths)) + "  " + r[4] for r in rows
-    )
-
-
-def add_arguments(parser: "argparse.ArgumentParser") -> None:
-    """Adds the ``edgecap devices`` options to ``parser``."""
-    parser.add_argument("--json", action="store_true", help="print one JSON object per device")
-
-
-def run(args: "argparse.Namespace") -> int:
-    """Prints the devices present (``edgecap devices``). Returns the exit code."""
-    infos = list_devices()
-    if args.json:
-        for info in infos:
-            print(json.dumps(dataclasses.asdict(info)))
-    else:
-        print(format_devices(infos))
-    return 0
