@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -135,3 +136,20 @@ def test_eval_without_pycocoevalcap_names_the_extra(tmp_path: Path, shipped_bund
     hide_module("pycocoevalcap")
     code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path)])
     _one_line_error(capsys, code, "edgecap[eval]")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_long_commands_show_progress_on_a_terminal_only(tmp_path: Path, monkeypatch, capsys) -> None:
+    model = Path(__file__).parent / "data" / "compile" / "tiny_mobilenet.tflite"
+    args = ["calibrate", str(model), "--board", "host", "--segments", "8", "--repeats", "1",
+            "-o", str(tmp_path / "cal.json")]
+    assert main(args) == 0
+    assert capsys.readouterr().err == ""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(args) == 0
+    assert "calibrate" in terminal.getvalue() and "0/8 " in terminal.getvalue()
