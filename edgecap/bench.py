@@ -191,12 +191,14 @@ def run_bench(
     return BenchResult(str(b.root), [str(c) for c in clips], len(images), rows, overhead, scaling)
 
 
-def board_runs(timing_only: bool, strides: Sequence[int]) -> int:
-    """Number of runs ``bench_board`` makes (for sizing a progress bar)."""
-    return len(strides) * (len(SCHEDULES) + (0 if timing_only else 1))
+def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1) -> int:
+    """Number of measured runs ``run_bench`` makes (to size a progress bar).
 
-
-HOST_RUNS = 8  # rows of bench_host
+    Args:
+      strides: How many window strides the board's rows run at.
+    """
+    board = strides * (len(SCHEDULES) + (0 if timing_only else 1)) if "board" in profiles else 0
+    return board + (len(_host_configs(1)) if "host" in profiles else 0)
 
 
 def _load_frames(clips: Sequence[str], count: int) -> List[np.ndarray]:
@@ -327,20 +329,9 @@ def bench_host(bundle: Bundle, frames: List[np.ndarray], threads: int, batch: in
       "a 2 threads" (the sequential path with XNNPACK on every core).
     """
     plan = plan_for_board(bundle, "host")
-    worker = {"cpu": "cpu:1"}
-    configs = [
-        ("a", dict(pipelined=False)),
-        ("b", dict(devices_map=worker, pipelined=False)),
-        ("c", dict(pipelined=False)),
-        ("d", dict(pipelined=True)),
-        ("d one CNN worker", dict(devices_map=worker, pipelined=True)),
-        (f"d batched {batch}", dict(batch=batch)),
-        (f"d one CNN worker, batched {batch}", dict(devices_map=worker, batch=batch)),
-        ("a 2 threads", dict(pipelined=False)),
-    ]
     rows: List[Row] = []
     reference: Optional[List[List[int]]] = None
-    for schedule, kwargs in configs:
+    for schedule, kwargs in _host_configs(batch):
         n = (os.cpu_count() or 1) if schedule == "a 2 threads" else threads
         with EdgeCaptioner(bundle, plan=plan, emulate=False, num_threads=n, sample_fps=0,
                            **kwargs) as cap:
@@ -351,6 +342,20 @@ def bench_host(bundle: Bundle, frames: List[np.ndarray], threads: int, batch: in
         rows.append(row)
     _speedups(rows)
     return rows
+
+
+def _host_configs(batch: int) -> List["tuple[str, Dict[str, Any]]"]:
+    worker = {"cpu": "cpu:1"}  # where a board has its TPU
+    return [
+        ("a", dict(pipelined=False)),
+        ("b", dict(devices_map=worker, pipelined=False)),
+        ("c", dict(pipelined=False)),
+        ("d", dict(pipelined=True)),
+        ("d one CNN worker", dict(devices_map=worker, pipelined=True)),
+        (f"d batched {batch}", dict(batch=batch)),
+        (f"d one CNN worker, batched {batch}", dict(devices_map=worker, batch=batch)),
+        ("a 2 threads", dict(pipelined=False)),
+    ]
 
 
 def _speedups(rows: List[Row]) -> None:

@@ -194,8 +194,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot is not None and trace is None:
         trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
     strides = args.strides or None
-    runs = ((bench.board_runs(args.timing_only, strides or [0]) if "board" in profiles else 0)
-            + (bench.HOST_RUNS if "host" in profiles else 0))
+    runs = bench.runs(profiles, args.timing_only, len(strides or [None]))
     with _progress(runs * max(args.frames, 1), "bench", "frame") as bar:
         result = bench.run_bench(
             args.bundle, args.clips, args.frames, args.board, profiles, args.timing_only,
@@ -207,7 +206,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from edgecap.plots import plot_bench, plot_timeline
 
-        plot_bench(doc, args.plot)
+        # One bar per schedule: the rows at the first stride.
+        first = {}
+        for row in doc["rows"]:
+            first.setdefault(row["profile"], row["stride"])
+        plot_bench(dict(doc, rows=[r for r in doc["rows"] if r["stride"] == first[r["profile"]]]),
+                   args.plot)
         if trace.is_file():
             plot_timeline(trace, args.timeline or args.plot.with_name(args.plot.stem + "-timeline.png"))
     return 0
