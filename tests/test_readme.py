@@ -30,8 +30,8 @@ SKIP = {
 }
 # README command -> options appended to keep the suite fast (argparse: the last value wins).
 FAST = {
-    "edgecap bench --plot bench.png": ["--frames", "16", "--profiles", "board"],
-    "edgecap bench --profiles board --timing-only --strides 8,4,2": ["--frames", "16"],
+    "edgecap bench --plot bench.png": ["--frames", "8", "--profiles", "board", "--timing-only"],
+    "edgecap bench --profiles board --timing-only --strides 8,4,2": ["--frames", "8"],
 }
 
 
