@@ -86,14 +86,17 @@ def test_bound_charges_the_rnn_step_once_per_open_window(shipped_bundle, stride,
 
 @pytest.mark.slow
 def test_fraction_of_the_bound_holds_at_every_stride(shipped_bundle):
-    # Measured: a bound that charged the RNN step once a frame put the CPU-only
-    # schedule at about 0.8 of it at stride 2 (issue #7). Timing-sensitive, so slow.
+    # Measured, so slow (timings on a shared host are noisy): each schedule's
+    # fraction of its bound at strides 4 and 2 stays within 10% of stride 8's,
+    # ratios from one run. The bound that charged the RNN step once a frame put
+    # the CPU-only schedule at 0.85x and the one-TPU schedule at 0.65x of that.
     result = run_bench(shipped_bundle, frames=240, profiles=["board"], timing_only=True,
                        strides=[8, 4, 2])
     fractions = {(r.stride, r.schedule): r.of_bound for r in result.rows}
     assert set(fractions) == {(s, x) for s in (8, 4, 2) for x in "abcd"}
-    for key, fraction in fractions.items():
-        assert 0.85 <= fraction <= 1.02, (key, fraction)
+    for (stride, schedule), fraction in fractions.items():
+        assert fraction <= 1.02, (stride, schedule, fraction)
+        assert fraction >= 0.9 * fractions[(8, schedule)], (stride, schedule, fraction)
 
 
 def test_null_stage_overhead_is_measured():
