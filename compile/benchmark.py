@@ -103,7 +103,7 @@ def time_cli_compile(model: Path, board: str, runs: int = 3) -> List[float]:
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as out:
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "edgecap_compile.cli", "compile", str(model),
+            subprocess.run([sys.executable, "-m", "edgecap.cli", "compile", str(model),
                             "--board", board, "-o", out], check=True, capture_output=True)
             times.append(time.perf_counter() - start)
     return times

@@ -201,7 +201,7 @@ def _tpu_timer(device: Device, repeats: int) -> Callable[[bytes], float]:
 
 def calibrate(graphs: Sequence[Graph], board: Board, device: str = "cpu",
               threads: Optional[int] = None, segments: int = 24, repeats: int = 15,
-              seed: int = 0) -> Calibration:
+              seed: int = 0, progress: Optional[Callable[[int], object]] = None) -> Calibration:
     """Times random segments of ``graphs`` on a device and fits its coefficients.
 
     Args:
@@ -212,6 +212,7 @@ def calibrate(graphs: Sequence[Graph], board: Board, device: str = "cpu",
       segments: Random segments per model.
       repeats: Timed invokes per segment.
       seed: Seed of the segment choice.
+      progress: Called with 1 after each segment is timed.
 
     Returns:
       The ``Calibration``.
@@ -242,6 +243,8 @@ def calibrate(graphs: Sequence[Graph], board: Board, device: str = "cpu",
                 model=graph.name, ops=(start, end), macs=cost.macs, elements=cost.elements,
                 op_count=end - start, link_bytes=cost.streamed_bytes + cost.io_bytes,
                 measured_ms=timer(build_segment(graph, start, end))))
+            if progress is not None:
+                progress(1)
     fitted, error = fit(samples, prior)
     return Calibration(board.name, fitted, threads, error, samples)
 

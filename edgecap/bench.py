@@ -11,36 +11,42 @@ Profiles:
     stage paced to the board's predicted times (``--timing-only``: emulated
     stages compute nothing). A row "d timing-only" checks the pipeline against
     its bound 1/max(stage time).
-  host: every stage computed on this machine's CPU; TPU stages become CPU
-    worker threads (``cpu:1``, ``cpu:2``) and are not paced.
+  host: every stage computed on this machine's CPU, unpaced, on the compiler's
+    plan for the ``host`` profile (the whole CNN on the CPU); "one TPU" becomes
+    one CPU worker thread (``cpu:1``) for the whole CNN.
 
 Every decoded frame of the clips is a sampled frame; clips are repeated up to
-``--frames``. The scheduler's own cost is measured with null stages.
+``--frames``. ``strides`` repeats the board's rows with other window strides:
+the runtime steps the RNN encoder once per open window, so the bound charges
+that step ``frames / stride`` times a frame. The scheduler's own cost is
+measured with null stages.
+
+The command line (``edgecap bench``) is in ``edgecap.cli``; ``run_bench`` is
+what it calls.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from edgecap.bundle import DEMO_DIR, Bundle, default_bundle, load_bundle
+from edgecap.bundle import DEMO_DIR, Bundle, WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError
+from edgecap.options import CaptionerOptions
 from edgecap.plan import Plan
 from edgecap.planning import plan_for_board
 from edgecap.scheduler import Pipeline, Step
 from edgecap.sources import open_source
+from edgecap.windows import windows_per_frame
 
 SCHEDULES = {
     "a": "CPU only, sequential",
@@ -48,6 +54,9 @@ SCHEDULES = {
     "c": "plan placement, no pipelining",
     "d": "full pipeline",
 }
+
+# Called with the number of frames a run got through since the last call.
+Progress = Callable[[int], object]
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Row:
     schedule: str
     label: str
     frames: int
+    stride: int
     fps: float
     latency_p50_ms: float
     latency_p99_ms: float
@@ -66,6 +76,7 @@ class Row:
     bound_fps: Optional[float] = None
     same_captions: Optional[bool] = None
     placement: Dict[str, str] = field(default_factory=dict)
+    plan_board: str = ""
 
     @property
     def of_bound(self) -> Optional[float]:
@@ -99,72 +110,97 @@ class Overhead:
     inline_wall_ms_per_frame_stage: float
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the ``edgecap bench`` options to ``parser``."""
-    parser.add_argument("--bundle", type=Path, help="bundle directory (default: the shipped demo)")
-    parser.add_argument("--clips", nargs="+", help="video files (default: the shipped sample clip)")
-    parser.add_argument("--frames", type=int, default=480, help="frames per run (clips repeat)")
-    parser.add_argument("--board", default="devboard-usb", help="board profile to emulate")
-    parser.add_argument("--profiles", default="board,host",
-                        help="comma list of: board (the emulated --board), host")
-    parser.add_argument("--timing-only", action="store_true",
-                        help="emulated stages compute nothing (all board rows)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="threads of each CPU encoder interpreter (default 1)")
-    parser.add_argument("--batch", type=int, default=8,
-                        help="frames per hand-off in the host's batched pipeline rows (default 8)")
-    parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--plot", type=Path, help="write a bar chart PNG here (needs matplotlib)")
-    parser.add_argument("--timeline", type=Path, help="with --plot: PNG of the pipelined board run's "
-                        "timeline (default: PLOT-timeline.png)")
-    parser.add_argument("--trace", type=Path, help="write the Chrome trace of the pipelined board run here")
+@dataclass
+class BenchResult:
+    """Everything one ``edgecap bench`` measured."""
+
+    bundle: str
+    clips: List[str]
+    frames: int
+    rows: List[Row]
+    overhead: Overhead
+    scaling: List[Scaling]
+
+    def to_json(self) -> Dict[str, Any]:
+        """Returns the results as JSON-ready plain types (what ``--json`` writes)."""
+        return {
+            "argv": sys.argv[1:],
+            "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                     "python": platform.python_version()},
+            "bundle": self.bundle,
+            "clips": self.clips,
+            "frames": self.frames,
+            "rows": [dict(asdict(r), of_bound=r.of_bound) for r in self.rows],
+            "overhead": asdict(self.overhead),
+            "host_scaling": [dict(asdict(x), speedup=x.speedup) for x in self.scaling],
+        }
 
 
-def run(args: argparse.Namespace) -> int:
-    """Runs the benchmark; prints the table. Returns the exit code."""
-    if args.threads < 1:
-        raise ConfigError(f"--threads {args.threads}: use 1 or more")
-    if args.frames < 1:
-        raise ConfigError(f"--frames {args.frames}: use 1 or more")
-    if args.batch < 1:
-        raise ConfigError(f"--batch {args.batch}: use 1 or more")
-    bundle = load_bundle(args.bundle or default_bundle())
-    clips = args.clips or [str(DEMO_DIR / "sample.mp4")]
-    frames = _load_frames(clips, args.frames)
-    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+def run_bench(
+    bundle: "str | os.PathLike[str] | Bundle | None" = None,
+    clips: Optional[Sequence[str]] = None,
+    frames: int = 480,
+    board: str = "devboard-usb",
+    profiles: Sequence[str] = ("board", "host"),
+    timing_only: bool = False,
+    threads: int = 1,
+    batch: int = 8,
+    strides: Optional[Sequence[int]] = None,
+    trace: Optional[Path] = None,
+    progress: Optional[Progress] = None,
+) -> BenchResult:
+    """Runs the benchmark.
+
+    Args:
+      bundle: Bundle directory or loaded ``Bundle`` (default: the shipped demo).
+      clips: Video files (default: the shipped sample clip).
+      frames: Frames per run; the clips repeat.
+      board: Board profile to emulate.
+      profiles: ``board`` (the emulated board) and/or ``host``.
+      timing_only: Emulated stages compute nothing (every board row).
+      threads: Threads of each CPU encoder interpreter.
+      batch: Frames per hand-off in the host's batched pipeline rows.
+      strides: Window strides to run the board's rows at (default: the bundle's).
+      trace: Write the Chrome trace of the pipelined board run here.
+      progress: Called with the frames each run got through, as it goes.
+
+    Returns:
+      The ``BenchResult``.
+
+    Raises:
+      ConfigError: If a count is out of range or a profile unknown.
+      EdgecapError: If the bundle, a clip or the board is bad.
+    """
+    for flag, value in (("--threads", threads), ("--frames", frames), ("--batch", batch)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: use 1 or more")
     unknown = set(profiles) - {"board", "host"}
     if unknown:
         raise ConfigError(f"--profiles {','.join(sorted(unknown))}: use board and/or host")
-    trace = args.trace
-    if args.plot is not None and trace is None:
-        trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
+    for stride in strides or ():
+        if stride < 1:
+            raise ConfigError(f"--strides {stride}: use 1 or more")
+    b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle or default_bundle())
+    clips = list(clips or [str(DEMO_DIR / "sample.mp4")])
+    images = _load_frames(clips, frames)
     rows: List[Row] = []
     if "board" in profiles:
-        rows += bench_board(bundle, frames, args.board, args.timing_only, args.threads, trace)
+        rows += bench_board(b, images, board, timing_only, threads, trace, strides, progress)
     if "host" in profiles:
-        rows += bench_host(bundle, frames, args.board, args.threads, args.batch)
+        rows += bench_host(b, images, threads, batch, progress)
     overhead = bench_overhead()
-    scaling = bench_scaling(bundle) if "host" in profiles else []
-    print(format_table(rows, overhead, scaling))
-    result = {
-        "argv": sys.argv[1:],
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "bundle": str(bundle.root),
-        "clips": [str(c) for c in clips],
-        "frames": len(frames),
-        "rows": [dict(asdict(r), of_bound=r.of_bound) for r in rows],
-        "overhead": asdict(overhead),
-        "host_scaling": [dict(asdict(x), speedup=x.speedup) for x in scaling],
-    }
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.plot is not None:
-        from edgecap.plots import plot_bench, plot_timeline
+    scaling = bench_scaling(b) if "host" in profiles else []
+    return BenchResult(str(b.root), [str(c) for c in clips], len(images), rows, overhead, scaling)
 
-        plot_bench(result, args.plot)
-        if trace.is_file():
-            plot_timeline(trace, args.timeline or args.plot.with_name(args.plot.stem + "-timeline.png"))
-    return 0
+
+def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1) -> int:
+    """Number of measured runs ``run_bench`` makes (to size a progress bar).
+
+    Args:
+      strides: How many window strides the board's rows run at.
+    """
+    board = strides * (len(SCHEDULES) + (0 if timing_only else 1)) if "board" in profiles else 0
+    return board + (len(_host_configs(CaptionerOptions(), 1)) if "host" in profiles else 0)
 
 
 def _load_frames(clips: Sequence[str], count: int) -> List[np.ndarray]:
@@ -178,31 +214,48 @@ def _load_frames(clips: Sequence[str], count: int) -> List[np.ndarray]:
 
 
 def _measure(
-    profile: str, schedule: str, label: str, cap: EdgeCaptioner, frames: List[np.ndarray]
+    profile: str, schedule: str, label: str, cap: EdgeCaptioner, frames: List[np.ndarray],
+    progress: Optional[Progress] = None,
 ) -> "tuple[Row, List[List[int]]]":
     # Warm up interpreters, caches and threads on two windows, then measure one run.
     cap.caption_frames(frames[: 2 * cap.window.frames])
-    captions = [c.tokens for c in cap.stream(frames, fps=0)]
+    captions = []
+    done = 0
+    for c in cap.stream(frames, fps=0):
+        captions.append(c.tokens)
+        if progress is not None:
+            progress(c.end_frame + 1 - done)
+            done = c.end_frame + 1
+    if progress is not None:
+        progress(len(frames) - done)
     stats = cap.stats()
     row = Row(
         profile=profile,
         schedule=schedule,
         label=label,
         frames=stats.frames_out,
+        stride=cap.window.stride,
         fps=stats.fps_out,
         latency_p50_ms=stats.latency_ms.get("p50", 0.0),
         latency_p99_ms=stats.latency_ms.get("p99", 0.0),
         utilization={k: round(v, 3) for k, v in stats.worker_utilization().items()},
         placement=dict(cap.devices),
+        plan_board=cap.plan.board,
     )
     return row, captions
 
 
-def _bound_fps(plan: Plan, pipelined: bool) -> float:
-    # The CPU stage's prediction carries the RNN step, also when it runs no CNN op.
-    times = [s.predicted_ms or 0.0 for s in plan.stages if not s.empty or s.device == "cpu"]
-    if not any(s.device == "cpu" for s in plan.stages):
-        times.append(plan.rnn_ms or 0.0)
+def _bound_fps(plan: Plan, pipelined: bool, window: WindowSpec) -> float:
+    # The plan's CPU stage charges its RNN steps for the window it was compiled
+    # for (plan.rnn_frame_ms); the runtime steps the RNN once per open window of
+    # the window it runs, so the bound charges that instead.
+    rnn_ms = plan.rnn_ms or 0.0
+    rnn_frame_ms = rnn_ms * windows_per_frame(window.frames, window.stride)
+    times = [(s.predicted_ms or 0.0) - plan.rnn_frame_ms + rnn_frame_ms if s.spec.kind == "cpu"
+             else (s.predicted_ms or 0.0)
+             for s in plan.stages if not s.empty or s.spec.kind == "cpu"]
+    if not any(s.spec.kind == "cpu" for s in plan.stages):
+        times.append(rnn_frame_ms)
     period = max(times) if pipelined else sum(times)
     return 1000.0 / period if period > 0 else float("inf")
 
@@ -214,11 +267,17 @@ def bench_board(
     timing_only: bool,
     threads: int,
     trace: Optional[Path],
+    strides: Optional[Sequence[int]] = None,
+    progress: Optional[Progress] = None,
 ) -> List[Row]:
-    """Runs the four schedules on the emulated ``board``.
+    """Runs the four schedules on the emulated ``board``, at each window stride.
+
+    Args:
+      strides: Window strides (default: the bundle's); each repeats every row.
 
     Returns:
-      Rows a-d, plus "d timing-only" (the bound check) unless every row is timing-only.
+      Rows a-d, plus "d timing-only" (the bound check) unless every row is
+      timing-only, per stride. Speedups are against row a of the same stride.
     """
     plans = {
         "a": plan_for_board(bundle, board, tpus=0),
@@ -228,60 +287,70 @@ def bench_board(
     }
     name = f"{board} (emulated)"
     rows: List[Row] = []
-    reference: Optional[List[List[int]]] = None
-    runs = [(s, plans[s], s == "d", timing_only) for s in SCHEDULES]
-    if not timing_only:
-        runs.append(("d timing-only", plans["d"], True, True))
-    for schedule, plan, pipelined, zero in runs:
-        with EdgeCaptioner(bundle, plan=plan, emulate=True, timing_only=zero, pipelined=pipelined,
-                           num_threads=threads, sample_fps=0,
-                           trace=trace if schedule == "d" else None) as cap:
-            row, captions = _measure(name, schedule, SCHEDULES[schedule[0]], cap, frames)
-        row.bound_fps = _bound_fps(plan, pipelined)
-        if not zero:
-            reference = captions if reference is None else reference
-            row.same_captions = captions == reference
-        rows.append(row)
-    _speedups(rows)
+    for stride in strides or [bundle.window.stride]:
+        reference: Optional[List[List[int]]] = None
+        runs = [(s, plans[s], s == "d", timing_only) for s in SCHEDULES]
+        if not timing_only:
+            runs.append(("d timing-only", plans["d"], True, True))
+        at_stride: List[Row] = []
+        for schedule, plan, pipelined, zero in runs:
+            options = CaptionerOptions(plan=plan, emulate=True, timing_only=zero, pipelined=pipelined,
+                                       num_threads=threads, sample_fps=0, stride=stride,
+                                       trace=trace if schedule == "d" else None)
+            with EdgeCaptioner(bundle, options) as cap:
+                row, captions = _measure(name, schedule, SCHEDULES[schedule[0]], cap, frames,
+                                         progress)
+                row.bound_fps = _bound_fps(plan, pipelined, cap.window)
+            if not zero:
+                reference = captions if reference is None else reference
+                row.same_captions = captions == reference
+            at_stride.append(row)
+        _speedups(at_stride)
+        rows += at_stride
+        trace = None  # one pipelined run is traced: the first stride's
     return rows
 
 
-def bench_host(bundle: Bundle, frames: List[np.ndarray], board: str, threads: int,
-               batch: int = 8) -> List[Row]:
+def bench_host(bundle: Bundle, frames: List[np.ndarray], threads: int, batch: int = 8,
+               progress: Optional[Progress] = None) -> List[Row]:
     """Runs the four schedules with every stage computed on this machine's CPU.
 
+    The plan is the compiler's for the ``host`` profile, which has no TPU: the
+    whole CNN on the CPU. Schedule b puts that CNN on a CPU worker of its own
+    (``cpu:1``), where a board has its TPU.
+
     Returns:
-      Rows a-d, plus "d one CNN worker" (the whole CNN on one CPU worker, the
-      RNN on another), both pipelines again with ``batch`` frames per hand-off,
-      and "a 2 threads" (the sequential path with XNNPACK on every core).
+      Rows a-d, plus "d one CNN worker" (the whole CNN on ``cpu:1``, the RNN
+      on ``cpu``), both pipelines again with ``batch`` frames per hand-off, and
+      "a 2 threads" (the sequential path with XNNPACK on every core).
     """
-    whole = plan_for_board(bundle, board, whole_on_tpu=True)
-    split = plan_for_board(bundle, board)
-    on_cpus = {s.device: f"cpu:{i + 1}" for i, s in enumerate(split.active_stages) if s.device != "cpu"}
-    configs = [
-        ("a", dict(pipelined=False)),
-        ("b", dict(plan=whole, devices_map={"tpu:0": "cpu:1"}, pipelined=False)),
-        ("c", dict(plan=split, devices_map=on_cpus, pipelined=False)),
-        ("d", dict(plan=split, devices_map=on_cpus, pipelined=True)),
-    ]
+    base = CaptionerOptions(plan=plan_for_board(bundle, "host"), emulate=False, sample_fps=0,
+                            num_threads=threads)
     rows: List[Row] = []
     reference: Optional[List[List[int]]] = None
-    extra = [
-        ("d one CNN worker", dict(plan=whole, devices_map={"tpu:0": "cpu:1"}, pipelined=True)),
-        (f"d batched {batch}", dict(plan=split, devices_map=on_cpus, batch=batch)),
-        (f"d one CNN worker, batched {batch}",
-         dict(plan=whole, devices_map={"tpu:0": "cpu:1"}, batch=batch)),
-        ("a 2 threads", dict(pipelined=False)),
-    ]
-    for schedule, kwargs in configs + extra:
-        n = (os.cpu_count() or 1) if schedule == "a 2 threads" else threads
-        with EdgeCaptioner(bundle, emulate=False, num_threads=n, sample_fps=0, **kwargs) as cap:
-            row, captions = _measure("host", schedule, SCHEDULES[schedule[0]], cap, frames)
+    for schedule, options in _host_configs(base, batch):
+        with EdgeCaptioner(bundle, options) as cap:
+            row, captions = _measure("host", schedule, SCHEDULES[schedule[0]], cap, frames,
+                                     progress)
         reference = captions if reference is None else reference
         row.same_captions = captions == reference
         rows.append(row)
     _speedups(rows)
     return rows
+
+
+def _host_configs(base: CaptionerOptions, batch: int) -> List["tuple[str, CaptionerOptions]"]:
+    worker = {"cpu": "cpu:1"}  # where a board has its TPU
+    return [(name, base.with_overrides(**changes)) for name, changes in [
+        ("a", dict(pipelined=False)),
+        ("b", dict(devices_map=worker, pipelined=False)),
+        ("c", dict(pipelined=False)),
+        ("d", dict(pipelined=True)),
+        ("d one CNN worker", dict(devices_map=worker, pipelined=True)),
+        (f"d batched {batch}", dict(batch=batch)),
+        (f"d one CNN worker, batched {batch}", dict(devices_map=worker, batch=batch)),
+        ("a 2 threads", dict(pipelined=False, num_threads=os.cpu_count() or 1)),
+    ]]
 
 
 def _speedups(rows: List[Row]) -> None:
@@ -357,11 +426,12 @@ def bench_scaling(bundle: Bundle, counts: Sequence[int] = (1, 4, 16), frames: in
 def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scaling] = ()) -> str:
     """Formats the results as the table ``edgecap bench`` prints."""
     lines: List[str] = []
-    profile = None
+    group = None
     for r in rows:
-        if r.profile != profile:
-            profile = r.profile
-            lines += ["", f"== {profile}", f"{'schedule':<42}{'fps':>8}{'p50 ms':>9}{'p99 ms':>9}"
+        if (r.profile, r.stride) != group:
+            group = (r.profile, r.stride)
+            lines += ["", f"== {r.profile}, {r.plan_board} plan, window stride {r.stride}",
+                      f"{'schedule':<42}{'fps':>8}{'p50 ms':>9}{'p99 ms':>9}"
                       f"{'speedup':>9}{'of bound':>9}  same  utilization"]
         util = " ".join(f"{k}={v:.0%}" for k, v in sorted(r.utilization.items()))
         bound = f"{r.of_bound:.1%}" if r.of_bound is not None else "-"

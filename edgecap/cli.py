@@ -1,32 +1,40 @@
-"""The ``edgecap`` command line: exit code 0 on success, 2 on bad input, one line per error."""
+"""The ``edgecap`` command line: exit code 0 on success, 2 on bad input, one line per error.
+
+One argparse tree; each handler is thin and calls the library. The host-side
+compiler (``compile``, ``calibrate``) is imported only when those commands
+run, so the runtime's commands never load it. SIGINT and SIGTERM stop any
+command: the run in progress is closed on the way out (context managers), and
+the exit code is 130 for SIGINT and 143 for SIGTERM (128 + the signal number,
+what a shell reports for a process the signal killed).
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
+import dataclasses
 import json
+import signal
 import sys
+import tempfile
+import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
 from edgecap import __version__
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.errors import EdgecapError
 
+if TYPE_CHECKING:
+    from edgecap.options import CaptionerOptions
 
-# Subcommands implemented by the host-side compiler; it parses its own
-# arguments, and importing it lazily keeps it off the runtime's import path.
-_COMPILER_COMMANDS = {
-    "compile": "split a full-integer TFLite CNN into EdgeTPU segments and a CPU tail",
-    "calibrate": "fit a board profile's cost model to measured segment timings",
-}
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
 
-# Subcommands in modules of their own: name -> (module, help). Each module
-# has add_arguments(parser) and run(args) -> int.
-_MODULE_COMMANDS: Dict[str, tuple] = {
-    "devices": ("edgecap.devices", "list the CPU and the Coral EdgeTPUs present"),
-    "bench": ("edgecap.bench", "compare schedules: CPU only, one TPU, placement, full pipeline"),
-}
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM, so that it unwinds like Ctrl-C."""
 
 
 def _add_window_args(p: argparse.ArgumentParser) -> None:
@@ -50,6 +58,26 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
                         "pays off only when stages take well under a millisecond")
 
 
+@contextlib.contextmanager
+def _progress(total: Optional[int], desc: str, unit: str) -> Iterator[Any]:
+    """A progress bar on stderr when it is a terminal; silent (and never imported) otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        yield bar
+
+
+def _updater(bar: Any) -> Any:
+    return None if bar is None else bar.update
+
+
+# ---------------------------------------------------------------- caption, camera
+
+
 def _timing_table(captions: list, frames_per_window: int, stats: Any) -> str:
     """Mean milliseconds per stage: per sampled frame for the per-frame stages, per window for decode."""
     n = len(captions)
@@ -69,6 +97,15 @@ def _timing_table(captions: list, frames_per_window: int, stats: Any) -> str:
     return "\n".join(out)
 
 
+def _captioner_options(args: argparse.Namespace) -> "CaptionerOptions":
+    """The one ``CaptionerOptions`` record of ``caption``/``camera``'s flags (checked when made)."""
+    from edgecap.options import CaptionerOptions
+
+    return CaptionerOptions(plan=args.plan, board=args.board, emulate=args.emulate, trace=args.trace,
+                            frames=args.frames, stride=args.stride, sample_fps=args.sample_fps,
+                            num_threads=args.threads, batch=args.batch)
+
+
 def _cmd_caption(args: argparse.Namespace) -> int:
     from edgecap.captioner import EdgeCaptioner
 
@@ -81,10 +118,7 @@ def _cmd_caption(args: argparse.Namespace) -> int:
         if truth.is_file():
             expected = [w["caption"] for w in json.loads(truth.read_text())["windows"]]
     captions = []
-    with EdgeCaptioner(bundle, plan=args.plan, board=args.board, emulate=args.emulate,
-                       trace=args.trace, frames=args.frames, stride=args.stride,
-                       sample_fps=args.sample_fps, num_threads=args.threads,
-                       batch=args.batch) as cap:
+    with EdgeCaptioner(bundle, _captioner_options(args)) as cap:
         for c in cap.stream(source):
             captions.append(c)
             if args.json:
@@ -102,10 +136,15 @@ def _cmd_caption(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- eval, validate, devices
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from edgecap.evaluate import evaluate, format_report, report_json
 
-    report = evaluate(args.bundle or default_bundle(), args.data, args.split, args.limit)
+    with _progress(args.limit, "eval", "clip") as bar:
+        report = evaluate(args.bundle or default_bundle(), args.data, args.split, args.limit,
+                          progress=_updater(bar))
     print(format_report(report))
     if args.out:
         Path(args.out).write_text(report_json(report))
@@ -122,16 +161,192 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(selected: Sequence[str] = tuple(_MODULE_COMMANDS)) -> argparse.ArgumentParser:
-    """Returns the argument parser of the ``edgecap`` command.
+def format_devices(infos: Sequence[Any]) -> str:
+    """Formats ``edgecap.devices.list_devices()`` as the table ``edgecap devices`` prints."""
+    rows = [("DEVICE", "KIND", "PATH", "TEMP", "RUNTIME")]
+    for i in infos:
+        temp = "-" if i.temperature_c is None else f"{i.temperature_c:.1f}C"
+        rows.append((i.device, i.kind, i.path, temp, i.runtime))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths)) + "  " + r[4] for r in rows
+    )
 
-    Args:
-      selected: Module-backed subcommands whose modules to import and whose
-        arguments to add (default: all of them).
-    """
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from edgecap.devices import list_devices
+
+    infos = list_devices()
+    if args.json:
+        for info in infos:
+            print(json.dumps(dataclasses.asdict(info)))
+    else:
+        print(format_devices(infos))
+    return 0
+
+
+# ---------------------------------------------------------------- bench
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use comma-separated integers, e.g. 8,4,2")
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from edgecap import bench
+
+    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    trace = args.trace
+    if args.plot is not None and trace is None:
+        trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
+    strides = args.strides or None
+    runs = bench.runs(profiles, args.timing_only, len(strides or [None]))
+    with _progress(runs * max(args.frames, 1), "bench", "frame") as bar:
+        result = bench.run_bench(
+            args.bundle, args.clips, args.frames, args.board, profiles, args.timing_only,
+            args.threads, args.batch, strides, trace, progress=_updater(bar))
+    print(bench.format_table(result.rows, result.overhead, result.scaling))
+    doc = result.to_json()
+    if args.json is not None:
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if args.plot is not None:
+        from edgecap.plots import plot_bench, plot_timeline
+
+        # One bar per schedule: the rows at the first stride.
+        first = {}
+        for row in doc["rows"]:
+            first.setdefault(row["profile"], row["stride"])
+        plot_bench(dict(doc, rows=[r for r in doc["rows"] if r["stride"] == first[r["profile"]]]),
+                   args.plot)
+        if trace.is_file():
+            plot_timeline(trace, args.timeline or args.plot.with_name(args.plot.stem + "-timeline.png"))
+    return 0
+
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", type=Path, help="bundle directory (default: the shipped demo)")
+    p.add_argument("--clips", nargs="+", help="video files (default: the shipped sample clip)")
+    p.add_argument("--frames", type=int, default=480, help="frames per run (clips repeat)")
+    p.add_argument("--board", default="devboard-usb", help="board profile to emulate")
+    p.add_argument("--profiles", default="board,host",
+                   help="comma list of: board (the emulated --board), host")
+    p.add_argument("--timing-only", action="store_true",
+                   help="emulated stages compute nothing (all board rows)")
+    p.add_argument("--strides", type=_int_list,
+                   help="comma list of window strides to run the board rows at, e.g. 8,4,2 "
+                        "(default: the bundle's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads of each CPU encoder interpreter (default 1)")
+    p.add_argument("--batch", type=int, default=8,
+                   help="frames per hand-off in the host's batched pipeline rows (default 8)")
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--plot", type=Path, help="write a bar chart PNG here (needs matplotlib)")
+    p.add_argument("--timeline", type=Path, help="with --plot: PNG of the pipelined board run's "
+                   "timeline (default: PLOT-timeline.png)")
+    p.add_argument("--trace", type=Path,
+                   help="write the Chrome trace of the pipelined board run here")
+    p.set_defaults(func=_cmd_bench)
+
+
+# ---------------------------------------------------------------- compile, calibrate
+
+
+def _compiler(module: str) -> ModuleType:
+    """Imports a module of the host-side compiler, or says in one line that it is missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"edgecap_compile.{module}")
+    except ImportError as e:
+        raise EdgecapError(f"the compiler is not installed ({e}): pip install edgecap "
+                           "from a source checkout") from None
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    compiler = _compiler("compiler")
+    result = compiler.compile_model(args.model, args.board, args.out, tpus=args.tpus,
+                                    sram=args.sram, calibration=args.calibration,
+                                    report=args.report,
+                                    min_runtime_version=args.min_runtime_version)
+    pred = result.plan.predicted
+    if result.report:
+        print(result.report)
+    devices = ", ".join(f"{s.device} ops [{s.ops[0]}, {s.ops[1]})" for s in result.plan.stages)
+    print(f"wrote {result.plan_path}: {devices}; predicted {pred.fps} fps, "
+          f"latency {pred.latency_ms:.2f} ms")
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    calibration = _compiler("calibration")
+    boards, graph, model_source = (_compiler(m) for m in ("boards", "graph", "model_source"))
+    graphs = [graph.read_graph(model_source.resolve_source(m).encoder) for m in args.models]
+    board = boards.load_board(args.board)
+    segments = sum(min(args.segments, len(g.ops) * (len(g.ops) + 1) // 2) for g in graphs)
+    with _progress(segments, "calibrate", "segment") as bar:
+        result = calibration.calibrate(graphs, board, device=args.device, threads=args.threads,
+                                       segments=args.segments, repeats=args.repeats,
+                                       seed=args.seed, progress=_updater(bar))
+    calibration.save_calibration(result, args.out)
+    d, err = result.device, result.error
+    print(f"{result.board} {d.name}: {d.macs_per_s / 1e9:.1f} GMAC/s, "
+          f"{d.elements_per_s / 1e9:.2f} G elements/s, {d.op_overhead_ms * 1e3:.2f} us/op, "
+          f"{d.invoke_overhead_ms * 1e3:.2f} us/invoke"
+          + (f", link {d.link_bytes_per_s / 1e6:.0f} MB/s" if d.is_tpu else ""))
+    print(f"fit error over {err['samples']} segments: mean |rel| "
+          f"{100 * err['all']['mean_abs_rel']:.1f}% (held-out half "
+          f"{100 * err['holdout']['mean_abs_rel']:.1f}%), rms {err['all']['rms_ms']:.3f} ms; "
+          f"wrote {args.out}")
+    if err["kept_from_profile"]:
+        print(f"the timings could not determine {', '.join(err['kept_from_profile'])}; "
+              f"kept the {result.board} profile's value (calibrate on larger models or "
+              "more segments to fit it)")
+    return 0
+
+
+_BOARD_HELP = ("board profile: a shipped name (devboard-usb, ...; an unknown name lists them) "
+               "or a profile .json file")
+
+
+def _add_compile(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="MODEL.tflite or BUNDLE_DIR")
+    p.add_argument("--board", required=True, help=_BOARD_HELP)
+    p.add_argument("--tpus", type=int, help="number of EdgeTPUs (default: the board's)")
+    p.add_argument("--sram", type=int, help="parameter SRAM per TPU in bytes "
+                                            "(default: the board's, 8 MiB)")
+    p.add_argument("--calibration", help="coefficients file from `edgecap calibrate`")
+    p.add_argument("--report", action="store_true",
+                   help="also write report.md and split.png (needs matplotlib)")
+    p.add_argument("--min-runtime-version", type=int,
+                   help="edgetpu_compiler -m: oldest Edge TPU runtime to support")
+    p.add_argument("-o", "--out", required=True, help="output folder")
+    p.set_defaults(func=_cmd_compile)
+
+
+def _add_calibrate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("models", nargs="+", help="int8 .tflite models or bundle dirs to time")
+    p.add_argument("--board", required=True, help="board profile the device belongs to")
+    p.add_argument("--device", default="cpu", help="cpu (this machine) or tpu:N")
+    p.add_argument("--threads", type=int, help="CPU threads (default: the board's cores)")
+    p.add_argument("--segments", type=int, default=24, help="random segments per model")
+    p.add_argument("--repeats", type=int, default=15, help="timed invokes per segment")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--out", required=True, help="calibration .json to write")
+    p.set_defaults(func=_cmd_calibrate)
+
+
+# ---------------------------------------------------------------- the tree
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the argument parser of the ``edgecap`` command (imports no handler's modules)."""
     parser = argparse.ArgumentParser(
         prog="edgecap", description="Caption video on ARM boards with Coral EdgeTPUs.",
-        epilog="Bad input exits with code 2 and one line on stderr.")
+        epilog="Bad input exits with code 2 and one line on stderr; SIGINT exits with 130, "
+               "SIGTERM with 143.")
     parser.add_argument("--version", action="version", version=f"edgecap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -157,35 +372,61 @@ def build_parser(selected: Sequence[str] = tuple(_MODULE_COMMANDS)) -> argparse.
     p.add_argument("bundle", type=Path, nargs="?", help="bundle directory")
     p.set_defaults(func=_cmd_validate)
 
-    for name, (module, help_text) in _MODULE_COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
-        # Only the chosen command's module is imported: `edgecap validate`
-        # should not pay for the benchmark's imports.
-        if name in selected:
-            mod = importlib.import_module(module)
-            mod.add_arguments(p)
-            p.set_defaults(func=mod.run)
+    p = sub.add_parser("devices", help="list the CPU and the Coral EdgeTPUs present")
+    p.add_argument("--json", action="store_true", help="print one JSON object per device")
+    p.set_defaults(func=_cmd_devices)
 
-    for name, help_text in _COMPILER_COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
+    _add_bench(sub.add_parser(
+        "bench", help="compare schedules: CPU only, one TPU, placement, full pipeline"))
+    _add_compile(sub.add_parser(
+        "compile", help="split a full-integer TFLite CNN into EdgeTPU segments and a CPU tail",
+        description="Split an int8 TFLite CNN (or a bundle's encoder) into EdgeTPU segments and "
+                    "a CPU tail balanced for pipelined throughput; write the segments and "
+                    "plan.json to OUT_DIR."))
+    _add_calibrate(sub.add_parser(
+        "calibrate", help="fit a board profile's cost model to measured segment timings",
+        description="Time random segments of the given models on a device and fit its cost "
+                    "coefficients by least squares; write them for `edgecap compile "
+                    "--calibration`."))
     return parser
 
 
-def _run(argv: Sequence[str]) -> int:
-    if argv and argv[0] in _COMPILER_COMMANDS:
-        try:
-            compiler = importlib.import_module("edgecap_compile.cli")
-        except ImportError as e:
-            raise EdgecapError(f"the compiler is not installed ({e}): pip install edgecap "
-                               "from a source checkout") from None
-        main_: Callable[[List[str]], int] = compiler.main
-        return main_(list(argv))
-    parser = build_parser(selected=[a for a in argv[:1] if a in _MODULE_COMMANDS])
-    args = parser.parse_args(argv)
+def run(argv: Sequence[str]) -> int:
+    """Parses ``argv`` and runs the command, raising what it raises.
+
+    Args:
+      argv: Arguments without the program name, e.g. ``["validate", "my_bundle"]``.
+
+    Returns:
+      The exit code (0, or 2 when no command is given).
+
+    Raises:
+      EdgecapError: On bad input (``main`` prints it as one line).
+      SystemExit: On bad usage (argparse's exit code 2) and for ``--help``.
+    """
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
     if args.command is None:
         parser.print_help()
         return 2
     return args.func(args)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_like_ctrl_c() -> Iterator[None]:
+    # Only the main thread may set handlers (main() may be called from others).
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -195,15 +436,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       argv: Arguments without the program name (default: ``sys.argv[1:]``).
 
     Returns:
-      The exit code: 0 on success, 2 on bad input, 130 on Ctrl-C.
+      The exit code: 0 on success, 2 on bad input, 130 on SIGINT (Ctrl-C),
+      143 on SIGTERM.
     """
     try:
-        return _run(sys.argv[1:] if argv is None else argv)
+        with _sigterm_like_ctrl_c():
+            return run(sys.argv[1:] if argv is None else argv)
     except EdgecapError as e:
         print(f"edgecap: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        return EXIT_SIGTERM
     except KeyboardInterrupt:
-        return 130
+        return EXIT_SIGINT
     except BrokenPipeError:  # e.g. `edgecap caption clip.mp4 | head -1`
         sys.stderr.close()
         return 0

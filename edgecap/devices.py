@@ -11,16 +11,13 @@ What runs a plan stage on a device is ``edgecap.stages``.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import glob
-import json
 import os
 import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import psutil
 
@@ -240,31 +237,3 @@ def temperature(path: str, root: "str | os.PathLike[str]" = "/") -> Optional[flo
         return int((Path(root) / _APEX_TEMP.format(m.group(1))).read_text()) / 1000.0
     except (OSError, ValueError):
         return None
-
-
-def format_devices(infos: Sequence[DeviceInfo]) -> str:
-    """Formats ``list_devices()`` as the table ``edgecap devices`` prints."""
-    rows = [("DEVICE", "KIND", "PATH", "TEMP", "RUNTIME")]
-    for i in infos:
-        temp = "-" if i.temperature_c is None else f"{i.temperature_c:.1f}C"
-        rows.append((i.device, i.kind, i.path, temp, i.runtime))
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths)) + "  " + r[4] for r in rows
-    )
-
-
-def add_arguments(parser: "argparse.ArgumentParser") -> None:
-    """Adds the ``edgecap devices`` options to ``parser``."""
-    parser.add_argument("--json", action="store_true", help="print one JSON object per device")
-
-
-def run(args: "argparse.Namespace") -> int:
-    """Prints the devices present (``edgecap devices``). Returns the exit code."""
-    infos = list_devices()
-    if args.json:
-        for info in infos:
-            print(json.dumps(dataclasses.asdict(info)))
-    else:
-        print(format_devices(infos))
-    return 0

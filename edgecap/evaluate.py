@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -62,7 +62,8 @@ def _norm(text: str) -> str:
 
 
 def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.PathLike[str]",
-             split: str = "test", limit: Optional[int] = None) -> Report:
+             split: str = "test", limit: Optional[int] = None,
+             progress: Optional[Callable[[int], object]] = None) -> Report:
     """Captions every clip of a split and scores the captions against the references.
 
     Args:
@@ -70,6 +71,7 @@ def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.Path
       data_dir: Dataset directory (MSVD-like layout).
       split: Split to score.
       limit: Score only the first ``limit`` clips.
+      progress: Called with 1 after each clip is captioned.
 
     Returns:
       The ``Report``.
@@ -106,6 +108,8 @@ def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.Path
             hyps[cid] = cap.caption_frames(window)[0].text
             if ref is not None:
                 floats[cid] = ref.caption_frames(window)[0].text
+            if progress is not None:
+                progress(1)
 
     gts = {cid: [_norm(r) for r in refs[cid]] for cid in ids}
     res = {cid: [_norm(hyps[cid])] for cid in ids}

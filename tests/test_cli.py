@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -135,3 +136,39 @@ def test_eval_without_pycocoevalcap_names_the_extra(tmp_path: Path, shipped_bund
     hide_module("pycocoevalcap")
     code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path)])
     _one_line_error(capsys, code, "edgecap[eval]")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_long_commands_show_progress_on_a_terminal_only(tmp_path: Path, monkeypatch, capsys) -> None:
+    model = Path(__file__).parent / "data" / "compile" / "tiny_mobilenet.tflite"
+    args = ["calibrate", str(model), "--board", "host", "--segments", "8", "--repeats", "1",
+            "-o", str(tmp_path / "cal.json")]
+    assert main(args) == 0
+    assert capsys.readouterr().err == ""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(args) == 0
+    assert "calibrate" in terminal.getvalue() and "0/8 " in terminal.getvalue()
+
+
+@pytest.mark.parametrize("argv", [["compile", "m.tflite", "--board", "host", "-o", "out"],
+                                  ["calibrate", "m.tflite", "--board", "host", "-o", "c.json"]])
+def test_compiler_commands_without_the_compiler_are_one_line(capsys, monkeypatch, argv) -> None:
+    for name in [m for m in sys.modules if m.startswith("edgecap_compile")] + ["edgecap_compile"]:
+        monkeypatch.setitem(sys.modules, name, None)  # None: importing it raises ImportError
+    _one_line_error(capsys, main(argv), "the compiler is not installed")
+
+
+def test_compiler_commands_are_in_the_one_tree() -> None:
+    # Parsing them imports nothing of the compiler: it loads only when they run.
+    code = ("import sys\n"
+            "from edgecap.cli import build_parser\n"
+            "a = build_parser().parse_args(['compile', 'm.tflite', '--board', 'host', '-o', 'o',"
+            " '--tpus', '2'])\n"
+            "assert a.tpus == 2 and a.func.__name__ == '_cmd_compile'\n"
+            "assert not [m for m in sys.modules if m.startswith('edgecap_compile')]\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,7 +13,7 @@ from edgecap.devices import parse_device
 from edgecap_compile import calibration
 from edgecap_compile.boards import load_board
 from edgecap_compile.calibration import Sample, apply_calibration, fit
-from edgecap_compile.cli import main
+from edgecap.cli import run as main
 from edgecap_compile.edgetpu import EdgeTpuReport
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import read_graph

@@ -14,7 +14,7 @@ import pytest
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.plan import load_plan
 from edgecap_compile.boards import BOARDS_DIR
-from edgecap_compile.cli import main
+from edgecap.cli import run as main
 from edgecap_compile.errors import CompileError
 
 DATA = Path(__file__).parent / "data" / "compile"
@@ -168,7 +168,7 @@ def test_bad_input_is_one_line(tmp_path, args, message):
 
 def test_module_entry_point_exits_2_with_one_line(tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "edgecap_compile.cli", "compile", str(MODEL), "--board", "nano",
+        [sys.executable, "-m", "edgecap.cli", "compile", str(MODEL), "--board", "nano",
          "-o", str(tmp_path)], capture_output=True, text=True)
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "unknown board 'nano'" in run.stderr

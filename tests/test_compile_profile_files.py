@@ -11,7 +11,7 @@ import pytest
 
 from edgecap_compile.boards import BOARDS_DIR, load_board
 from edgecap_compile.calibration import apply_calibration
-from edgecap_compile.cli import main
+from edgecap.cli import run as main
 from edgecap_compile.errors import CompileError
 
 DATA = Path(__file__).parent / "data" / "compile"
@@ -149,11 +149,11 @@ def test_a_calibration_of_another_version_or_device_or_missing_is_refused(tmp_pa
         apply_calibration(board, tmp_path / "none.json")
     # Through the compiler's CLI: one line on stderr, exit 2, no traceback.
     run = subprocess.run(
-        [sys.executable, "-m", "edgecap_compile.cli", "compile",
+        [sys.executable, "-m", "edgecap.cli", "compile",
          str(DATA / "tiny_mobilenet.tflite"), "--board", "devboard",
          "--calibration", str(_calibration(tmp_path, macs_per_s=-1.0)),
          "-o", str(tmp_path / "plan")], capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines() == [
-        f"edgecap: {tmp_path / 'cal.json'}: field 'coefficients.macs_per_s' must be float > 0.0; "
+        f"edgecap: error: {tmp_path / 'cal.json'}: field 'coefficients.macs_per_s' must be float > 0.0; "
         "write it with `edgecap calibrate`"]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from edgecap import devices, stages
+from edgecap.cli import format_devices
 from edgecap.devices import DeviceSpec, list_devices, parse_device
 from edgecap.stages import open_stage
 from edgecap.errors import ConfigError, EdgecapError, PlanError
@@ -205,7 +206,7 @@ def test_enumeration_probes_pcie_and_coral_usb_ids(tmp_path: Path) -> None:
     assert [(i.device, i.kind) for i in infos] == [("cpu", "cpu"), ("tpu:0", "pci"), ("tpu:1", "usb"), ("tpu:2", "usb")]
     assert infos[1].temperature_c == pytest.approx(47.25)
     assert infos[2].path.endswith("1-1") and infos[3].path.endswith("2-1")
-    table = devices.format_devices(infos)
+    table = format_devices(infos)
     assert table.splitlines()[0].split()[:3] == ["DEVICE", "KIND", "PATH"]
     assert "47.2C" in table and len(table.splitlines()) == 5
 

@@ -1,0 +1,88 @@
+"""The README runs as written: its python snippets and its `edgecap ...` commands.
+
+Every `edgecap` line of a ```sh block must parse with the CLI; those that need
+no TensorFlow, camera, dataset or TPU also run, in README order, in one working
+directory where ``models/`` is the repository's (so ``models/demo/...`` paths
+hold) and whatever they write lands. ```python blocks run in that directory too.
+A command that cannot run here is listed in SKIP with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+
+from edgecap.cli import build_parser, main
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+
+# README command (as written) -> why the suite only parses it.
+SKIP = {
+    "edgecap camera /dev/video0": "needs a camera",
+    "edgecap eval --data DATASET_DIR": "needs a rendered dataset (python -m models.dataset, minutes)",
+    "edgecap eval --bundle my_bundle --data data/shapes_eval":
+        "needs the training recipe's bundle and dataset (TensorFlow, minutes)",
+}
+# README command -> options appended to keep the suite fast (argparse: the last value wins).
+FAST = {
+    "edgecap bench --plot bench.png": ["--frames", "8", "--profiles", "board", "--timing-only"],
+    "edgecap bench --profiles board --timing-only --strides 8,4,2": ["--frames", "8"],
+}
+
+
+def _snippets() -> List[Tuple[str, int, str]]:
+    """Returns (kind, line number, text) of each python snippet and edgecap command, in order."""
+    items = []
+    for block in re.finditer(r"^```(\w*)\n(.*?)^```", README.read_text(), re.S | re.M):
+        kind, body = block.group(1), block.group(2)
+        line = README.read_text()[: block.start()].count("\n") + 2
+        if kind == "python":
+            items.append(("python", line, body))
+        elif kind == "sh":
+            for i, text in enumerate(body.splitlines()):
+                command = text.split("#", 1)[0].strip()
+                if command.startswith("edgecap "):
+                    items.append(("edgecap", line + i, command))
+    return items
+
+
+SNIPPETS = _snippets()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("readme")
+    (path / "models").symlink_to(REPO / "models", target_is_directory=True)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def in_workdir(workdir, monkeypatch, tmp_path_factory):
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg"))
+    monkeypatch.delenv("EDGECAP_BUNDLE", raising=False)
+
+
+def test_the_readme_has_snippets_and_every_skip_is_in_it():
+    commands = {text for kind, _, text in SNIPPETS if kind == "edgecap"}
+    assert sum(kind == "python" for kind, _, _ in SNIPPETS) >= 2 and len(commands) >= 10
+    assert set(SKIP) <= commands and set(FAST) <= commands
+
+
+@pytest.mark.parametrize("kind, line, text", SNIPPETS,
+                         ids=[f"README.md:{line}" for _, line, _ in SNIPPETS])
+def test_snippet_runs_as_written(kind, line, text, capsys):
+    if kind == "python":
+        exec(compile(text, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
+        return
+    argv = shlex.split(text)[1:]
+    build_parser().parse_args(argv)  # every command parses, skipped or not
+    if text in SKIP:
+        pytest.skip(SKIP[text])
+    code = main(argv + FAST.get(text, []))
+    assert code == 0, capsys.readouterr().err
