@@ -77,11 +77,14 @@ class FrameResult:
       key: The stream the frame came from (e.g. a camera name); None for a heartbeat.
       frame: The frame, or None for a heartbeat (see ``run_frames``).
       captions: The captions of the windows this frame completed (usually none).
+      device_ms: Milliseconds of this frame's invoke on each CNN device
+        (the worker's device string, e.g. ``emu-tpu:0``, ``cpu``).
     """
 
     key: Optional[Hashable]
     frame: Optional[Frame]
     captions: List[Caption]
+    device_ms: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +98,7 @@ class _FrameJob:
     ms: Dict[str, float]
     finished: List[Tuple["_Window", Frame]] = field(default_factory=list)
     captions: List[Caption] = field(default_factory=list)
+    device_ms: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,13 +120,16 @@ class _CnnStage:
 
     def __init__(self, stage: Stage, device: str, **options: Any) -> None:
         self._runner = stages.open_stage(stage, device, **options)
+        self._device = device
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         if job.frame is None:  # a heartbeat passes through, proving the worker is alive
             return job
         t0 = time.perf_counter()
         job.tensors = self._runner(job.tensors)
-        job.ms["cnn"] += (time.perf_counter() - t0) * 1e3
+        ms = (time.perf_counter() - t0) * 1e3
+        job.ms["cnn"] += ms
+        job.device_ms[self._device] = ms
         return job
 
 
@@ -420,7 +427,7 @@ class EdgeCaptioner:
         self._source = None
         try:
             for job in results:
-                yield FrameResult(job.stream[1], job.frame, job.captions)
+                yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms)
         finally:
             results.close()
             self._write_trace()

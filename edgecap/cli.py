@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import signal
 import sys
 import tempfile
@@ -174,15 +175,54 @@ def format_devices(infos: Sequence[Any]) -> str:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from edgecap.devices import list_devices
+    from edgecap.autoplan import choose_plan, tpus_used
+    from edgecap.bundle import load_bundle
+    from edgecap.devices import detect_hardware, list_devices
 
     infos = list_devices()
+    hardware = detect_hardware()
+    choice = choose_plan(load_bundle(args.bundle or default_bundle()), hardware)
+    auto = {"board": hardware.family, "model": hardware.model, "profile": hardware.profile,
+            "plan": choice.board or "cpu", "tpus": tpus_used(choice.plan), "reason": choice.reason,
+            "fallback": choice.fallback}
     if args.json:
         for info in infos:
             print(json.dumps(dataclasses.asdict(info)))
+        print(json.dumps({"auto": auto}))
     else:
         print(format_devices(infos))
+        print(f"\nboard: {hardware.family or 'not a known board'}"
+              + (f" ({hardware.model})" if hardware.model else "")
+              + f"; profile: {hardware.profile or '-'}")
+        print(f"auto runs: {auto['plan']} — {choice.reason}")
+        for board, why in choice.skipped:
+            print(f"  skipped plan {board}: {why}")
     return 0
+
+
+# ---------------------------------------------------------------- serve
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from edgecap.service.config import load_config
+        from edgecap.service.service import Service
+        from edgecap.service.sinks import JournalFormatter, is_journal
+    except ImportError as exc:
+        raise EdgecapError(f"`edgecap serve` needs the service extra ({exc}): pip install "
+                           "'edgecap[service]'") from None
+    config = load_config(args.config, {
+        "bundle": args.bundle, "plan": args.plan, "board": args.board,
+        "on_missing_tpu": args.on_missing_tpu, "http.address": args.http_address,
+        "http.port": args.http_port})
+    handler = logging.StreamHandler(sys.stderr)
+    if is_journal(sys.stderr):
+        handler.setFormatter(JournalFormatter())
+    log = logging.getLogger("edgecap")
+    log.addHandler(handler)
+    log.setLevel(config.log_level.upper())
+    log.propagate = False
+    return Service(config).run()
 
 
 # ---------------------------------------------------------------- bench
@@ -267,7 +307,18 @@ def _compiler(module: str) -> ModuleType:
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     compiler = _compiler("compiler")
-    result = compiler.compile_model(args.model, args.board, args.out, tpus=args.tpus,
+    out = args.out
+    if args.into_bundle:
+        from edgecap.bundle import PLANS_DIR, load_bundle
+
+        if not Path(args.model).is_dir():
+            raise EdgecapError(f"{args.model}: --into-bundle needs a bundle directory, not a model "
+                               "file; pass BUNDLE_DIR or use -o OUT_DIR")
+        bundle = load_bundle(args.model)
+        board = compiler.make_board(args.board)
+        out = bundle.root / PLANS_DIR / board.name
+        args.model, args.board = bundle, board
+    result = compiler.compile_model(args.model, args.board, out, tpus=args.tpus,
                                     sram=args.sram, calibration=args.calibration,
                                     report=args.report,
                                     min_runtime_version=args.min_runtime_version)
@@ -322,7 +373,11 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
                    help="also write report.md and split.png (needs matplotlib)")
     p.add_argument("--min-runtime-version", type=int,
                    help="edgetpu_compiler -m: oldest Edge TPU runtime to support")
-    p.add_argument("-o", "--out", required=True, help="output folder")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("-o", "--out", help="output folder")
+    where.add_argument("--into-bundle", action="store_true",
+                       help="write into BUNDLE_DIR/plans/<board>/, where `--board auto` on the "
+                            "board finds it (compile on an x86-64 host, ship the bundle)")
     p.set_defaults(func=_cmd_compile)
 
 
@@ -372,9 +427,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle", type=Path, nargs="?", help="bundle directory")
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("devices", help="list the CPU and the Coral EdgeTPUs present")
+    p = sub.add_parser("devices", help="list the CPU and the Coral EdgeTPUs present, and the "
+                                       "plan --board auto would run")
     p.add_argument("--json", action="store_true", help="print one JSON object per device")
+    p.add_argument("--bundle", type=Path, help="bundle whose plans auto chooses among "
+                                               "(default: $EDGECAP_BUNDLE or the shipped demo)")
     p.set_defaults(func=_cmd_devices)
+
+    p = sub.add_parser("serve", help="run as a service: cameras, status page, metrics, MQTT",
+                       description="Caption one or more cameras for as long as it runs, as the "
+                                   "config file says (deploy/edgecap.toml); flags override its keys.")
+    p.add_argument("--config", type=Path, required=True, help="the TOML config file")
+    p.add_argument("--bundle", help="model bundle directory (key: bundle)")
+    p.add_argument("--plan", help="plan.json or its directory (key: plan)")
+    p.add_argument("--board", help="auto or a board profile (key: board)")
+    p.add_argument("--on-missing-tpu", choices=("cpu", "fail"), help="key: on_missing_tpu")
+    p.add_argument("--http-address", help="key: http.address")
+    p.add_argument("--http-port", type=int, help="key: http.port")
+    p.set_defaults(func=_cmd_serve)
 
     _add_bench(sub.add_parser(
         "bench", help="compare schedules: CPU only, one TPU, placement, full pipeline"))

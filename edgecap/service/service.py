@@ -1,0 +1,245 @@
+"""``edgecap serve``: cameras into one pipeline, captions out to sinks, the page and systemd.
+
+::
+
+    camera feeds ─► mux ─► EdgeCaptioner.run_frames (one pipeline, shared devices) ─► this loop
+                                                                                      ├─► sinks (stdout/journal, JSON lines, MQTT)
+                                                                                      ├─► ServiceState ─► HTTP page and API
+                                                                                      ├─► Metrics ─► /metrics
+                                                                                      └─► systemd: READY, WATCHDOG, STATUS
+
+Cameras share the devices: every camera's sampled frames go, interleaved, into
+one pipeline, whose RNN keeps each camera's windows apart. One set of
+interpreters serves all cameras, so an EdgeTPU never swaps segments between
+models, and the devices stay as busy as the frames allow.
+
+systemd: ``READY=1`` once the bundle is loaded, the HTTP port is bound and a
+first frame has gone through the pipeline (or, when no camera delivers one,
+after the first camera's ``stall_seconds``: the service is up and reports the
+camera offline rather than failing to start). ``WATCHDOG=1`` is sent from the
+loop that receives the pipeline's results: heartbeats pass every worker while
+no camera has frames, so a hung worker stops the pings. SIGTERM (or SIGINT)
+stops the cameras, lets the frames in flight finish, flushes the sinks and
+returns within ``STOP_BUDGET_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any, Dict, List, Optional, TextIO
+
+import cv2
+
+from edgecap import devices
+from edgecap.bundle import WindowSpec, default_bundle, load_bundle
+from edgecap.captioner import EdgeCaptioner, FrameResult
+from edgecap.errors import RunCancelled
+from edgecap.options import CaptionerOptions
+from edgecap.service.cameras import CameraFeed, CameraMux, CameraSpec
+from edgecap.service.config import ServiceConfig
+from edgecap.service.http import StatusServer
+from edgecap.service.metrics import Metrics
+from edgecap.service.notify import Notifier
+from edgecap.service.sinks import open_sinks
+from edgecap.service.state import ServiceState
+
+_log = logging.getLogger("edgecap")
+
+STOP_BUDGET_S = 4.0  # SIGTERM to exit; systemd's TimeoutStopSec leaves room above it
+PAGE_FRAME_PERIOD_S = 1.0  # the page shows a frame a second per camera: JPEG costs CPU
+STATS_PERIOD_S = 1.0
+
+
+class Service:
+    """One ``edgecap serve`` process.
+
+    Everything that can refuse to start (bundle, plan, devices, sinks, the
+    HTTP address) is opened in the constructor, before any camera starts.
+
+    Args:
+      config: The typed config (``edgecap.service.config.load_config``).
+      notifier: The systemd notifier (default: from ``$NOTIFY_SOCKET``).
+      stdout: Stream of the stdout sink (default ``sys.stdout``).
+      sysfs: The sysfs root for TPU temperatures (tests pass a fake one).
+
+    Raises:
+      EdgecapError: A bad bundle, plan, sink path or HTTP address, or, with
+        ``on_missing_tpu = "fail"``, missing EdgeTPUs; one line each.
+    """
+
+    def __init__(self, config: ServiceConfig, notifier: Optional[Notifier] = None,
+                 stdout: Optional[TextIO] = None, sysfs: str = "/sys") -> None:
+        self.config = config
+        self.notifier = notifier or Notifier()
+        names = [c.name for c in config.cameras]
+        self.state = ServiceState(names)
+        self.metrics = Metrics(sysfs=sysfs)
+        bundle = load_bundle(config.bundle or default_bundle())
+        options = CaptionerOptions(plan=config.plan or None, board=config.board,
+                                   on_missing_tpu=config.on_missing_tpu)
+        self.sinks = open_sinks(config, stdout)
+        self._closers: List[Any] = [self.sinks]
+        try:
+            self.captioner = EdgeCaptioner(bundle, options)
+            self._closers.append(self.captioner)
+            choice = self.captioner.plan_choice
+            if choice is not None and choice.fallback:
+                self.metrics.fallback(choice.fallback)
+            self.windows: Dict[str, WindowSpec] = {
+                c.name: CaptionerOptions(frames=c.frames, stride=c.stride,
+                                         sample_fps=c.sample_fps).window(self.captioner.window)
+                for c in config.cameras}
+            longest = max(w.frames / (w.sample_fps or 30.0) for w in self.windows.values())
+            self.http = StatusServer(self.state, self.metrics, config.http.address, config.http.port,
+                                     config.http.token or None,
+                                     max_caption_age_s=max(60.0, 4 * longest))
+            self.http.start()  # a port in use fails here, before any camera opens
+            self._closers.append(self.http)
+        except BaseException:
+            self._close_all()
+            raise
+        self.feeds = [CameraFeed(self._spec(c), on_state=self._on_state, on_frame=self._on_frame,
+                                 on_drop=self._on_drop, on_reconnect=self._on_reconnect)
+                      for c in config.cameras]
+        self.mux = CameraMux(self.feeds)
+        self._names = names
+        self._stopping = threading.Event()
+        self._processed: Dict[str, int] = dict.fromkeys(names, 0)
+        self._last_jpeg: Dict[str, float] = dict.fromkeys(names, 0.0)
+
+    def _spec(self, c: Any) -> CameraSpec:
+        return CameraSpec(name=c.name, source=c.source, width=c.width, height=c.height, fps=c.fps,
+                          fourcc=c.fourcc, loop=c.loop, sample_fps=self.windows[c.name].sample_fps,
+                          stall_seconds=c.stall_seconds, backoff_max_seconds=c.backoff_max_seconds)
+
+    # Camera feed callbacks: called on the feeds' threads; state and metrics are thread-safe.
+    def _on_state(self, camera: str, status: str, reason: str) -> None:
+        self.state.set_camera(camera, status, reason)
+        self.metrics.camera_up(camera, status == "online")
+        if status == "offline":
+            _log.warning("edgecap: camera %s offline: %s", camera, reason)
+
+    def _on_frame(self, camera: str) -> None:
+        self.metrics.frames_captured(camera)
+
+    def _on_drop(self, camera: str, n: int) -> None:
+        self.metrics.frames_dropped(camera, n)
+
+    def _on_reconnect(self, camera: str) -> None:
+        self.metrics.camera_reconnect(camera)
+
+    def stop(self) -> None:
+        """Starts a graceful stop; safe from a signal handler or another thread."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self.mux.stop()
+        # The drain has STOP_BUDGET_S; a worker hung past it is cancelled.
+        timer = threading.Timer(STOP_BUDGET_S - 1.0, self.captioner.close)
+        timer.daemon = True
+        timer.start()
+
+    def run(self) -> int:
+        """Runs until ``stop()`` (SIGTERM, SIGINT); returns the exit code (0).
+
+        Raises:
+          EdgecapError: If a stage fails for good (the service then exits and
+            systemd restarts it).
+        """
+        old = {s: signal.signal(s, lambda *_: self.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
+        ready_by = time.monotonic() + min(c.stall_seconds for c in self.config.cameras)
+        ready = False
+        ping_every = self.notifier.watchdog_interval()
+        last_ping = last_stats = 0.0
+        try:
+            for feed in self.feeds:
+                feed.start()
+            for result in self.captioner.run_frames(iter(self.mux), self.windows):
+                now = time.monotonic()
+                if result.frame is not None:
+                    self._frame(result, now)
+                if not ready and (result.frame is not None or now >= ready_by):
+                    ready = True
+                    self.notifier.ready(self._status_line())
+                if ping_every and now - last_ping >= ping_every:
+                    self.notifier.watchdog()
+                    last_ping = now
+                if now - last_stats >= STATS_PERIOD_S:
+                    self._publish_stats()
+                    last_stats = now
+        except RunCancelled:
+            _log.warning("edgecap: a stage did not drain within %.0f s; stopped it", STOP_BUDGET_S)
+        finally:
+            self.notifier.stopping()
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            self.close()
+        return 0
+
+    def _frame(self, result: FrameResult, now: float) -> None:
+        camera = str(result.key)
+        self._processed[camera] += 1
+        self.metrics.frames_processed(camera)
+        for device, ms in result.device_ms.items():
+            self.metrics.inference(device, ms / 1000.0)
+        if now - self._last_jpeg[camera] >= PAGE_FRAME_PERIOD_S:
+            ok, jpeg = cv2.imencode(".jpg", result.frame.image, [cv2.IMWRITE_JPEG_QUALITY, 70])
+            if ok:
+                self.state.frame(camera, jpeg.tobytes(), time.time())
+            self._last_jpeg[camera] = now
+        for caption in result.captions:
+            self.state.caption(camera, caption)
+            self.sinks.caption(camera, caption)
+            self.metrics.caption_latency(camera, caption.latency_ms / 1000.0)
+
+    def _publish_stats(self) -> None:
+        stats = self.captioner.stats()
+        busy = stats.worker_utilization() if stats is not None else {}
+        rows = []
+        for worker, share in busy.items():
+            rows.append({"device": worker, "kind": devices.parse_device(worker).kind if worker != "decode"
+                         else "cpu", "busy": round(share, 3), "temperature_c": None, "throttled": False})
+        for info in devices.list_devices()[1:]:
+            rows.append({"device": info.device, "kind": info.kind, "busy": None,
+                         "temperature_c": info.temperature_c, "throttled": False})
+        self.state.devices(rows)
+        if stats is not None:
+            for q in stats.queues:
+                self.metrics.queue_depth(q.name, q.mean_depth)
+        elapsed = max(stats.elapsed_s, 1e-9) if stats is not None else 1.0
+        for name, feed in zip(self._names, self.feeds):
+            self.state.pipeline(name, {
+                "fps": round(self._processed[name] / elapsed, 2),
+                "dropped": feed.dropped,
+                "reconnects": feed.reconnects,
+                "latency_ms": stats.latency_ms if stats is not None else {},
+            })
+        self.sinks.stats(self.state.snapshot())
+        self.notifier.status(self._status_line())
+
+    def _status_line(self) -> str:
+        stats = self.captioner.stats()
+        fps = stats.fps_out if stats is not None else 0.0
+        cams = ", ".join(f"{name} {feed.status}" for name, feed in zip(self._names, self.feeds))
+        return f"{fps:.1f} frames/s; cameras: {cams}; devices: {', '.join(sorted(set(self.captioner.devices.values())))}"
+
+    def close(self) -> None:
+        """Stops the cameras, flushes the sinks, closes the page and the pipeline; idempotent."""
+        self.mux.stop()
+        for feed in self.feeds:
+            feed.stop(timeout=1.0)
+        self._close_all()
+
+    def _close_all(self) -> None:
+        for thing in reversed(self._closers):
+            try:
+                if thing is self.sinks:
+                    thing.close(timeout=1.0)  # within the stop budget, however the broker is
+                else:
+                    thing.close()
+            except Exception as exc:  # closing must go on: the sinks hold unflushed captions
+                _log.warning("edgecap: closing %s failed: %s", type(thing).__name__, exc)
+        self._closers = []
