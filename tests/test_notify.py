@@ -113,3 +113,30 @@ def test_a_failing_send_is_logged_once_and_never_raised(tmp_path, caplog):
 ])
 def test_watchdog_interval_is_half_the_period(env, interval):
     assert Notifier(env).watchdog_interval() == interval
+
+
+def test_a_receiver_that_stops_reading_never_blocks_the_sender(tmp_path):
+    # systemd always reads; a stuck reader (a test harness, a wedged manager) must
+    # cost dropped datagrams, not a frame loop blocked in sendto.
+    import socket as _socket
+    import threading as _threading
+
+    from edgecap.service.notify import Notifier as _Notifier
+
+    path = tmp_path / "full.sock"
+    receiver = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+    receiver.bind(str(path))
+    try:
+        notifier = _Notifier({"NOTIFY_SOCKET": str(path)})
+        done = _threading.Event()
+
+        def flood():
+            for _ in range(5000):  # far more than a datagram queue holds
+                notifier.status("x" * 200)
+            done.set()
+
+        _threading.Thread(target=flood, daemon=True).start()
+        assert done.wait(10), "sendto blocked on a full receiver"
+        notifier.close()
+    finally:
+        receiver.close()

@@ -92,7 +92,9 @@ class Notifier:
         if sock is None or self._address is None:
             return False
         try:
-            sock.sendto("\n".join(fields).encode("utf-8"), self._address)
+            # Never blocks: a receiver that stops reading (its queue full) must not
+            # stall the frame loop that sends the watchdog pings; the datagram is dropped.
+            sock.sendto("\n".join(fields).encode("utf-8"), socket.MSG_DONTWAIT, self._address)
             return True
         except OSError as exc:
             with self._lock:
