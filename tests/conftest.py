@@ -6,6 +6,7 @@ import builtins
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List
@@ -49,6 +50,18 @@ def bundle_copy(shipped_bundle: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "bundle"
     shutil.copytree(shipped_bundle, dst)
     return dst
+
+
+def pipeline_threads() -> list:
+    """The edgecap worker, feeder and reader threads still alive."""
+    return [t for t in threading.enumerate() if t.name.startswith("edgecap-")]
+
+
+@pytest.fixture
+def no_leaked_threads():
+    """Fails a test that leaves edgecap threads behind (use with pytest.mark.usefixtures)."""
+    yield
+    assert pipeline_threads() == []
 
 
 @pytest.fixture

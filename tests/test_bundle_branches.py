@@ -12,6 +12,8 @@ from typing import Any, Dict
 
 import pytest
 
+from test_bundle import _error
+
 from conftest import DATA
 from edgecap.bundle import default_bundle, load_bundle
 from edgecap.errors import BundleError
@@ -37,14 +39,6 @@ def _set(bundle: Path, dotted: str, value: Any) -> None:
 
 
 _DELETE = object()
-
-
-def _error(bundle: Path) -> str:
-    with pytest.raises(BundleError) as e:
-        load_bundle(bundle)
-    message = str(e.value)
-    assert "\n" not in message
-    return message
 
 
 @pytest.fixture(scope="module")

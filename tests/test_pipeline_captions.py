@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import pipeline_threads
+
 from edgecap.bundle import load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.stages import open_stage
@@ -34,14 +36,7 @@ SHAPES = {
 }
 
 
-def _pipeline_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("edgecap-")]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_threads():
-    yield
-    assert _pipeline_threads() == []
+pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 
 
 @pytest.fixture(scope="module")
@@ -134,19 +129,19 @@ def test_stopping_mid_stream_leaves_no_thread_behind(plans, shipped_bundle):
     cap = EdgeCaptioner(shipped_bundle, plan=plans["2tpu+cpu"], num_threads=1)
     it = cap.stream(_clip(400, 4), fps=0)
     next(it)
-    assert len(_pipeline_threads()) >= 4  # three devices, the decoder, the feeder
+    assert len(pipeline_threads()) >= 4  # three devices, the decoder, the feeder
     it.close()
-    assert [t.name for t in _pipeline_threads()] != [] and "edgecap-feeder" not in [
-        t.name for t in _pipeline_threads()]
+    assert [t.name for t in pipeline_threads()] != [] and "edgecap-feeder" not in [
+        t.name for t in pipeline_threads()]
     cap.close()
-    assert _pipeline_threads() == []
+    assert pipeline_threads() == []
 
 
 def test_breaking_out_of_a_with_block_joins_every_thread(plans, shipped_bundle):
     with EdgeCaptioner(shipped_bundle, plan=plans["1tpu+cpu"], num_threads=1) as cap:
         for _ in cap.stream(_clip(400, 5), fps=0):
             break
-    assert _pipeline_threads() == []
+    assert pipeline_threads() == []
 
 
 def test_slow_consumer_stalls_the_source_instead_of_growing(plans, shipped_bundle):

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from conftest import pipeline_threads
+
 from edgecap.stages import Pacer
 from edgecap.errors import ConfigError, PipelineBusy, RunCancelled
 from edgecap.scheduler import Pipeline, Step, sleep_until
@@ -20,14 +22,7 @@ from edgecap.scheduler import Pipeline, Step, sleep_until
 LONG_S = 30.0  # a pace no test waits out
 
 
-def _pipeline_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("edgecap-")]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_threads():
-    yield
-    assert _pipeline_threads() == []
+pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 
 
 def _step(name, worker, fn=lambda x: x, accepts=None):
@@ -69,7 +64,7 @@ def test_close_from_another_thread_ends_a_paced_run_within_a_second(pipelined):
         list(pipe.run(range(100)))
     assert time.perf_counter() - t0 < 1.2  # 0.2 s before close, then at most 1 s
     timer.join()
-    assert _pipeline_threads() == []
+    assert pipeline_threads() == []
 
 
 def test_close_wakes_the_devices_pacer():
@@ -92,7 +87,7 @@ def test_close_from_another_thread_while_the_consumer_holds_an_item():
     assert not closer.is_alive()
     with pytest.raises(RunCancelled):  # not the 3 items left of its batch
         next(it)
-    assert _pipeline_threads() == []
+    assert pipeline_threads() == []
 
 
 @pytest.mark.parametrize("stage", ["paced", "fast"])
@@ -114,7 +109,7 @@ def test_close_from_a_signal_handler_ends_the_run(stage):
         signal.signal(signal.SIGALRM, old)
     assert elapsed < 1.2
     assert (n == 0) == (stage == "paced")
-    assert _pipeline_threads() == []
+    assert pipeline_threads() == []
 
 
 def test_cancel_stops_the_run_and_keeps_the_workers_for_the_next():
@@ -124,7 +119,7 @@ def test_cancel_stops_the_run_and_keeps_the_workers_for_the_next():
     with pytest.raises(RunCancelled, match=r"stopped by cancel\(\)"):
         list(pipe.run(range(5)))
     timer.join()
-    assert len(_pipeline_threads()) == 2
+    assert len(pipeline_threads()) == 2
     pipe.close()
 
 
@@ -173,10 +168,10 @@ def test_a_worker_stuck_past_the_join_timeout_is_named_in_a_warning():
     with pytest.warns(RuntimeWarning, match=r"edgecap-tpu:3 did not stop within 0.2 s"):
         pipe.close(timeout=0.2)
     assert time.perf_counter() - t0 < 0.6
-    assert [t.name for t in _pipeline_threads()] == ["edgecap-tpu:3"]
+    assert [t.name for t in pipeline_threads()] == ["edgecap-tpu:3"]
     release.set()
     consumer.join(2.0)
-    for t in _pipeline_threads():
+    for t in pipeline_threads():
         t.join(2.0)
 
 
@@ -186,9 +181,9 @@ def test_a_pipeline_dropped_without_close_stops_its_threads():
     del it, pipe
     gc.collect()
     deadline = time.monotonic() + 1.0
-    while _pipeline_threads() and time.monotonic() < deadline:
+    while pipeline_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert _pipeline_threads() == []
+    assert pipeline_threads() == []
 
 
 def test_open_pipelines_are_closed_at_exit_with_a_warning_for_a_stuck_worker():
@@ -285,7 +280,7 @@ def test_a_captioner_is_stopped_from_another_thread_and_refuses_a_second_stream(
     consumer.join(2.0)
     assert not consumer.is_alive() and len(outcome) == 1
     assert time.perf_counter() - t0 < 1.0
-    assert _pipeline_threads() == []
+    assert pipeline_threads() == []
 
 
 def test_a_captioner_dropped_without_close_leaves_no_thread(shipped_bundle):
@@ -294,10 +289,10 @@ def test_a_captioner_dropped_without_close_leaves_no_thread(shipped_bundle):
     cap = EdgeCaptioner(shipped_bundle, num_threads=1)
     it = cap.stream(_endless_frames(), fps=0)
     next(it)
-    assert _pipeline_threads() != []
+    assert pipeline_threads() != []
     del it, cap
     gc.collect()
     deadline = time.monotonic() + 1.0
-    while _pipeline_threads() and time.monotonic() < deadline:
+    while pipeline_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert _pipeline_threads() == []
+    assert pipeline_threads() == []
