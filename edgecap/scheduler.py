@@ -487,11 +487,11 @@ def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
     head = core.channels[0]
     recorder, tracer, batch = run.recorder, core.tracer, core.batch
     seq = 0
+    pending: List[_Item] = []
     try:
         try:
             source = iter(items)
             try:
-                pending: List[_Item] = []
                 # Checked before each read, so a stopped run reads no further item.
                 while seq <= run.stop_after:
                     start = time.perf_counter()
@@ -521,8 +521,9 @@ def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
         except (_Closed, _Dropped):
             raise
         except BaseException as exc:  # reported to the consumer, like a step's
+            # Items read before the error still go through, and come out before it.
             run.halt(seq)
-            head.put(_Job(run, seq, [], end=True, error=exc))
+            head.put(_Job(run, pending[0].seq if pending else seq, pending, end=True, error=exc))
         else:
             if seq <= run.stop_after:  # else no one waits for the end
                 head.put(_Job(run, seq, [], end=True))

@@ -296,3 +296,17 @@ def test_a_captioner_dropped_without_close_leaves_no_thread(shipped_bundle):
     while pipeline_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert pipeline_threads() == []
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_items_read_before_a_source_error_come_out_before_it(batch):
+    def source():
+        yield from range(5)
+        raise RuntimeError("camera unplugged")
+
+    with Pipeline([Step("id", "cpu", lambda: (lambda x: x))], batch=batch) as p:
+        got = []
+        with pytest.raises(RuntimeError, match="camera unplugged"):
+            for x in p.run(source()):
+                got.append(x)
+    assert got == [0, 1, 2, 3, 4]
