@@ -74,7 +74,7 @@ class FrameResult:
     """One frame of ``EdgeCaptioner.run_frames`` after every stage, with the captions it completed.
 
     Attributes:
-      key: The stream the frame came from (e.g. a camera name); None for a heartbeat.
+      key: The stream the frame came from (e.g. a camera name).
       frame: The frame, or None for a heartbeat (see ``run_frames``).
       captions: The captions of the windows this frame completed (usually none).
       device_ms: Milliseconds of this frame's invoke on each CNN device
@@ -87,11 +87,18 @@ class FrameResult:
     device_ms: Dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, eq=False)
+class _Run:
+    """One ``stream()`` or ``run_frames()`` call: its streams' window specs (compared by identity)."""
+
+    windows: Mapping[Hashable, WindowSpec]
+
+
 @dataclass
 class _FrameJob:
     """One sampled frame on its way through the pipeline; ``frame`` None is a heartbeat."""
 
-    stream: Tuple[object, Optional[Hashable]]  # (run, key): window state is kept per key, per run
+    stream: Tuple[_Run, Optional[Hashable]]  # window state is kept per key, per run
     frame: Optional[Frame]
     tensors: Dict[str, np.ndarray]
     arrived: float
@@ -152,16 +159,15 @@ class _RnnStep:
     """
 
     def __init__(self, bundle: Bundle, spec: WindowSpec, pace_ms: float, feature: str,
-                 quantization: Tuple[float, int], windows: Mapping[Hashable, WindowSpec]) -> None:
+                 quantization: Tuple[float, int]) -> None:
         self._rnn = RnnEncoder(bundle.encoder_step, 1)
         self._hidden = bundle.hidden_size
         self._spec = spec
-        self._windows = windows
         self._feature = feature
         self._scale, self._zero_point = quantization
         self._pace_s = pace_ms / 1000.0
         self._pacer = stages.Pacer() if pace_ms else None
-        self._run: object = None
+        self._run: Optional[_Run] = None
         self._streams: Dict[Optional[Hashable], _StreamWindows] = {}
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
@@ -173,7 +179,7 @@ class _RnnStep:
             self._run, self._streams = run, {}
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = _StreamWindows(self._windows.get(key, self._spec))
+            stream = self._streams[key] = _StreamWindows(run.windows.get(key, self._spec))
         spec = stream.spec
         k, stream.k = stream.k, stream.k + 1
         raw = job.tensors.pop(self._feature)
@@ -286,21 +292,37 @@ class EdgeCaptioner:
         self._preprocess = Preprocessor(
             self.bundle.input, {"dtype": np.dtype(model_in.dtype), "quantization": model_in.quantization}
         )
-        # Window specs of run_frames' streams, read by the RNN worker when a stream first appears.
-        self._stream_windows: Dict[Hashable, WindowSpec] = {}
         self._tracer = Tracer() if opts.trace is not None else None
         self._source: Optional[FrameSource] = None
         self._closed = False
-        self._pipeline = Pipeline(
-            self._steps(), pipelined=opts.pipelined, queue_size=opts.queue_size, batch=opts.batch,
-            tracer=self._tracer
-        )
+        try:
+            self._pipeline = self._start()
+        except EdgecapError as exc:
+            choice = self.plan_choice
+            if choice is None or opts.on_missing_tpu != "cpu" or not choice.board:
+                raise
+            # auto found a TPU that will not open (libedgetpu missing, the device
+            # busy or not permitted): run on the CPU rather than not at all.
+            self.plan_choice = PlanChoice(single_cpu_plan(self.bundle.encoder_model), None,
+                                          f"{exc}; whole encoder on the CPU", "tpu-open-failed",
+                                          choice.skipped)
+            _log.warning("edgecap: %s", self.plan_choice.reason)
+            self.plan = self.plan_choice.plan
+            self.placement = place(self.plan, opts.emulate, opts.devices_map, 0)
+            self.devices = self.placement.workers
+            self._pipeline = self._start()
+
+    def _start(self) -> Pipeline:
+        """Opens every step on its worker (opening failures are raised here)."""
+        opts = self.options
+        return Pipeline(self._steps(), pipelined=opts.pipelined, queue_size=opts.queue_size,
+                        batch=opts.batch, tracer=self._tracer)
 
     def _steps(self) -> List[Step]:
         steps = [self._cnn_step(s) for s in self.plan.active_stages]
         rnn_ms = (self.plan.rnn_ms or 0.0) if self.placement.pace_cpu else 0.0
         rnn = functools.partial(_RnnStep, self.bundle, self.window, rnn_ms,
-                                self._output_name, self._output_quantization, self._stream_windows)
+                                self._output_name, self._output_quantization)
         steps.append(Step("rnn_step", CPU_WORKER, rnn))
         # The decoder sees only frames that end a window: the others pass its worker by.
         steps.append(Step("decode", DECODE_WORKER, functools.partial(_Decode, self.bundle),
@@ -369,11 +391,11 @@ class EdgeCaptioner:
 
     def _jobs(self, src: FrameSource) -> Iterator[_FrameJob]:
         # Runs on the pipeline's feeder thread: read, sample, preprocess.
-        stream = (object(), None)
+        stream = (_Run({}), None)
         for frame in sample(src, self.window.sample_fps):
             yield self._job(stream, frame)
 
-    def _job(self, stream: Tuple[object, Optional[Hashable]], frame: Frame) -> _FrameJob:
+    def _job(self, stream: Tuple[_Run, Optional[Hashable]], frame: Frame) -> _FrameJob:
         t0 = time.perf_counter()
         x = self._preprocess(frame.image)
         ms = dict.fromkeys(STAGES, 0.0)
@@ -412,9 +434,7 @@ class EdgeCaptioner:
         """
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
-        self._stream_windows.clear()
-        self._stream_windows.update(windows or {})
-        run = object()
+        run = _Run(dict(windows or {}))  # this run's own: a refused run changes nothing
 
         def jobs() -> Iterator[_FrameJob]:
             for key, frame in frames:

@@ -308,7 +308,10 @@ def write_plan(plan: Plan, directory: "str | os.PathLike[str]") -> Plan:
       PlanError: If the plan breaks a rule of docs/plan.md.
     """
     path = Path(directory) / PLAN_FILE
-    doc = _to_doc(plan, path.parent)
+    # Structs are not range-checked when built: the writer's document goes
+    # through the reader's schema, so nothing is written that load_plan refuses.
+    doc = schema.convert(msgspec.to_builtins(_to_doc(plan, path.parent)), _PlanDoc,
+                         where=str(path), fix=_FIX, error=PlanError)
     written = _from_doc(doc, path)  # the reader's rules hold for what is written
     path.write_bytes(schema.encode(doc))
     return written

@@ -7,6 +7,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgecap import devices
@@ -121,3 +122,17 @@ def test_auto_on_this_host_warns_once_and_captions_on_the_cpu(bundle_with_plans,
             assert cap.plan_choice.fallback == "no-tpu"
             assert [s.device for s in cap.plan.active_stages] == ["cpu"]
     assert len([r for r in caplog.records if "no EdgeTPU" in r.getMessage()]) == 1
+
+
+def test_a_tpu_that_will_not_open_falls_back_to_the_cpu(bundle_with_plans, tmp_path, monkeypatch, caplog):
+    # auto found a Dev Board's TPU, but libedgetpu is not installed: captions, on the CPU.
+    hw = _hardware(tmp_path, PHANBELL, pci=1)
+    monkeypatch.setattr(devices, "detect_hardware", lambda root="/": hw)
+    with caplog.at_level(logging.WARNING, logger="edgecap"):
+        with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
+            assert cap.plan_choice.fallback == "tpu-open-failed"
+            assert [s.device for s in cap.plan.active_stages] == ["cpu"]
+            assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
+    assert any("libedgetpu" in r.getMessage() for r in caplog.records)
+    with pytest.raises(EdgecapError, match="libedgetpu"):
+        EdgeCaptioner(bundle_with_plans, num_threads=1, on_missing_tpu="fail")

@@ -160,3 +160,19 @@ def test_single_cpu_plan_needs_no_schema_bindings(monkeypatch) -> None:
     # Coral boards have tflite_runtime, which ships no schema_py_generated.
     monkeypatch.setitem(sys.modules, "ai_edge_litert.schema_py_generated", None)
     assert single_cpu_plan(TINY).stages[0].ops == (0, 6)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(rnn_ms=1e12), "rnn_ms"),
+    (dict(rnn_ms=float("nan")), "rnn_ms"),
+    (dict(rnn_steps_per_frame=float("inf")), "rnn_steps_per_frame"),
+])
+def test_the_writer_refuses_what_the_reader_would(plan_dir: Path, change, field) -> None:
+    import dataclasses
+
+    from edgecap.plan import write_plan as write_plan_file
+
+    before = (plan_dir / "plan.json").read_text()
+    with pytest.raises(PlanError, match=f"field '{field}'"):
+        write_plan_file(dataclasses.replace(load_plan(plan_dir), **change), plan_dir)
+    assert (plan_dir / "plan.json").read_text() == before  # nothing written
