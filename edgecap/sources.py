@@ -191,7 +191,8 @@ class CameraSource(FrameSource):
         self._thread.join(timeout=self.CLOSE_TIMEOUT_S)
 
 
-def _is_camera_path(text: str) -> bool:
+def is_camera_path(text: str) -> bool:
+    """True for a camera device: a /dev/video path or any character device."""
     if text.startswith("/dev/video"):
         return True
     try:
@@ -226,7 +227,7 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
         # A video file named like a number ("2024") is that file, not camera 2024.
         if text.isdigit() and not os.path.isfile(text):
             return CameraSource(int(text))
-        if _is_camera_path(text):
+        if is_camera_path(text):
             return CameraSource(text)
         return VideoFileSource(Path(text))
     if isinstance(source, np.ndarray) and source.ndim != 4:

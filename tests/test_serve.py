@@ -207,3 +207,14 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path):
         holder.close()
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "already in use" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_a_network_stream_is_refused_in_one_line(tmp_path):
+    from edgecap.errors import ConfigError
+    from edgecap.service.config import load_config
+
+    path = tmp_path / "edgecap.toml"
+    path.write_text('[[cameras]]\nname = "door"\nsource = "rtsp://10.0.0.5/stream"\n')
+    with pytest.raises(ConfigError, match=r"edgecap.toml:3: .*network stream.*/dev/videoN") as err:
+        load_config(path)
+    assert "\n" not in str(err.value)

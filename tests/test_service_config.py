@@ -131,7 +131,7 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
         source = "clip.mp4"
         [[cameras]]
         name = "b"
-        source = "rtsp://cam/stream"
+        source = "/dev/video3"
         [sinks.jsonl]
         path = "out/captions.jsonl"
         """)
@@ -139,7 +139,7 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     config = load_config(Path("etc") / "edgecap.toml", {"plan": "mine.json"})
     assert config.bundle == str(etc / "bundle")
     assert config.cameras[0].source == str(etc / "clip.mp4")
-    assert config.cameras[1].source == "rtsp://cam/stream"
+    assert config.cameras[1].source == "/dev/video3"
     assert config.sinks.jsonl.path == str(etc / "out" / "captions.jsonl")
     # A flag's path is the user's, relative to where they are.
     assert config.plan == "mine.json"

@@ -17,6 +17,7 @@ that (it only signals its own reader thread and waits a bounded time).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 import cv2
 
 from edgecap.errors import EdgecapError
-from edgecap.sources import (CameraSource, Frame, FrameSource, _is_camera_path, open_source,
+from edgecap.sources import (CameraSource, Frame, FrameSource, is_camera_path, open_source,
                              sample)
 
 STARTING, ONLINE, OFFLINE = "starting", "online", "offline"
@@ -141,9 +142,10 @@ def open_camera(spec: CameraSpec) -> FrameSource:
       SourceError: If the camera or file cannot be opened.
     """
     text = spec.source
-    if text.isdigit():
+    # A video file named like a number ("2024") is that file, not camera 2024.
+    if text.isdigit() and not os.path.isfile(text):
         return TunedCameraSource(int(text), capture_properties(spec))
-    if _is_camera_path(text):
+    if is_camera_path(text):
         return TunedCameraSource(text, capture_properties(spec))
     return open_source(text)
 
@@ -252,11 +254,15 @@ class CameraFeed:
           timeout: Returns after this many seconds even if a read hangs (the
             threads are daemons and end when the read returns).
         """
+        self.request_stop()
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def request_stop(self) -> None:
+        """Tells the feed to stop, without waiting (so many feeds stop at once)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread.ident is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
 
     def take(self) -> Optional[Frame]:
         """Returns the newest sampled frame not taken yet, or None."""
@@ -307,7 +313,11 @@ class CameraFeed:
             if self._wait(self._clock() + delay) or self._wait_ended(conn):
                 break
         if conn is not None and conn.thread is not None:
-            conn.thread.join()
+            # Bounded: an open that hangs (a wedged V4L2 driver) must not keep this thread.
+            conn.thread.join(self.spec.stall_seconds)
+            if conn.thread.is_alive():
+                _log.warning("camera %s: %s still in an open or read; left to end on its own",
+                             self.name, conn.thread.name)
         self._report(OFFLINE, "stopped")
 
     def _watch(self, conn: _Connection) -> Optional[str]:

@@ -497,7 +497,7 @@ def _message(path: Path, text: str, key: Key, problem: str, applied: Sequence[Ke
 # --- checks across keys -------------------------------------------------------------------
 
 def _check_names(path: Path, text: str, config: ServiceConfig, applied: Sequence[Key]) -> None:
-    """Refuses two cameras of the same name (the name keys topics, labels and pages)."""
+    """Refuses two cameras of the same name (the name keys topics, labels and pages) and network streams."""
     seen: Dict[str, int] = {}
     for i, camera in enumerate(config.cameras):
         if camera.name in seen:
@@ -506,6 +506,11 @@ def _check_names(path: Path, text: str, config: ServiceConfig, applied: Sequence
                 f"{camera.name!r} is also the name of cameras[{seen[camera.name]}]", applied,
                 "give each camera its own name"))
         seen[camera.name] = i
+        if "://" in camera.source:
+            raise ConfigError(_message(
+                path, text, ("cameras", i, "source"),
+                f"{camera.source!r} is a network stream, which edgecap does not read yet", applied,
+                "use a V4L2 device (/dev/videoN), a camera index or a video file"))
 
 
 def is_loopback(address: str) -> bool:

@@ -36,7 +36,7 @@ import cv2
 from edgecap import devices
 from edgecap.bundle import WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner, FrameResult
-from edgecap.errors import RunCancelled
+from edgecap.errors import EdgecapError, RunCancelled
 from edgecap.options import CaptionerOptions
 from edgecap.service.cameras import CameraFeed, CameraMux, CameraSpec
 from edgecap.service.config import ServiceConfig
@@ -107,8 +107,15 @@ class Service:
         self.mux = CameraMux(self.feeds)
         self._names = names
         self._stopping = threading.Event()
+        self._stop_by: Optional[float] = None
+        self._drain_timer: Optional[threading.Timer] = None
         self._processed: Dict[str, int] = dict.fromkeys(names, 0)
+        self._counted: Dict[str, int] = dict.fromkeys(names, 0)  # at the last stats period
+        self._latency: Dict[str, List[float]] = {n: [] for n in names}
         self._last_jpeg: Dict[str, float] = dict.fromkeys(names, 0.0)
+        self._last_stats = time.monotonic()
+        # Enumerated once: the attached TPUs do not change under a running plan.
+        self._tpus = devices.list_devices()[1:]
 
     def _spec(self, c: Any) -> CameraSpec:
         return CameraSpec(name=c.name, source=c.source, width=c.width, height=c.height, fps=c.fps,
@@ -136,28 +143,36 @@ class Service:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        self._stop_by = time.monotonic() + STOP_BUDGET_S
         self.mux.stop()
-        # The drain has STOP_BUDGET_S; a worker hung past it is cancelled.
-        timer = threading.Timer(STOP_BUDGET_S - 1.0, self.captioner.close)
-        timer.daemon = True
-        timer.start()
+        for feed in self.feeds:
+            feed.request_stop()
+        # The drain gets most of the budget; a worker hung past it is cancelled.
+        self._drain_timer = threading.Timer(STOP_BUDGET_S / 2, self.captioner.close)
+        self._drain_timer.daemon = True
+        self._drain_timer.start()
 
     def run(self) -> int:
-        """Runs until ``stop()`` (SIGTERM, SIGINT); returns the exit code (0).
+        """Runs until ``stop()`` (SIGTERM, SIGINT); returns the exit code.
 
-        Raises:
-          EdgecapError: If a stage fails for good (the service then exits and
-            systemd restarts it).
+        Returns:
+          0 after a stop; 1 when a stage failed at run time (one error line is
+          logged), which systemd's ``Restart=on-failure`` restarts. Exit code 2
+          stays for bad input found before the start, which a restart cannot fix.
         """
         old = {s: signal.signal(s, lambda *_: self.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
         ready_by = time.monotonic() + min(c.stall_seconds for c in self.config.cameras)
         ready = False
+        code = 0
         ping_every = self.notifier.watchdog_interval()
         last_ping = last_stats = 0.0
         try:
             for feed in self.feeds:
                 feed.start()
-            for result in self.captioner.run_frames(iter(self.mux), self.windows):
+            # Not live: each camera's feed keeps only its newest frame and counts its own
+            # drops, and the mux takes the cameras in turn; a live head queue would let
+            # any camera's frame replace another's, undoing the turns.
+            for result in self.captioner.run_frames(iter(self.mux), self.windows, live=False):
                 now = time.monotonic()
                 if result.frame is not None:
                     self._frame(result, now)
@@ -172,12 +187,15 @@ class Service:
                     last_stats = now
         except RunCancelled:
             _log.warning("edgecap: a stage did not drain within %.0f s; stopped it", STOP_BUDGET_S)
+        except EdgecapError as exc:
+            _log.error("edgecap: error: %s; exiting for systemd to restart the service", exc)
+            code = 1
         finally:
             self.notifier.stopping()
             for s, handler in old.items():
                 signal.signal(s, handler)
             self.close()
-        return 0
+        return code
 
     def _frame(self, result: FrameResult, now: float) -> None:
         camera = str(result.key)
@@ -186,14 +204,18 @@ class Service:
         for device, ms in result.device_ms.items():
             self.metrics.inference(device, ms / 1000.0)
         if now - self._last_jpeg[camera] >= PAGE_FRAME_PERIOD_S:
-            ok, jpeg = cv2.imencode(".jpg", result.frame.image, [cv2.IMWRITE_JPEG_QUALITY, 70])
+            self._last_jpeg[camera] = now
+            try:
+                ok, jpeg = cv2.imencode(".jpg", result.frame.image, [cv2.IMWRITE_JPEG_QUALITY, 70])
+            except cv2.error:  # a frame OpenCV cannot encode costs the page one picture, no more
+                ok = False
             if ok:
                 self.state.frame(camera, jpeg.tobytes(), time.time())
-            self._last_jpeg[camera] = now
         for caption in result.captions:
             self.state.caption(camera, caption)
             self.sinks.caption(camera, caption)
             self.metrics.caption_latency(camera, caption.latency_ms / 1000.0)
+            self._latency[camera].append(caption.latency_ms)
 
     def _publish_stats(self) -> None:
         stats = self.captioner.stats()
@@ -202,21 +224,26 @@ class Service:
         for worker, share in busy.items():
             rows.append({"device": worker, "kind": devices.parse_device(worker).kind if worker != "decode"
                          else "cpu", "busy": round(share, 3), "temperature_c": None, "throttled": False})
-        for info in devices.list_devices()[1:]:
+        for info in self._tpus:
             rows.append({"device": info.device, "kind": info.kind, "busy": None,
-                         "temperature_c": info.temperature_c, "throttled": False})
+                         "temperature_c": devices.temperature(info.path), "throttled": False})
         self.state.devices(rows)
         if stats is not None:
             for q in stats.queues:
                 self.metrics.queue_depth(q.name, q.mean_depth)
-        elapsed = max(stats.elapsed_s, 1e-9) if stats is not None else 1.0
+        now = time.monotonic()
+        period = max(now - self._last_stats, 1e-6)
+        self._last_stats = now
         for name, feed in zip(self._names, self.feeds):
+            done, self._counted[name] = self._processed[name] - self._counted[name], self._processed[name]
+            latencies = sorted(self._latency[name][-50:])
             self.state.pipeline(name, {
-                "fps": round(self._processed[name] / elapsed, 2),
+                "fps": round(done / period, 2),  # over the last stats period
                 "dropped": feed.dropped,
                 "reconnects": feed.reconnects,
-                "latency_ms": stats.latency_ms if stats is not None else {},
+                "latency_ms": {"p50": latencies[len(latencies) // 2]} if latencies else {},
             })
+            del self._latency[name][:-50]
         self.sinks.stats(self.state.snapshot())
         self.notifier.status(self._status_line())
 
@@ -228,9 +255,14 @@ class Service:
 
     def close(self) -> None:
         """Stops the cameras, flushes the sinks, closes the page and the pipeline; idempotent."""
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         self.mux.stop()
         for feed in self.feeds:
-            feed.stop(timeout=1.0)
+            feed.request_stop()  # all at once: a stalled camera must not hold up the others
+        deadline = self._stop_by or time.monotonic() + STOP_BUDGET_S
+        for feed in self.feeds:
+            feed.stop(timeout=max(0.0, min(1.0, deadline - time.monotonic() - 1.0)))
         self._close_all()
 
     def _close_all(self) -> None:
