@@ -313,15 +313,16 @@ def bench_board(
 
 def bench_host(bundle: Bundle, frames: List[np.ndarray], threads: int, batch: int = 8,
                progress: Optional[Progress] = None) -> List[Row]:
-    """Runs the four schedules with every stage computed on this machine's CPU.
+    """Runs the schedules with every stage computed on this machine's CPU (measured).
 
     The plan is the compiler's for the ``host`` profile, which has no TPU: the
-    whole CNN on the CPU. Schedule b puts that CNN on a CPU worker of its own
-    (``cpu:1``), where a board has its TPU.
+    whole CNN as one CPU stage. So b and c would be a again (sequential, nothing
+    to place) and are not run; "d one CNN worker" puts the CNN on a CPU worker
+    of its own (``cpu:1``), where a board has its TPU.
 
     Returns:
-      Rows a-d, plus "d one CNN worker" (the whole CNN on ``cpu:1``, the RNN
-      on ``cpu``), both pipelines again with ``batch`` frames per hand-off, and
+      Rows a and d, "d one CNN worker" (the CNN on ``cpu:1``, the RNN on
+      ``cpu``), both pipelines again with ``batch`` frames per hand-off, and
       "a 2 threads" (the sequential path with XNNPACK on every core).
     """
     base = CaptionerOptions(plan=plan_for_board(bundle, "host"), emulate=False, sample_fps=0,
@@ -343,8 +344,6 @@ def _host_configs(base: CaptionerOptions, batch: int) -> List["tuple[str, Captio
     worker = {"cpu": "cpu:1"}  # where a board has its TPU
     return [(name, base.with_overrides(**changes)) for name, changes in [
         ("a", dict(pipelined=False)),
-        ("b", dict(devices_map=worker, pipelined=False)),
-        ("c", dict(pipelined=False)),
         ("d", dict(pipelined=True)),
         ("d one CNN worker", dict(devices_map=worker, pipelined=True)),
         (f"d batched {batch}", dict(batch=batch)),

@@ -48,7 +48,8 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object per caption")
     p.add_argument("--plan", type=Path, help="plan.json (or its directory) from `edgecap compile`")
     p.add_argument("--board", default="auto",
-                   help="with no --plan: auto (whole CNN on the CPU) or a board profile to plan "
+                   help="with no --plan: auto (the bundle's plan for the attached EdgeTPUs, else the "
+                        "CPU; see `edgecap devices`) or a board profile to plan "
                         "for, e.g. devboard-usb (TPUs it lacks are emulated)")
     p.add_argument("--emulate", action="store_true", default=None,
                    help="run TPU stages on emulated EdgeTPUs even when TPUs are attached")

@@ -320,7 +320,7 @@ def write_plan(plan: Plan, directory: "str | os.PathLike[str]") -> Plan:
 def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
     """Makes the plan that runs a whole encoder as one CPU stage.
 
-    Used when no plan is given and no EdgeTPU is present.
+    What ``auto`` runs when no bundle plan fits the attached EdgeTPUs (``edgecap.autoplan``).
 
     Args:
       model: The encoder as ``load_bundle`` recorded it (nothing is opened),

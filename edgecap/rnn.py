@@ -20,6 +20,7 @@ class State:
 
     @classmethod
     def zeros(cls, hidden_size: int) -> "State":
+        """Returns the state a window starts from: h and c all zeros."""
         z = np.zeros((1, hidden_size), np.float32)
         return cls(z, z)
 

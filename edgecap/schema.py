@@ -9,7 +9,7 @@ pulls in pydantic-core (several MB) and costs tens of milliseconds to import.
 
 Failures become one line that names the file, the field and the fix::
 
-    plan/plan.json: stages[1].predicted_ms: expected float <= 3600000.0; re-run `edgecap compile`
+    plan/plan.json: field 'stages[1].predicted_ms' must be float <= 3600000.0; re-run `edgecap compile`
 
 Ranges are part of the types below: NaN and infinity never pass a bounded
 field, and sizes past any plausible bound are refused.
