@@ -21,7 +21,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional, Type, TypeVar, Union
+from typing import Any, Optional, Tuple, Type, TypeVar, Union
 
 import msgspec
 
@@ -56,21 +56,33 @@ _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _FIELD = re.compile(r"^Object (missing required|contains unknown) field `(?P<name>[^`]*)`$")
 
 
-def describe(exc: msgspec.MsgspecError) -> str:
-    """Returns msgspec's message in edgecap's words: ``field 'a.b[0]' must be int, got str``."""
+def problem(exc: msgspec.MsgspecError) -> Tuple[str, str]:
+    """Splits msgspec's message into the field's path and the problem, in edgecap's words.
+
+    Returns:
+      ``(path, problem)``, e.g. ``("stages[0].index", "must be int, got bool")``,
+      ``("rnn.decoder_step", "is missing")``, ``("stages[0].x", "is unknown")``;
+      the path is "" for the document itself.
+    """
     m = _AT.match(str(exc).strip())
     msg, path = (m.group("msg"), (m.group("path") or "").lstrip(".")) if m else (str(exc), "")
     missing = _FIELD.match(msg)
     if missing:
         name = f"{path}.{missing.group('name')}" if path else missing.group("name")
-        kind = "is missing" if missing.group(1) == "missing required" else "is unknown"
-        return f"field '{name}' {kind}"
+        return name, "is missing" if missing.group(1) == "missing required" else "is unknown"
     if msg.startswith("Expected "):
-        what = msg[len("Expected "):].replace("`", "")
-        return f"field '{path}' must be {what}" if path else f"the document must be {what}"
+        return path, "must be " + msg[len("Expected "):].replace("`", "")
     if msg[1:2].islower():  # "Invalid ..." reads on after a colon; "JSON ..." stays
         msg = msg[:1].lower() + msg[1:]
-    return f"field '{path}': {msg}" if path else msg
+    return path, msg
+
+
+def describe(exc: msgspec.MsgspecError) -> str:
+    """Returns msgspec's message in edgecap's words: ``field 'a.b[0]' must be int, got str``."""
+    path, what = problem(exc)
+    if not path:
+        return f"the document {what}" if what.startswith("must") else what
+    return f"field '{path}' {what}" if what.startswith(("must", "is ")) else f"field '{path}': {what}"
 
 
 def convert(

@@ -321,7 +321,6 @@ _KEY = re.compile(rf"^\s*(?P<key>{_DOTTED})\s*=")
 _PART = re.compile(rf"\s*({_BARE}|{_QUOTED})\s*(?:\.|$)")
 _AT_LINE = re.compile(r"\s*\(at line (?P<line>\d+), column (?P<col>\d+)\)\s*$")
 _AT_END = re.compile(r"\s*\(at end of document\)\s*$")
-_MSGSPEC = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _INDEX = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 _OVERRIDE_PART = re.compile(r"([A-Za-z0-9_-]+)|\[(\d+)\]")
 
@@ -456,24 +455,17 @@ def _name(key: Sequence[Union[str, int]]) -> str:
 
 def _problem(exc: msgspec.ValidationError) -> Tuple[str, Key]:
     """msgspec's message as (problem in edgecap's words, key it is about)."""
-    m = _MSGSPEC.match(str(exc).strip())
-    msg, where = (m.group("msg"), m.group("path") or "") if m else (str(exc), "")
-    key: Key = tuple(int(i) if i else n for n, i in _INDEX.findall(where))
-    field = re.match(r"^Object (missing required|contains unknown) field `(?P<name>[^`]*)`$", msg)
-    if field:
-        key = key + (field.group("name"),)
-        return ("is missing" if field.group(1) == "missing required" else "unknown key"), key
+    where, msg = schema.problem(exc)
+    key: Key = tuple(int(i) if i else n for n, i in _INDEX.findall("." + where if where else ""))
+    if msg == "is unknown":
+        return "unknown key", key
     if "matching regex" in msg:
         if NAME_PATTERN in msg:
             return "must be letters, digits, '_' and '-' only", key
         return "must be text without the MQTT wildcards + and #", key
-    if msg.startswith("Expected "):
-        what = msg[len("Expected "):].replace("`", "")
-        what = what.replace("array of length", "a list of length")
-        return f"must be {what}", key
-    if msg.startswith("Invalid enum value"):
-        return f"invalid value {msg[len('Invalid enum value '):]}", key
-    return msg[:1].lower() + msg[1:], key
+    if msg.startswith("invalid enum value"):
+        return f"invalid value {msg[len('invalid enum value '):]}", key
+    return msg.replace("array of length", "a list of length"), key
 
 
 def _hint(key: Key) -> str:
