@@ -111,6 +111,7 @@ class Service:
         self._drain_timer: Optional[threading.Timer] = None
         self._processed: Dict[str, int] = dict.fromkeys(names, 0)
         self._counted: Dict[str, int] = dict.fromkeys(names, 0)  # at the last stats period
+        self._read: Dict[str, int] = dict.fromkeys(names, 0)
         self._latency: Dict[str, List[float]] = {n: [] for n in names}
         self._last_jpeg: Dict[str, float] = dict.fromkeys(names, 0.0)
         self._last_stats = time.monotonic()
@@ -236,9 +237,12 @@ class Service:
         self._last_stats = now
         for name, feed in zip(self._names, self.feeds):
             done, self._counted[name] = self._processed[name] - self._counted[name], self._processed[name]
+            read, self._read[name] = feed.captured - self._read[name], feed.captured
             latencies = sorted(self._latency[name][-50:])
             self.state.pipeline(name, {
-                "fps": round(done / period, 2),  # over the last stats period
+                # Over the last stats period: frames the camera delivered, and sampled frames processed.
+                "fps_in": round(read / period, 2),
+                "fps_out": round(done / period, 2),
                 "dropped": feed.dropped,
                 "reconnects": feed.reconnects,
                 "latency_ms": {"p50": latencies[len(latencies) // 2]} if latencies else {},

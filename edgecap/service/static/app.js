@@ -40,6 +40,7 @@ function card(name) {
   const frame = el("div", "frame");
   const img = el("img");
   img.alt = "latest frame from " + name;
+  img.hidden = true;  // until a first frame loads: a camera that never sent one shows none
   frame.append(img);
   const caption = el("p", "caption", "waiting for the first caption…");
   const meta = el("p", "meta muted");
@@ -47,7 +48,7 @@ function card(name) {
   root.append(head, frame, caption, meta, recent);
   document.getElementById("cameras").append(root);
   c = {root, status, img, caption, meta, recent, seq: 0, loading: false};
-  img.addEventListener("load", () => { c.loading = false; });
+  img.addEventListener("load", () => { c.loading = false; img.hidden = false; });
   img.addEventListener("error", () => { c.loading = false; });
   cards.set(name, c);
   return c;
