@@ -386,6 +386,7 @@ def staged(tmp_path_factory):
     return root, args, first
 
 
+@pytest.mark.slow  # builds a wheel and a venv: 30 s of a ~1 min suite
 @pytest.mark.network
 def test_install_stages_the_unit_rules_config_venv_and_bundle(staged, tmp_path):
     root, _, first = staged
@@ -413,6 +414,7 @@ def test_install_stages_the_unit_rules_config_venv_and_bundle(staged, tmp_path):
         assert code == 0 and lines == [], lines
 
 
+@pytest.mark.slow  # builds a wheel and a venv: 30 s of a ~1 min suite
 @pytest.mark.network
 def test_install_twice_changes_nothing_and_keeps_the_config(staged):
     root, args, _ = staged
@@ -431,6 +433,7 @@ def test_install_twice_changes_nothing_and_keeps_the_config(staged):
                 if line.startswith("edgecap-install: installed ")]
 
 
+@pytest.mark.slow  # builds a wheel and a venv: 30 s of a ~1 min suite
 @pytest.mark.network
 def test_uninstall_keeps_config_and_state_then_purge_removes_them(staged):
     root, _, _ = staged
