@@ -14,7 +14,7 @@ Tensors that merely pass a stage by stay in host memory and cost nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -202,6 +202,21 @@ class CostModel:
         if not device.is_tpu:
             cost = cost + self.rnn_frame_ms
         return np.where(b >= a, cost, np.inf)
+
+    def ops_ms(self, device: Device, ops: Sequence[int]) -> float:
+        """Returns the compute milliseconds of some ops on ``device``, inside a stage's invoke.
+
+        What ops edgetpu_compiler leaves on the CPU cost inside a TPU stage: their
+        MACs, element work and per-op overhead at the CPU's coefficients, no
+        invoke overhead of their own and no link bytes.
+        """
+        if not ops:
+            return 0.0
+        picked = [self.graph.ops[i] for i in ops]
+        features = work_features(sum(op.macs for op in picked), sum(op.elements for op in picked),
+                                 len(picked), 0)
+        features[_COLUMN["invokes"]] = 0.0
+        return float(features @ device.coefficients())
 
     def op_ms(self, k: int) -> np.ndarray:
         """Returns each op's compute plus streaming milliseconds alone on stage ``k``'s device."""

@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 from typing import Optional
+
+from ai_edge_litert import schema_py_generated as schema
 
 from edgecap.plan import EdgeTpuReport
 
@@ -25,7 +28,12 @@ _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _SIZE = r"([0-9.]+)\s*(B|KiB|MiB|GiB)"
 _ON_CHIP = re.compile(r"On-chip memory used for caching model parameters:\s*" + _SIZE)
 _OFF_CHIP = re.compile(r"Off-chip memory used for streaming uncached model parameters:\s*" + _SIZE)
-_OP_ROW = re.compile(r"^([A-Z][A-Z0-9_]*)\s+(\d+)\s+(\S.*?)\s*$")
+# Builtin ops are upper case (CONV_2D); custom ops keep their own case and
+# punctuation (TFLite_Detection_PostProcess, edgetpu-custom-op).
+_OP_ROW = re.compile(r"^([A-Za-z][\w.-]*)\s+(\d+)\s+(\S.*?)\s*$")
+# The op edgetpu_compiler puts in place of what it mapped; without one, the
+# "compiled" file runs entirely on the CPU.
+CUSTOM_OP = "edgetpu-custom-op"
 
 
 def _bytes(match: Optional[re.Match]) -> Optional[int]:
@@ -60,6 +68,36 @@ def parse_log(text: str) -> EdgeTpuReport:
         cpu_ops=cpu_ops,
         log=text,
     )
+
+
+def count_custom_ops(path: Path) -> int:
+    """Counts the operators of a compiled .tflite that run on the Edge TPU.
+
+    Args:
+      path: A file written by edgetpu_compiler.
+
+    Returns:
+      How many operators (all subgraphs) use the ``edgetpu-custom-op`` code.
+
+    Raises:
+      OSError: If the file cannot be read.
+      ValueError: If it is not a TFLite flatbuffer.
+    """
+    data = path.read_bytes()
+    if len(data) < 8 or data[4:8] != b"TFL3":
+        raise ValueError(f"{path.name} is not a TFLite file")
+    try:
+        model = schema.Model.GetRootAs(data, 0)
+        custom = {i for i in range(model.OperatorCodesLength())
+                  if (model.OperatorCodes(i).CustomCode() or b"").decode("utf-8", "replace") == CUSTOM_OP}
+        count = 0
+        for g in range(model.SubgraphsLength()):
+            subgraph = model.Subgraphs(g)
+            count += sum(1 for k in range(subgraph.OperatorsLength())
+                         if subgraph.Operators(k).OpcodeIndex() in custom)
+    except (IndexError, struct.error) as e:  # offsets past the end: a truncated or corrupt file
+        raise ValueError(f"{path.name} is not a readable TFLite file ({e})") from None
+    return count
 
 
 def find_compiler() -> Optional[str]:
@@ -98,6 +136,19 @@ def compile_segment(compiler: str, segment: Path, min_runtime_version: Optional[
     if "Operator" not in text and log_file.is_file():
         text += "\n" + log_file.read_text(errors="replace")
     report = parse_log(text)
+    try:
+        mapped = count_custom_ops(output)
+    except (OSError, ValueError) as e:
+        return EdgeTpuReport(compiled=False, reason=f"{output.name} unreadable: {e}", log=text,
+                             cpu_ops=report.cpu_ops)
+    if mapped == 0:
+        # libedgetpu would run such a file on the CPU without a word: refuse it here.
+        _log.warning("%s: edgetpu_compiler mapped no op to the Edge TPU; the stage stays "
+                     "uncompiled", segment.name)
+        return EdgeTpuReport(compiled=False, reason=f"{COMPILER} mapped no op to the Edge TPU "
+                             f"({output.name} has no {CUSTOM_OP})", log=text,
+                             on_chip_bytes=report.on_chip_bytes,
+                             off_chip_bytes=report.off_chip_bytes, cpu_ops=report.cpu_ops)
     report.compiled_segment = output.name
     if report.cpu_ops:
         _log.warning("%s: edgetpu_compiler left %s on the CPU", segment.name, ", ".join(

@@ -6,7 +6,7 @@ module only fills the record in.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from edgecap.devices import parse_device
 from edgecap.modelfile import TensorSpec
@@ -22,6 +22,49 @@ def _tensor(graph: Graph, index: int) -> TensorSpec:
     t = graph.tensors[index]
     # The runtime's record of a tensor is the format: 0 scale for an unquantized one.
     return TensorSpec(t.name, tuple(t.shape), t.dtype, t.scale or 0.0, t.zero_point or 0)
+
+
+# Board profile link -> the bus libedgetpu's device option names ("pci:N", "usb:N").
+_BUS = {"pcie": "pci", "pci": "pci", "usb": "usb", "usb2": "usb", "usb3": "usb"}
+
+
+def plan_devices(board: Board) -> List[str]:
+    """Returns the device string of each of the board's TPUs, in pipeline order.
+
+    libedgetpu numbers ``:N`` in its driver registration order, which differs
+    between machines; a TPU whose profile names its link gets the bus-qualified
+    ``pci:N`` / ``usb:N`` (N counted on that bus) instead. One without a link
+    keeps ``tpu:N``.
+
+    Args:
+      board: The board profile.
+
+    Returns:
+      One device string per ``board.tpus``.
+    """
+    names, seen = [], {}
+    for i, tpu in enumerate(board.tpus):
+        bus = _BUS.get((tpu.link or "").lower())
+        if bus is None:
+            names.append(f"tpu:{i}")
+        else:
+            names.append(f"{bus}:{seen.get(bus, 0)}")
+            seen[bus] = seen.get(bus, 0) + 1
+    return names
+
+
+def cpu_fallback_ops(graph: Graph, start: int, end: int,
+                     cpu_ops: Sequence[dict]) -> Tuple[int, ...]:
+    """Returns the ops of ``[start, end)`` that edgetpu_compiler left on the CPU.
+
+    The compiler reports a count per op type; it maps ops from the start of the
+    graph until one it cannot map, so the ones left are the last of each type.
+    """
+    picked: List[int] = []
+    for row in cpu_ops:
+        of_type = [i for i in range(start, end) if graph.ops[i].type == row["op"]]
+        picked += of_type[len(of_type) - min(int(row["count"]), len(of_type)):]
+    return tuple(sorted(set(picked)))
 
 
 def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
@@ -42,21 +85,30 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
       The ``Plan`` (not yet written; see ``edgecap.plan.write_plan``).
     """
     by_range = {s.ops: s for s in segments}
+    names = plan_devices(board) + ["cpu"]
     stages = []
+    stage_ms = []
     for k, (start, end) in enumerate(split.ranges):
         device = model.devices[k]
         cost = model.stage(k, start, end)
         segment: Optional[Segment] = by_range.get((start, end)) if end > start else None
         compiled = edgetpu[k] if device.is_tpu else None
+        ms = float(cost.total_ms)
+        if compiled is not None and compiled.cpu_ops:
+            # Ops the compiler could not map run on the board's CPU inside this stage's invoke.
+            compiled.cpu_ops_ms = round(model.ops_ms(
+                board.cpu, cpu_fallback_ops(graph, start, end, compiled.cpu_ops)), 6)
+            ms += compiled.cpu_ops_ms
+        stage_ms.append(ms)
         stages.append(Stage(
             index=k,
-            spec=parse_device(device.name),
+            spec=parse_device(names[k] if device.is_tpu else device.name),
             segment=segment.path.resolve() if segment else None,
             ops=(start, end),
             inputs=tuple(_tensor(graph, t) for t in (segment.inputs if segment else ())),
             # Everything later stages read: the segment's outputs and the tensors it forwards.
             outputs=tuple(_tensor(graph, t) for t in (graph.live_across(end) if segment else ())),
-            predicted_ms=round(float(cost.total_ms), 6),
+            predicted_ms=round(ms, 6),
             compiled_segment=(segment.path.with_name(compiled.compiled_segment).resolve()
                               if segment and compiled and compiled.compiled else None),
             # On the CPU every parameter stays resident in memory: "on chip", nothing streamed.
@@ -64,6 +116,7 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             macs=int(cost.macs),
             edgetpu=compiled,
         ))
+    timed = Partition(split.cuts, tuple(stage_ms))
     return Plan(
         path=None,
         board=board.name,
@@ -76,9 +129,9 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
         model_ops=len(graph.ops),
         sram_bytes=min((t.sram_bytes for t in board.tpus), default=None),
         predicted=Prediction(
-            fps=round(1e3 / float(split.bottleneck_ms), 2) if split.bottleneck_ms > 0 else None,
-            latency_ms=round(float(split.latency_ms), 6),
-            bottleneck_ms=round(float(split.bottleneck_ms), 6),
-            bottleneck_stage=int(split.bottleneck_stage),
+            fps=round(1e3 / float(timed.bottleneck_ms), 2) if timed.bottleneck_ms > 0 else None,
+            latency_ms=round(float(timed.latency_ms), 6),
+            bottleneck_ms=round(float(timed.bottleneck_ms), 6),
+            bottleneck_stage=int(timed.bottleneck_stage),
         ),
     )

@@ -72,7 +72,7 @@ def choose_plan(bundle: Bundle, hardware: Hardware, on_missing_tpu: str = "cpu")
     usable: List[Tuple[str, Plan]] = []
     skipped: List[Tuple[str, str]] = []
     for board, directory in bundle.plans.items():
-        why, plan = _check(bundle, directory, attached)
+        why, plan = _check(bundle, directory, hardware)
         if why is None:
             usable.append((board, plan))
         else:
@@ -100,16 +100,22 @@ def choose_plan(bundle: Bundle, hardware: Hardware, on_missing_tpu: str = "cpu")
                       f"{missing}; whole encoder on the CPU", slug, tuple(skipped))
 
 
-def _check(bundle: Bundle, directory, attached: int) -> Tuple[Optional[str], Optional[Plan]]:
+def _check(bundle: Bundle, directory, hardware: Hardware) -> Tuple[Optional[str], Optional[Plan]]:
     try:
         plan = load_plan(directory)
     except EdgecapError as exc:
         return f"unreadable ({exc})", None
     if plan.model_sha256 != bundle.encoder_model.sha256:
         return "compiled from another encoder", None
-    needed = tpus_used(plan)
+    needed, attached = tpus_used(plan), len(hardware.tpus)
     if needed > attached:
         return f"needs {needed} EdgeTPU(s), {attached} attached", None
+    # A plan that names a bus (pci:N, usb:N) opens only a TPU on that bus.
+    for bus, label in (("pci", "PCIe"), ("usb", "USB")):
+        on_bus = len({s.spec for s in plan.active_stages if s.spec.bus == bus})
+        there = sum(1 for t in hardware.tpus if t.kind == bus)
+        if on_bus > there:
+            return f"needs {on_bus} {label} EdgeTPU(s), {there} attached", None
     uncompiled = [s.index for s in plan.active_stages if s.spec.kind == "tpu" and s.compiled_segment is None]
     if uncompiled:
         return (f"stage(s) {', '.join(map(str, uncompiled))} not compiled by edgetpu_compiler", None)

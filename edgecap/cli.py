@@ -164,14 +164,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def format_devices(infos: Sequence[Any]) -> str:
-    """Formats ``edgecap.devices.list_devices()`` as the table ``edgecap devices`` prints."""
-    rows = [("DEVICE", "KIND", "PATH", "TEMP", "RUNTIME")]
+    """Formats ``edgecap.devices.list_devices()`` as the table ``edgecap devices`` prints.
+
+    THROTTLED is ``yes`` when the apex driver has slowed a TPU's clock (its
+    stage times then exceed the plan's), ``no``, or ``-`` when unknown (CPU, USB).
+    """
+    rows = [("DEVICE", "KIND", "PATH", "TEMP", "THROTTLED", "RUNTIME")]
     for i in infos:
         temp = "-" if i.temperature_c is None else f"{i.temperature_c:.1f}C"
-        rows.append((i.device, i.kind, i.path, temp, i.runtime))
-    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+        throttled = "-" if i.throttled is None else ("yes" if i.throttled else "no")
+        rows.append((i.device, i.kind, i.path, temp, throttled, i.runtime))
+    widths = [max(len(r[c]) for r in rows) for c in range(5)]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths)) + "  " + r[4] for r in rows
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths)) + "  " + r[5] for r in rows
     )
 
 

@@ -12,12 +12,13 @@ What runs a plan stage on a device is ``edgecap.stages``.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import psutil
 
@@ -29,7 +30,14 @@ CORAL_USB_IDS = (("1a6e", "089a"), ("18d1", "9302"))
 # Paths below a root directory, so discovery can be tested on fake device trees.
 _SYSFS_USB = "sys/bus/usb/devices"
 _APEX_DEVICES = "dev/apex_*"
-_APEX_TEMP = "sys/class/apex/apex_{}/temp"
+_APEX_CLASS = "class/apex"  # below the sysfs root
+# The apex driver's default trip points, in °C: from each one up it lowers the
+# TPU clock one step (500 -> 250 -> 125 -> 62.5 MHz). google/gasket-driver
+# src/apex_driver.c: DEFAULT_TRIP_POINT{0,1,2}_TEMP 85000/90000/95000 milli-°C,
+# "Temperature points in milli C at which DFS is toggled"; module parameters
+# trip_point{0,1,2}_temp change them, and sysfs shows them as
+# /sys/class/apex/apex_N/trip_point{0,1,2}_temp, read when present.
+APEX_TRIP_POINTS_C = (85.0, 90.0, 95.0)
 _DT_MODELS = ("proc/device-tree/model", "sys/firmware/devicetree/base/model")
 # Device-tree model -> board family. The Coral Dev Board's model is "Freescale
 # i.MX8MQ Phanbell" on Mendel's kernel and "Google i.MX8MQ Phanbell" in mainline.
@@ -74,6 +82,7 @@ class DeviceInfo:
     path: str
     runtime: str
     temperature_c: Optional[float] = None
+    throttled: Optional[bool] = None
 
 
 def parse_device(text: str) -> DeviceSpec:
@@ -195,7 +204,10 @@ def list_devices(root: "str | os.PathLike[str]" = "/") -> List[DeviceInfo]:
     runtime = f"{backend}; {edgetpu or 'libedgetpu not found'}"
     infos = [cpu]
     for n, (kind, path) in enumerate(_enumerate_edgetpus(root)):
-        infos.append(DeviceInfo(f"tpu:{n}", kind, path, runtime, temperature(path, root)))
+        state = thermal(path, root / "sys")
+        infos.append(DeviceInfo(f"tpu:{n}", kind, path, runtime,
+                                None if state is None else state.temperature_c,
+                                None if state is None else state.throttled))
     return infos
 
 
@@ -228,12 +240,116 @@ def _edgetpu_runtime_version() -> Optional[str]:
     return get_runtime_version()
 
 
-def temperature(path: str, root: "str | os.PathLike[str]" = "/") -> Optional[float]:
-    """Returns a PCIe EdgeTPU's temperature in °C from ``/sys/class/apex/apex_N/temp``, or None."""
-    m = re.search(r"apex_(\d+)$", path)
-    if m is None:
+@dataclass(frozen=True)
+class TpuThermal:
+    """A PCIe EdgeTPU's temperature and the apex driver's throttling of it.
+
+    Attributes:
+      name: The apex device, ``apex_N``.
+      temperature_c: Die temperature in °C.
+      trip_points_c: The driver's throttle temperatures, lowest first (sysfs,
+        or ``APEX_TRIP_POINTS_C`` when the driver does not show them).
+      level: Trip points reached: 0 runs at full clock, 1-3 at 1/2, 1/4, 1/8.
+    """
+
+    name: str
+    temperature_c: float
+    trip_points_c: Tuple[float, ...] = APEX_TRIP_POINTS_C
+    level: int = 0
+
+    @property
+    def throttled(self) -> bool:
+        """True when the driver has lowered the TPU's clock: its times exceed the plan's."""
+        return self.level > 0
+
+
+def apex_thermal(apex_dir: "str | os.PathLike[str]") -> Optional[TpuThermal]:
+    """Reads one apex device's temperature and trip points from sysfs.
+
+    Args:
+      apex_dir: ``<sysfs>/class/apex/apex_N``.
+
+    Returns:
+      The ``TpuThermal``, or None when the temperature does not read (no
+      such TPU, a TPU mid-reset, a driver without the attribute).
+    """
+    apex_dir = Path(apex_dir)
+    celsius = _millis(apex_dir / "temp")
+    if celsius is None:
         return None
+    trips = tuple(_millis(apex_dir / f"trip_point{i}_temp") for i in range(len(APEX_TRIP_POINTS_C)))
+    points = tuple(t if t is not None else d for t, d in zip(trips, APEX_TRIP_POINTS_C))
+    return TpuThermal(apex_dir.name, celsius, points, sum(1 for t in points if celsius >= t))
+
+
+def thermal(path: str, sysfs: "str | os.PathLike[str]" = "/sys") -> Optional[TpuThermal]:
+    """Returns a PCIe EdgeTPU's temperature and throttle state, or None (USB TPUs report none).
+
+    Args:
+      path: The TPU's device path, ``/dev/apex_N``, as ``list_devices`` gives it.
+      sysfs: The sysfs root (tests pass a fake one).
+    """
+    m = re.search(r"apex_(\d+)$", path)
+    return None if m is None else apex_thermal(Path(sysfs) / _APEX_CLASS / f"apex_{m.group(1)}")
+
+
+def tpu_thermals(sysfs: "str | os.PathLike[str]" = "/sys") -> List[TpuThermal]:
+    """Returns the temperature and throttle state of every PCIe EdgeTPU whose temperature reads.
+
+    Args:
+      sysfs: The sysfs root (tests pass a fake one).
+
+    Returns:
+      One ``TpuThermal`` per ``apex_N``, in N order.
+    """
+    apex = Path(sysfs) / _APEX_CLASS
     try:
-        return int((Path(root) / _APEX_TEMP.format(m.group(1))).read_text()) / 1000.0
+        names = [p.name for p in apex.iterdir() if re.fullmatch(r"apex_\d+", p.name)]
+    except OSError:  # no apex driver loaded: no PCIe TPU
+        return []
+    found = (apex_thermal(apex / n) for n in sorted(names, key=lambda n: int(n[5:])))
+    return [t for t in found if t is not None]
+
+
+class ThrottleWatch:
+    """Logs one warning when a TPU starts throttling, and one line when it stops.
+
+    Args:
+      log: Where the lines go.
+    """
+
+    def __init__(self, log: logging.Logger = logging.getLogger("edgecap")) -> None:
+        self._log = log
+        self._throttled: Dict[str, bool] = {}
+
+    def update(self, device: str, state: Optional[TpuThermal]) -> bool:
+        """Records a TPU's state; logs on a change of throttling.
+
+        Args:
+          device: The TPU as the caller names it (``tpu:0``).
+          state: Its thermal state, or None when unknown (nothing is logged).
+
+        Returns:
+          Whether the TPU is throttled now (False when unknown).
+        """
+        if state is None:
+            return False
+        before = self._throttled.get(device, False)
+        self._throttled[device] = state.throttled
+        if state.throttled and not before:
+            trip = state.trip_points_c[state.level - 1]
+            self._log.warning(
+                "edgecap: %s (%s) is throttling at %.1f C (trip point %.0f C): the driver slowed "
+                "its clock to 1/%d and stage times exceed the plan; cool the board",
+                device, state.name, state.temperature_c, trip, 2 ** state.level)
+        elif before and not state.throttled:
+            self._log.info("edgecap: %s (%s) no longer throttled at %.1f C", device, state.name,
+                           state.temperature_c)
+        return state.throttled
+
+
+def _millis(path: Path) -> Optional[float]:
+    try:
+        return int(path.read_text().strip()) / 1000.0
     except (OSError, ValueError):
         return None

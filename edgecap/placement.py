@@ -76,17 +76,20 @@ def place(plan: Plan, emulate: Optional[bool], overrides: Mapping[str, str],
         emulate = len(tpus) > attached
     workers: Dict[str, str] = {}
     for spec in planned:
-        workers[str(spec)] = _worker(spec, wanted.get(spec), bool(emulate))
+        # Emulated TPUs are numbered in pipeline order: pci:0 and usb:0 are two TPUs.
+        emu = f"emu-tpu:{tpus.index(spec)}" if spec in tpus else None
+        workers[str(spec)] = _worker(spec, wanted.get(spec), bool(emulate), emu)
     emulated = bool(emulate) or any(parse_device(w).kind == "emu-tpu" for w in workers.values())
     pace_cpu = emulated and all(s.predicted_ms is not None for s in plan.active_stages)
     return Placement(workers, emulated, pace_cpu, attached or 0)
 
 
-def _worker(spec: DeviceSpec, override: Optional[DeviceSpec], emulate: bool) -> str:
+def _worker(spec: DeviceSpec, override: Optional[DeviceSpec], emulate: bool,
+            emu: Optional[str]) -> str:
     if override is not None:
         return str(override)
     if spec.kind == "tpu" and emulate:
-        return f"emu-tpu:{spec.index or 0}"
+        return emu or "emu-tpu:0"
     if spec.kind == "cpu":
         return CPU_WORKER
     return str(spec)

@@ -72,6 +72,7 @@ class _EdgeTpuDoc(msgspec.Struct, forbid_unknown_fields=True):
     off_chip_bytes: Optional[schema.Bytes] = None
     cpu_ops: List[_CpuOpDoc] = []
     log: Optional[str] = None
+    cpu_ops_ms: Optional[schema.Millis] = None
 
 
 class _StageDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -136,6 +137,8 @@ class EdgeTpuReport:
       off_chip_bytes: Parameter bytes streamed every invoke, as reported.
       cpu_ops: Ops the compiler left on the CPU: ``{"op", "count", "reason"}``.
       log: The compiler's output (summary and operator table).
+      cpu_ops_ms: What those ops cost on the board's CPU per invoke; the
+        stage's ``predicted_ms`` includes it.
     """
 
     compiled: bool
@@ -145,6 +148,7 @@ class EdgeTpuReport:
     off_chip_bytes: Optional[int] = None
     cpu_ops: List[Dict[str, Any]] = field(default_factory=list)
     log: Optional[str] = None
+    cpu_ops_ms: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -405,7 +409,8 @@ def _stage(raw: _StageDoc, position: int, base: Path, where: str) -> Stage:
         compiled=edgetpu.compiled, compiled_segment=edgetpu.compiled_segment,
         reason=edgetpu.reason, on_chip_bytes=edgetpu.on_chip_bytes,
         off_chip_bytes=edgetpu.off_chip_bytes,
-        cpu_ops=[msgspec.structs.asdict(o) for o in edgetpu.cpu_ops], log=edgetpu.log)
+        cpu_ops=[msgspec.structs.asdict(o) for o in edgetpu.cpu_ops], log=edgetpu.log,
+        cpu_ops_ms=edgetpu.cpu_ops_ms)
     compiled = None
     if edgetpu is not None and edgetpu.compiled:
         if edgetpu.compiled_segment is None:
@@ -446,7 +451,7 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
             macs=s.macs, predicted_ms=s.predicted_ms,
             edgetpu=None if e is None else _EdgeTpuDoc(
                 e.compiled, e.compiled_segment, e.reason, e.on_chip_bytes, e.off_chip_bytes,
-                [_CpuOpDoc(**o) for o in e.cpu_ops], e.log),
+                [_CpuOpDoc(**o) for o in e.cpu_ops], e.log, e.cpu_ops_ms),
         ))
     p = plan.predicted
     return _PlanDoc(

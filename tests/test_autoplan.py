@@ -83,10 +83,14 @@ def test_the_plan_for_the_board_is_taken_when_its_tpus_are_there(bundle_with_pla
 def test_fewer_tpus_than_planned_falls_back_to_the_best_plan_for_what_is_there(bundle_with_plans,
                                                                                tmp_path):
     bundle = load_bundle(bundle_with_plans)
-    # A Raspberry Pi with one USB Accelerator: no rpi4 plan; devboard's 1-TPU plan fits.
-    choice = choose_plan(bundle, _hardware(tmp_path, PI4, usb=1))
+    # A Dev Board whose USB Accelerator is unplugged: devboard-usb needs 2; devboard's plan fits.
+    choice = choose_plan(bundle, _hardware(tmp_path, "Some i.MX8 board", pci=1))
     assert (choice.board, choice.fallback) == ("devboard", "fewer-tpus")
     assert "needs 2 EdgeTPU(s), 1 attached" in choice.reason and "\n" not in choice.reason
+    # A Raspberry Pi with one USB Accelerator: devboard's plan names pci:0, which is not there.
+    pi = choose_plan(bundle, _hardware(tmp_path / "pi", PI4, usb=1))
+    assert (pi.board, pi.fallback, tpus_used(pi.plan)) == (None, "fewer-tpus", 0)
+    assert "plan devboard: needs 1 PCIe EdgeTPU(s), 0 attached" in pi.reason
 
 
 def test_no_tpu_runs_the_cpu_plan_or_fails_when_asked(bundle_with_plans, tmp_path):

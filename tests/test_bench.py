@@ -48,7 +48,8 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     assert rows[(board, "a")]["speedup"] == 1.0
     assert all(r["same_captions"] for r in result["rows"] if "timing-only" not in r["schedule"])
     placement = rows[(board, "d")]["placement"]
-    assert (placement["tpu:0"], placement["tpu:1"]) == ("emu-tpu:0", "emu-tpu:1")
+    # The devboard-usb plan names its TPUs by bus (pci:0 on PCIe, usb:0 on USB), one emulated TPU each.
+    assert (placement["pci:0"], placement["usb:0"]) == ("emu-tpu:0", "emu-tpu:1")
     # Host rows run the compiler's plan for the host (no TPU: the CNN on the CPU),
     # not the board's, cut for TPU invoke overhead (issue #7).
     assert {r["plan_board"] for r in result["rows"] if r["profile"] == "host"} == {"host"}
@@ -66,7 +67,7 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
 
 
 @pytest.mark.parametrize("stride, sequential_ms, pipelined_ms", [
-    # tpu:0 2.0 ms, cpu 1.5 ms of which the RNN step 0.5 ms; 8-frame windows:
+    # pci:0 2.0 ms, cpu 1.5 ms of which the RNN step 0.5 ms; 8-frame windows:
     # the runtime steps the RNN 8 / stride times a frame.
     (8, 2.0 + 1.5, 2.0),
     (4, 2.0 + 1.0 + 2 * 0.5, 2.0),
@@ -76,8 +77,8 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
 def test_bound_charges_the_rnn_step_once_per_open_window(shipped_bundle, stride, sequential_ms,
                                                          pipelined_ms):
     plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb", tpus=1)
-    assert [s.device for s in plan.stages] == ["tpu:0", "cpu"]
-    times = {"tpu:0": 2.0, "cpu": 1.5}
+    assert [s.device for s in plan.stages] == ["pci:0", "cpu"]
+    times = {"pci:0": 2.0, "cpu": 1.5}
     plan = dataclasses.replace(plan, rnn_ms=0.5, stages=tuple(
         dataclasses.replace(s, predicted_ms=times[s.device]) for s in plan.stages))
     window = WindowSpec(frames=8, stride=stride, sample_fps=0)

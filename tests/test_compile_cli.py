@@ -53,7 +53,8 @@ def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path
     assert plan["model"]["file"] == MODEL.name and plan["model"]["ops"] == 21
     assert plan["board"] == {"name": "devboard-usb", "version": 1}
     assert plan["sram_bytes"] == 20000
-    assert [s["device"] for s in plan["stages"]] == ["tpu:0", "tpu:1", "cpu"]
+    # devboard-usb: the PCIe TPU, then the USB Accelerator, named by bus.
+    assert [s["device"] for s in plan["stages"]] == ["pci:0", "usb:0", "cpu"]
     assert plan["stages"][0]["ops"][0] == 0 and plan["stages"][-1]["ops"][1] == 21
     for prev, cur in zip(plan["stages"], plan["stages"][1:]):
         assert cur["ops"][0] == prev["ops"][1]
@@ -97,7 +98,8 @@ def test_cpu_only_and_more_tpus_than_the_profile(tmp_path):
     assert [(s["device"], s["ops"]) for s in plan["stages"]] == [("cpu", [0, 21])]
     assert plan["sram_bytes"] is None
     plan = _compile(MODEL, "--board", "rpi4-2usb", "--tpus", "4", "-o", tmp_path / "b")
-    assert [s["device"] for s in plan["stages"]] == ["tpu:0", "tpu:1", "tpu:2", "tpu:3", "cpu"]
+    # TPUs beyond the profile copy its last one, a USB Accelerator.
+    assert [s["device"] for s in plan["stages"]] == ["usb:0", "usb:1", "usb:2", "usb:3", "cpu"]
 
 
 def test_report_writes_a_table_and_a_picture(tmp_path, capsys):

@@ -14,25 +14,47 @@ import pytest
 
 from edgecap_compile.boards import BOARDS_DIR
 from edgecap_compile.compiler import compile_model
-from edgecap_compile.edgetpu import parse_log
+from edgecap_compile.boards import load_board
+from edgecap_compile.edgetpu import count_custom_ops, parse_log
+from edgecap_compile.graph import read_graph
+from edgecap_compile.plan import plan_devices
 
 DATA = Path(__file__).parent / "data" / "compile"
 MODEL = DATA / "tiny_mobilenet.tflite"
 
 # The stand-in prints what edgetpu_compiler 16 prints with -s (summary, then the
 # operator table) and writes <stem>_edgetpu.tflite and <stem>_edgetpu.log to -o.
+# Its .tflite has one edgetpu-custom-op in place of the mapped ops, as the
+# compiler's does (STAND_IN_FALLBACK=1 keeps FULLY_CONNECTED ops beside it);
+# STAND_IN_NO_TPU=1 writes the model unchanged: nothing mapped.
 STAND_IN = textwrap.dedent('''\
     #!{python}
     import json, os, shutil, sys
     from pathlib import Path
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils
     args = sys.argv[1:]
     out = Path(args[args.index("-o") + 1])
     model = Path(args[-1])
     with open(os.environ["STAND_IN_CALLS"], "a") as f:
         f.write(json.dumps(args) + "\\n")
     compiled = out / (model.stem + "_edgetpu.tflite")
-    shutil.copy(model, compiled)
     fallback = os.environ.get("STAND_IN_FALLBACK") == "1"
+    m = flatbuffer_utils.read_model(str(model))
+    if os.environ.get("STAND_IN_NO_TPU") != "1":
+        code = schema.OperatorCodeT()
+        code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+        code.customCode = "edgetpu-custom-op"
+        m.operatorCodes.append(code)
+        g = m.subgraphs[0]
+        fc = schema.BuiltinOperator.FULLY_CONNECTED
+        kept = [op for op in g.operators if fallback and flatbuffer_utils.get_builtin_code_from_operator_code(
+            m.operatorCodes[op.opcodeIndex]) == fc]
+        tpu_op = schema.OperatorT()
+        tpu_op.opcodeIndex = len(m.operatorCodes) - 1
+        tpu_op.inputs, tpu_op.outputs = list(g.inputs), list(g.outputs)
+        g.operators = [tpu_op] + kept
+    flatbuffer_utils.write_model(m, str(compiled))
     table = ("Operator                       Count      Status\\n\\n"
              "CONV_2D                        9          Mapped to Edge TPU\\n"
              "DEPTHWISE_CONV_2D              4          Mapped to Edge TPU\\n")
@@ -119,7 +141,8 @@ def test_compiles_each_tpu_segment_and_records_the_log(stand_in, tmp_path):
     plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000,
                                   min_runtime_version=13))
     calls = [json.loads(line) for line in stand_in.read_text().splitlines()]
-    tpu_stages = [s for s in plan["stages"] if s["device"].startswith("tpu") and s["segment"]]
+    assert [s["device"] for s in plan["stages"]] == ["pci:0", "usb:0", "cpu"]
+    tpu_stages = [s for s in plan["stages"] if s["device"] != "cpu" and s["segment"]]
     assert len(calls) == len(tpu_stages) >= 1
     for args in calls:
         assert args[args.index("-m") + 1] == "13" and "-s" in args
@@ -130,17 +153,69 @@ def test_compiles_each_tpu_segment_and_records_the_log(stand_in, tmp_path):
         assert (tmp_path / "out" / et["compiled_segment"]).is_file()
         assert et["on_chip_bytes"] == round(66.25 * 1024)
         assert et["off_chip_bytes"] == round(1.5 * 2**20)
-        assert et["cpu_ops"] == [] and "Compilation succeeded" in et["log"]
+        assert et["cpu_ops"] == [] and et["cpu_ops_ms"] is None and "Compilation succeeded" in et["log"]
+        assert count_custom_ops(tmp_path / "out" / et["compiled_segment"]) == 1
 
 
-def test_warns_when_ops_fall_back_to_the_cpu(stand_in, tmp_path, monkeypatch, caplog):
+def test_parse_log_keeps_mixed_case_custom_ops():
+    text = ("Operator                       Count      Status\n\n"
+            "CONV_2D                        9          Mapped to Edge TPU\n"
+            "TFLite_Detection_PostProcess   1          Operation not supported\n"
+            "edgetpu-custom-op              1          Mapped to Edge TPU\n"
+            "Number of operations that will run on CPU: 1\n")
+    assert parse_log(text).cpu_ops == [{"op": "TFLite_Detection_PostProcess", "count": 1,
+                                        "reason": "Operation not supported"}]
+
+
+def test_ops_left_on_the_cpu_are_reported_and_priced(stand_in, tmp_path, monkeypatch, caplog):
+    # Every op on the TPU stage: its last op, FULLY_CONNECTED, is the one the stand-in leaves.
+    board = _slow_cpu_board(tmp_path, "devboard")
+    graph = read_graph(MODEL)
+    n = len(graph.ops)
+    assert graph.ops[-1].type == "FULLY_CONNECTED"
+    clean = _written(compile_model(MODEL, board, tmp_path / "clean", ranges=[(0, n), (n, n)]))
     monkeypatch.setenv("STAND_IN_FALLBACK", "1")
+    with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
+        plan = _written(compile_model(MODEL, board, tmp_path / "out", ranges=[(0, n), (n, n)]))
+    stage = plan["stages"][0]
+    assert stage["device"] == "pci:0" and stage["edgetpu"]["compiled"]
+    assert stage["edgetpu"]["cpu_ops"][0]["op"] == "FULLY_CONNECTED"
+    assert "left 1x FULLY_CONNECTED" in caplog.text
+    fc, cpu = graph.ops[-1], load_board(board).cpu
+    expected = fc.macs * 1e3 / cpu.macs_per_s + fc.elements * 1e3 / cpu.elements_per_s + cpu.op_overhead_ms
+    assert stage["edgetpu"]["cpu_ops_ms"] == pytest.approx(expected, rel=1e-5) and expected > 0
+    assert stage["predicted_ms"] == pytest.approx(
+        clean["stages"][0]["predicted_ms"] + expected, rel=1e-5)
+    assert plan["predicted"]["latency_ms"] == pytest.approx(
+        clean["predicted"]["latency_ms"] + expected, rel=1e-5)
+
+
+def test_compiled_file_without_the_custom_op_is_refused(stand_in, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("STAND_IN_NO_TPU", "1")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
         plan = _written(compile_model(MODEL, _slow_cpu_board(tmp_path, "devboard"),
                                       tmp_path / "out", sram=20_000))
-    stage = plan["stages"][0]
-    assert stage["edgetpu"]["cpu_ops"][0]["op"] == "FULLY_CONNECTED"
-    assert "left 1x FULLY_CONNECTED" in caplog.text
+    et = plan["stages"][0]["edgetpu"]
+    assert et["compiled"] is False and et["compiled_segment"] is None
+    assert "mapped no op to the Edge TPU" in et["reason"] and "edgetpu-custom-op" in et["reason"]
+    assert "mapped no op" in caplog.text
+
+
+@pytest.mark.parametrize("name,devices", [
+    ("devboard", ["pci:0"]), ("devboard-usb", ["pci:0", "usb:0"]), ("rpi4-2usb", ["usb:0", "usb:1"]),
+    ("host", []),
+])
+def test_plans_name_tpus_by_bus(name, devices):
+    assert plan_devices(load_board(name)) == devices
+
+
+def test_a_tpu_without_a_link_keeps_tpu_n(tmp_path):
+    profile = json.loads((BOARDS_DIR / "devboard-usb.json").read_text())
+    del profile["tpus"][1]["link"]
+    path = tmp_path / "nolink.json"
+    path.write_text(json.dumps(profile))
+    assert plan_devices(load_board(path)) == ["pci:0", "tpu:1"]
+    assert plan_devices(load_board("rpi4-2usb").with_tpus(3)) == ["usb:0", "usb:1", "usb:2"]
 
 
 def test_without_the_compiler_segments_stay_uncompiled(tmp_path, monkeypatch, caplog):
@@ -155,3 +230,14 @@ def test_without_the_compiler_segments_stay_uncompiled(tmp_path, monkeypatch, ca
                                               else "empty stage")
     assert plan["stages"][2]["edgetpu"] is None
     assert caplog.text.count("edgetpu_compiler not on PATH") == 1
+
+
+def test_counting_the_custom_op_refuses_what_is_not_a_model(tmp_path):
+    assert count_custom_ops(MODEL) == 0  # an uncompiled model: every op on the CPU
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="not a TFLite file"):
+        count_custom_ops(bad)
+    bad.write_bytes(MODEL.read_bytes()[:64])
+    with pytest.raises(ValueError, match="bad.tflite"):
+        count_custom_ops(bad)

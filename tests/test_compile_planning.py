@@ -30,7 +30,7 @@ def test_fixed_ranges_replace_the_search(tmp_path):
     result = compiler.compile_model(MODEL, "rpi4-2usb", tmp_path, tpus=1,
                                     ranges=[(0, 21), (21, 21)])
     stages = [(s.device, s.ops) for s in result.plan.stages]
-    assert stages == [("tpu:0", (0, 21)), ("cpu", (21, 21))]
+    assert stages == [("usb:0", (0, 21)), ("cpu", (21, 21))]
     best = compiler.compile_model(MODEL, "rpi4-2usb", tmp_path / "best", tpus=1)
     assert best.plan.stages[1].ops != (21, 21)  # the search would not have chosen it
 
@@ -46,7 +46,7 @@ def test_ranges_that_do_not_split_the_model_are_one_line(tmp_path, ranges):
 def test_whole_on_tpu_plan_is_the_compilers_plan(bundle):
     plan = planning.plan_for_board(bundle, "devboard-usb", whole_on_tpu=True)
     n = plan.stages[0].ops[1]
-    assert [(s.device, s.ops) for s in plan.stages] == [("tpu:0", (0, n)), ("cpu", (n, n))]
+    assert [(s.device, s.ops) for s in plan.stages] == [("pci:0", (0, n)), ("cpu", (n, n))]
     assert plan.model_file == "encoder.tflite" and plan.rnn_ms > 0
 
 

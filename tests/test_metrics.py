@@ -61,7 +61,7 @@ def test_every_metric_has_its_name_type_and_labels(tmp_path: Path) -> None:
         "edgecap_camera_up": "gauge", "edgecap_camera_reconnects": "counter",
         "edgecap_fallbacks": "counter", "edgecap_failovers": "counter",
         "process_cpu_seconds": "counter", "process_resident_memory_bytes": "gauge",
-        "edgecap_tpu_temperature_celsius": "gauge",
+        "edgecap_tpu_temperature_celsius": "gauge", "edgecap_tpu_throttled": "gauge",
     }
     assert samples[("edgecap_frames_captured_total", (("camera", "front"),))] == 5
     assert samples[("edgecap_frames_processed_total", (("camera", "front"),))] == 1
@@ -97,6 +97,23 @@ def test_tpu_temperatures_are_read_from_sysfs_at_each_scrape(tmp_path: Path) -> 
 def test_no_apex_driver_means_no_temperature_samples(tmp_path: Path) -> None:
     families, _ = scrape(Metrics(sysfs=tmp_path / "nothing-here"))
     assert families["edgecap_tpu_temperature_celsius"].samples == []
+    assert families["edgecap_tpu_throttled"].samples == []
+
+
+def test_throttling_is_the_trip_points_reached_at_each_scrape(tmp_path: Path) -> None:
+    # Default trip points 85/90/95 C (apex driver); apex_1's driver shows lowered ones.
+    root = fake_apex(tmp_path, {"apex_0": "84000\n", "apex_1": "70500\n", "apex_2": None})
+    for i, milli in enumerate((65000, 70000, 75000)):
+        (root / "class" / "apex" / "apex_1" / f"trip_point{i}_temp").write_text(f"{milli}\n")
+    m = Metrics(sysfs=root)
+
+    def throttled() -> dict:
+        _, samples = scrape(m)
+        return {dict(k[1])["device"]: v for k, v in samples.items() if k[0] == "edgecap_tpu_throttled"}
+
+    assert throttled() == {"apex_0": 0, "apex_1": 2}
+    (root / "class" / "apex" / "apex_0" / "temp").write_text("95500\n")
+    assert throttled() == {"apex_0": 3, "apex_1": 2}
 
 
 def test_process_cpu_and_memory_come_from_this_process(tmp_path: Path) -> None:

@@ -3,12 +3,11 @@
 Rates (fps) are not exported as gauges: counters of frames captured,
 processed and dropped give them as ``rate(...[1m])`` in Prometheus, exact over
 any window, where a gauge would be sampled. Process CPU and memory and the
-EdgeTPU temperatures are read when a scrape asks, not on a timer.
+EdgeTPU temperatures and throttle states are read when a scrape asks, not on a timer.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Iterator, Optional, Tuple, Union
 
@@ -17,12 +16,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from edgecap.devices import tpu_thermals
+
 # Seconds. An EdgeTPU segment takes ~1-20 ms, a CPU tail 10-200 ms; a caption
 # arrives a window (seconds) after its first frame, so latency needs the long tail.
 INFERENCE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-_APEX = re.compile(r"^apex_(\d+)$")
 
 
 class Metrics:
@@ -32,8 +31,8 @@ class Metrics:
       registry: Where to register (tests pass their own); default a new
         ``CollectorRegistry``, never prometheus_client's global one, so two
         services in one process (tests) do not collide.
-      sysfs: The sysfs root (``/sys``); TPU temperatures are read from
-        ``<sysfs>/class/apex/apex_N/temp`` (milli-degrees Celsius).
+      sysfs: The sysfs root (``/sys``); TPU temperatures and trip points are
+        read from ``<sysfs>/class/apex/apex_N/`` (``edgecap.devices.tpu_thermals``).
     """
 
     def __init__(self, registry: Optional[CollectorRegistry] = None,
@@ -111,10 +110,10 @@ class Metrics:
 
 
 class _ScrapeCollector:
-    """Process CPU and memory (psutil) and EdgeTPU temperatures (sysfs), read per scrape."""
+    """Process CPU and memory (psutil) and EdgeTPU temperatures and throttling (sysfs), read per scrape."""
 
     def __init__(self, sysfs: Path) -> None:
-        self._apex = sysfs / "class" / "apex"
+        self._sysfs = sysfs
         self._process = psutil.Process()
 
     def collect(self) -> Iterator[object]:
@@ -126,31 +125,12 @@ class _ScrapeCollector:
                                 value=self._process.memory_info().rss)
         temp = GaugeMetricFamily("edgecap_tpu_temperature_celsius",
                                  "EdgeTPU die temperature (PCIe apex driver).", labels=["device"])
-        for name, celsius in read_tpu_temperatures(self._apex):
-            temp.add_metric([name], celsius)
+        throttled = GaugeMetricFamily(
+            "edgecap_tpu_throttled",
+            "Apex driver trip points the EdgeTPU has reached: 0 full clock, 1-3 clock cut to "
+            "1/2, 1/4, 1/8.", labels=["device"])
+        for state in tpu_thermals(self._sysfs):
+            temp.add_metric([state.name], state.temperature_c)
+            throttled.add_metric([state.name], state.level)
         yield temp
-
-
-def read_tpu_temperatures(apex: Path) -> Iterator[Tuple[str, float]]:
-    """Yields ``(apex_N, degrees Celsius)`` for each PCIe EdgeTPU whose sysfs temp reads.
-
-    Args:
-      apex: The apex class directory (``/sys/class/apex``).
-    """
-    try:
-        entries = sorted(apex.iterdir(), key=lambda p: _apex_index(p.name))
-    except OSError:  # no apex driver loaded: no PCIe TPU
-        return
-    for entry in entries:
-        if _APEX.match(entry.name) is None:
-            continue
-        try:
-            millis = int((entry / "temp").read_text().strip())
-        except (OSError, ValueError):  # a TPU mid-reset or a driver without the attribute
-            continue
-        yield entry.name, millis / 1000.0
-
-
-def _apex_index(name: str) -> int:
-    m = _APEX.match(name)
-    return int(m.group(1)) if m else -1
+        yield throttled

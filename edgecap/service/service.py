@@ -63,7 +63,7 @@ class Service:
       config: The typed config (``edgecap.service.config.load_config``).
       notifier: The systemd notifier (default: from ``$NOTIFY_SOCKET``).
       stdout: Stream of the stdout sink (default ``sys.stdout``).
-      sysfs: The sysfs root for TPU temperatures (tests pass a fake one).
+      sysfs: The sysfs root for TPU temperatures and throttling (tests pass a fake one).
 
     Raises:
       EdgecapError: A bad bundle, plan, sink path or HTTP address, or, with
@@ -77,6 +77,8 @@ class Service:
         names = [c.name for c in config.cameras]
         self.state = ServiceState(names)
         self.metrics = Metrics(sysfs=sysfs)
+        self._sysfs = sysfs
+        self._throttle = devices.ThrottleWatch(_log)
         bundle = load_bundle(config.bundle or default_bundle())
         options = CaptionerOptions(plan=config.plan or None, board=config.board,
                                    on_missing_tpu=config.on_missing_tpu)
@@ -225,9 +227,7 @@ class Service:
         for worker, share in busy.items():
             rows.append({"device": worker, "kind": devices.parse_device(worker).kind if worker != "decode"
                          else "cpu", "busy": round(share, 3), "temperature_c": None, "throttled": False})
-        for info in self._tpus:
-            rows.append({"device": info.device, "kind": info.kind, "busy": None,
-                         "temperature_c": devices.temperature(info.path), "throttled": False})
+        rows += tpu_rows(self._tpus, self._sysfs, self._throttle)
         self.state.devices(rows)
         if stats is not None:
             for q in stats.queues:
@@ -279,3 +279,26 @@ class Service:
             except Exception as exc:  # closing must go on: the sinks hold unflushed captions
                 _log.warning("edgecap: closing %s failed: %s", type(thing).__name__, exc)
         self._closers = []
+
+
+def tpu_rows(tpus: List[devices.DeviceInfo], sysfs: str,
+             watch: devices.ThrottleWatch) -> List[Dict[str, Any]]:
+    """Returns the status page's rows of the attached EdgeTPUs, read now from sysfs.
+
+    Args:
+      tpus: The TPUs as ``edgecap.devices.list_devices`` found them.
+      sysfs: The sysfs root.
+      watch: Logs a warning when a TPU starts throttling.
+
+    Returns:
+      One row per TPU: ``temperature_c`` and ``throttled`` are None when the TPU
+      reports no temperature (USB Accelerators).
+    """
+    rows = []
+    for info in tpus:
+        state = devices.thermal(info.path, sysfs)
+        throttled = watch.update(info.device, state)
+        rows.append({"device": info.device, "kind": info.kind, "busy": None,
+                     "temperature_c": None if state is None else state.temperature_c,
+                     "throttled": None if state is None else throttled})
+    return rows
