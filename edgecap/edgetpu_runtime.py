@@ -268,7 +268,7 @@ def resolve_library(library: str) -> Optional[Path]:
     return None
 
 
-_CACHE: Dict[Tuple[str, Optional[str], Optional[int], str, str, Optional[str]], ProbeResult] = {}
+_CACHE: Dict[Tuple[str, Optional[str], Optional[int], str, str], ProbeResult] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -276,7 +276,8 @@ def probe(library: str, device: str, backend: str, model: "str | os.PathLike[str
           timeout: float = _PROBE_TIMEOUT_S) -> ProbeResult:
     """Loads ``library``'s delegate for ``device`` and invokes a model through it, in a child process.
 
-    Cached for the process per (library file and its mtime, device, backend, model).
+    Cached for the process per (library file and its mtime, device, backend):
+    the first model probed on a device stands for the rest.
 
     Args:
       library: libedgetpu's name or path.
@@ -290,8 +291,7 @@ def probe(library: str, device: str, backend: str, model: "str | os.PathLike[str
         mtime = path.stat().st_mtime_ns if path else None
     except OSError:
         mtime = None
-    key = (library, str(path) if path else None, mtime, device, backend,
-           os.fspath(model) if model is not None else None)
+    key = (library, str(path) if path else None, mtime, device, backend)
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]

@@ -8,6 +8,7 @@ finds no device, and a working stub whose delegate leaves every op to the CPU.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -112,6 +113,11 @@ def test_the_probe_runs_once_per_library_and_device(fakes, monkeypatch) -> None:
     for device in ("usb:0", "usb:0", "usb:1", "usb:0"):
         assert edgetpu_runtime.probe(str(fakes["stub"]), device, "ai-edge-litert").ok
     assert runs == [(str(fakes["stub"]), "usb:0"), (str(fakes["stub"]), "usb:1")]
+    # A library replaced on disk (a new mtime) is probed afresh.
+    stat = fakes["stub"].stat()
+    os.utime(fakes["stub"], ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert edgetpu_runtime.probe(str(fakes["stub"]), "usb:0", "ai-edge-litert").ok
+    assert len(runs) == 3
 
 
 def test_a_crashing_libedgetpu_makes_auto_caption_on_the_cpu(bundle_with_plans, fakes, tmp_path,  # noqa: F811
@@ -203,3 +209,11 @@ def test_native_messages_become_one_line() -> None:
     assert edgetpu_runtime.one_line("Failed to load delegate from libedgetpu.so.1\n\n") == \
         "Failed to load delegate from libedgetpu.so.1"
     assert edgetpu_runtime.one_line("a\n b \nc") == "a; b; c"
+
+
+def test_a_crash_with_corals_build_names_the_fix(fakes, monkeypatch) -> None:
+    _use(monkeypatch, fakes["segfault"])
+    monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: ("libedgetpu1-std", "16.0"))
+    with pytest.raises(EdgecapError, match=r"libedgetpu1-std 16.0 \(Coral's build, TF 2.5\)\): a libedgetpu/"
+                       r"TFLite mismatch; Coral's libedgetpu 16.0 needs tflite_runtime below 2.12"):
+        stages.load_edgetpu_delegate(parse_device("pci:0"), backend="ai-edge-litert")
