@@ -435,10 +435,14 @@ def _child_probe(library: str, device: str, backend: str, model: Optional[str],
     if version_only:
         _report(kind="ok")
         return 0
-    if backend == "ai-edge-litert":
-        from ai_edge_litert import interpreter as tfl
-    else:
-        from tflite_runtime import interpreter as tfl  # type: ignore[no-redef]
+    try:
+        if backend == "ai-edge-litert":
+            from ai_edge_litert import interpreter as tfl
+        else:
+            from tflite_runtime import interpreter as tfl  # type: ignore[no-redef]
+    except ImportError as exc:
+        _report(kind="error", message=f"{backend} is not installed ({one_line(exc)})")
+        return 1
     try:
         delegate = tfl.load_delegate(library, {"device": device} if device else {})
     except (ValueError, RuntimeError, OSError) as exc:

@@ -217,3 +217,11 @@ def test_a_crash_with_corals_build_names_the_fix(fakes, monkeypatch) -> None:
     with pytest.raises(EdgecapError, match=r"libedgetpu1-std 16.0 \(Coral's build, TF 2.5\)\): a libedgetpu/"
                        r"TFLite mismatch; Coral's libedgetpu 16.0 needs tflite_runtime below 2.12"):
         stages.load_edgetpu_delegate(parse_device("pci:0"), backend="ai-edge-litert")
+
+
+def test_a_backend_that_is_not_installed_is_an_error_not_a_crash(fakes) -> None:
+    missing = [b for b in edgetpu_runtime.BACKENDS if b not in interpreter.available_backends()]
+    if not missing:
+        pytest.skip("both backends are installed")
+    result = edgetpu_runtime.probe(str(fakes["stub"]), "usb:0", missing[0])
+    assert (result.kind, result.message.split(" (")[0]) == ("error", f"{missing[0]} is not installed")
