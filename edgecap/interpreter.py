@@ -2,45 +2,103 @@
 
 Coral boards ship tflite_runtime (numpy<2); everywhere else ai-edge-litert is
 the maintained package. Both expose the same ``Interpreter`` and
-``load_delegate``; this module picks one once and hides which.
+``load_delegate``; this module picks one and hides which.
+
+The rule: ``$EDGECAP_BACKEND`` (``ai-edge-litert`` or ``tflite_runtime``)
+forces one for everything. Otherwise CPU stages run on ai-edge-litert when it
+is importable, else on tflite_runtime; EdgeTPU stages run on the backend that
+``edgecap.edgetpu_runtime.preferred_backend`` picks for the installed
+libedgetpu from ``data/edgetpu_compat.json`` when both are importable: with
+Coral's own libedgetpu 16.0 (built against TF 2.5, which segfaults under
+TFLite newer than 2.11) that is tflite_runtime below 2.12; with a rebuilt
+libedgetpu it is ai-edge-litert.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import tempfile
 import threading
+from types import ModuleType
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-try:  # The maintained successor of tflite_runtime; the default.
-    from ai_edge_litert import interpreter as _tfl
+ENV_BACKEND = "EDGECAP_BACKEND"
+_MODULES = {"ai-edge-litert": "ai_edge_litert.interpreter", "tflite_runtime": "tflite_runtime.interpreter"}
+_DISTRIBUTIONS = {"ai-edge-litert": "ai-edge-litert", "tflite_runtime": "tflite-runtime"}
 
-    BACKEND = "ai-edge-litert"
-except ImportError:  # pragma: no cover - exercised on Coral boards
+
+def _import(backend: str) -> Optional[ModuleType]:
     try:
-        from tflite_runtime import interpreter as _tfl  # type: ignore[no-redef]
-
-        BACKEND = "tflite_runtime"
+        return importlib.import_module(_MODULES[backend])
     except ImportError:
-        _tfl = None
-        BACKEND = None
+        return None
 
 
-def backend_version() -> Optional[str]:
-    """Returns the installed interpreter package's version, or None."""
-    if BACKEND is None:
+def forced_backend() -> Optional[str]:
+    """Returns the backend ``$EDGECAP_BACKEND`` forces, or None.
+
+    Raises:
+      ValueError: If it names no known backend.
+    """
+    name = os.environ.get(ENV_BACKEND, "").strip()
+    if not name:
+        return None
+    name = {"tflite-runtime": "tflite_runtime", "ai_edge_litert": "ai-edge-litert"}.get(name, name)
+    if name not in _MODULES:
+        raise ValueError(f"{ENV_BACKEND}={name!r}: not a TFLite backend; use one of "
+                         f"{', '.join(_MODULES)} or unset it")
+    return name
+
+
+def _choose_default() -> Tuple[Optional[ModuleType], Optional[str], Optional[str]]:
+    try:
+        forced = forced_backend()
+    except ValueError as exc:  # reported when an interpreter is first wanted, as one line
+        return None, None, str(exc)
+    for name in [forced] if forced else list(_MODULES):
+        module = _import(name)
+        if module is not None:
+            return module, name, None
+    missing = f"{forced} (set by {ENV_BACKEND}) is not installed" if forced else None
+    return None, None, missing
+
+
+_tfl, BACKEND, _BACKEND_PROBLEM = _choose_default()
+
+
+def backend_version(backend: Optional[str] = None) -> Optional[str]:
+    """Returns an interpreter package's version (default: the active backend's), or None."""
+    backend = backend or BACKEND
+    if backend is None:
         return None
     from importlib import metadata
 
-    name = "ai-edge-litert" if BACKEND == "ai-edge-litert" else "tflite-runtime"
     try:
-        return metadata.version(name)
+        return metadata.version(_DISTRIBUTIONS[backend])
     except metadata.PackageNotFoundError:  # pragma: no cover
         return None
+
+
+def available_backends() -> Dict[str, Optional[str]]:
+    """Returns each importable backend's name and version."""
+    return {name: backend_version(name) for name in _MODULES if _import(name) is not None}
+
+
+def tpu_backend() -> Optional[str]:
+    """Chooses the backend for EdgeTPU stages (the rule is in this module's docstring)."""
+    if os.environ.get(ENV_BACKEND, "").strip():
+        return BACKEND
+    available = available_backends()
+    if len(available) < 2:
+        return BACKEND
+    from edgecap import edgetpu_runtime
+
+    return edgetpu_runtime.preferred_backend(edgetpu_runtime.identify(), available) or BACKEND
 
 
 _STDERR_LOCK = threading.Lock()
@@ -67,13 +125,20 @@ def _filtered_native_stderr() -> Iterator[None]:
                     print(line, file=sys.stderr)
 
 
-def _require_backend() -> Any:
-    if _tfl is None:
+def _require_backend(backend: Optional[str] = None) -> Any:
+    if _BACKEND_PROBLEM is not None:
+        from edgecap.errors import ConfigError
+
+        raise ConfigError(f"{_BACKEND_PROBLEM}; pip install it or unset {ENV_BACKEND}"
+                          if "not installed" in _BACKEND_PROBLEM else _BACKEND_PROBLEM)
+    module = _tfl if backend is None or backend == BACKEND else _import(backend)
+    if module is None:
+        wanted = backend or "a TFLite interpreter"
         raise ImportError(
-            "no TFLite interpreter installed: pip install ai-edge-litert "
+            f"{wanted} is not installed: pip install ai-edge-litert "
             "(or tflite-runtime on a Coral board)"
         )
-    return _tfl
+    return module
 
 
 def make_cpu_interpreter(
@@ -102,12 +167,14 @@ def make_cpu_interpreter(
     return interp
 
 
-def load_delegate(library: str, options: Optional[dict] = None) -> Any:
-    """Loads a TFLite external delegate (libedgetpu) through the active backend.
+def load_delegate(library: str, options: Optional[dict] = None, backend: Optional[str] = None) -> Any:
+    """Loads a TFLite external delegate (libedgetpu).
 
     Args:
       library: Shared library name, e.g. ``libedgetpu.so.1``.
       options: Delegate options, e.g. ``{'device': 'usb:0'}``.
+      backend: The backend to load it through (default: the active one);
+        the interpreter that uses it must come from the same backend.
 
     Returns:
       The delegate object.
@@ -115,12 +182,16 @@ def load_delegate(library: str, options: Optional[dict] = None) -> Any:
     Raises:
       ValueError: If the library cannot be loaded.
     """
-    return _require_backend().load_delegate(library, options or {})
+    return _require_backend(backend).load_delegate(library, options or {})
 
 
-def make_delegate_interpreter(model: "str | os.PathLike[str]", delegates: List[Any]) -> Any:
-    """Creates an interpreter that runs ``model`` on the given delegates and allocates tensors."""
-    interp = _require_backend().Interpreter(
+def make_delegate_interpreter(model: "str | os.PathLike[str]", delegates: List[Any],
+                              backend: Optional[str] = None) -> Any:
+    """Creates an interpreter that runs ``model`` on the given delegates and allocates tensors.
+
+    ``backend`` must be the one the delegates were loaded through (default: the active one).
+    """
+    interp = _require_backend(backend).Interpreter(
         model_path=os.fspath(model), experimental_delegates=delegates
     )
     interp.allocate_tensors()

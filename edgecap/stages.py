@@ -16,18 +16,17 @@ import ctypes
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
-from edgecap import interpreter
+from edgecap import edgetpu_runtime, interpreter
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, EdgecapError, PlanError
 from edgecap.modelfile import TensorSpec
 from edgecap.plan import Stage
 from edgecap.scheduler import sleep_until
 
-EDGETPU_LIBRARY = "libedgetpu.so.1"
 _PR_SET_TIMERSLACK = 29  # linux/prctl.h
 
 Tensors = Dict[str, np.ndarray]
@@ -216,40 +215,49 @@ def open_stage(
     return PacedSegment(runner, stage.predicted_ms) if paced else runner
 
 
-def load_edgetpu_delegate(spec: DeviceSpec) -> Any:
-    """Loads libedgetpu's delegate for one EdgeTPU.
+def load_edgetpu_delegate(spec: DeviceSpec, model: "str | Path | None" = None,
+                          backend: Optional[str] = None) -> Any:
+    """Loads libedgetpu's delegate for one EdgeTPU, after probing it in a child process.
+
+    The first load of a library file for a device runs ``edgecap.edgetpu_runtime``'s
+    probe (load the delegate, invoke ``model``) in a child, so that a libedgetpu
+    that crashes this TFLite build kills the child, not this process. The
+    library is ``$EDGECAP_EDGETPU_LIBRARY``, else the platform's libedgetpu.
 
     Args:
       spec: A parsed ``tpu`` device (see ``parse_device``).
+      model: The model the probe invokes (default: a tiny CPU model).
+      backend: The interpreter backend (default: ``interpreter.tpu_backend()``).
 
     Returns:
-      The delegate, for ``interpreter.make_delegate_interpreter``.
+      The delegate, for ``interpreter.make_delegate_interpreter`` with the same backend.
 
     Raises:
-      EdgecapError: If the Edge TPU runtime is not installed or the device
-        cannot be opened.
+      EdgecapError: One line, if the Edge TPU runtime is not installed, crashes
+        under this TFLite build, or the device cannot be opened.
     """
-    fix = "install the Edge TPU runtime, check `edgecap devices`, or run on cpu / emu-tpu:N"
-    # Probe the library first: when load_delegate fails to load it, the
-    # backend's half-built Delegate prints tracebacks from its __del__.
+    library = edgetpu_runtime.library_name()
+    backend = backend or interpreter.tpu_backend() or interpreter.BACKEND or "ai-edge-litert"
+    edgetpu_runtime.check(str(spec), library, spec.delegate_option, backend, model)
     try:
-        ctypes.CDLL(EDGETPU_LIBRARY)
-    except OSError:
-        raise EdgecapError(f"{spec}: {EDGETPU_LIBRARY} not found; {fix}") from None
-    try:
-        return interpreter.load_delegate(EDGETPU_LIBRARY, {"device": spec.delegate_option})
+        return interpreter.load_delegate(library, {"device": spec.delegate_option}, backend)
     except (ValueError, RuntimeError, OSError) as exc:
-        raise EdgecapError(f"{spec}: cannot open the EdgeTPU ({exc}); {fix}") from None
+        raise EdgecapError(
+            f"{spec}: cannot open the EdgeTPU ({edgetpu_runtime.one_line(exc)}); "
+            "check `edgecap devices`, or run on cpu / emu-tpu:N"
+        ) from None
 
 
 def _open_edgetpu(spec: DeviceSpec, stage: Stage) -> Segment:
     segment = stage.compiled_segment
-    delegate = load_edgetpu_delegate(spec)
+    backend = interpreter.tpu_backend()
+    delegate = load_edgetpu_delegate(spec, segment, backend)
     try:
-        interp = interpreter.make_delegate_interpreter(segment, [delegate])
+        interp = interpreter.make_delegate_interpreter(segment, [delegate], backend)
     except (ValueError, RuntimeError) as exc:
         raise EdgecapError(
-            f"{spec}: cannot run {Path(segment).name} on the EdgeTPU ({exc}); "
+            f"{spec}: cannot run {Path(segment).name} on the EdgeTPU "
+            f"({edgetpu_runtime.one_line(exc)}); "
             "re-run `edgecap compile`, or run on cpu / emu-tpu:N"
         ) from None
     return InterpreterSegment(interp, stage)

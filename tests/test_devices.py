@@ -133,23 +133,18 @@ def test_emulation_needs_a_prediction(tmp_path: Path) -> None:
 
 @pytest.fixture
 def libedgetpu(monkeypatch):
-    """Pretends libedgetpu.so.1 is installed (only the ctypes probe; the delegate is stubbed per test)."""
-    real = stages.ctypes.CDLL
-
-    def cdll(name, *args, **kwargs):
-        return object() if name == stages.EDGETPU_LIBRARY else real(name, *args, **kwargs)
-
-    monkeypatch.setattr(stages.ctypes, "CDLL", cdll)
+    """Pretends libedgetpu.so.1 is installed (only the child probe; the delegate is stubbed per test)."""
+    monkeypatch.setattr(stages.edgetpu_runtime, "check", lambda *args: None)
 
 
 def test_missing_libedgetpu_is_one_line_before_load_delegate(monkeypatch) -> None:
-    def no_library(name, *args, **kwargs):
-        raise OSError(f"{name}: cannot open shared object file")
-
-    def load_delegate(library, options):
+    def load_delegate(library, options, backend=None):
         raise AssertionError("load_delegate must not run without the library")
 
-    monkeypatch.setattr(stages.ctypes, "CDLL", no_library)
+    monkeypatch.setenv("EDGECAP_EDGETPU_LIBRARY", "libedgetpu.so.1")
+    monkeypatch.setattr(stages.edgetpu_runtime, "resolve_library", lambda library: None)
+    monkeypatch.setattr(stages.edgetpu_runtime, "_run_probe", lambda *args: stages.edgetpu_runtime.ProbeResult(
+        "no-library", "libedgetpu.so.1: cannot open shared object file"))
     monkeypatch.setattr(stages.interpreter, "load_delegate", load_delegate)
     with pytest.raises(EdgecapError, match="usb:1: libedgetpu.so.1 not found; install") as err:
         stages.load_edgetpu_delegate(parse_device("usb:1"))
@@ -159,9 +154,9 @@ def test_missing_libedgetpu_is_one_line_before_load_delegate(monkeypatch) -> Non
 def test_delegate_failure_is_a_one_line_error(libedgetpu, monkeypatch) -> None:
     seen = {}
 
-    def no_device(library, options):
+    def no_device(library, options, backend=None):
         seen.update(options)
-        raise ValueError(f"Failed to load delegate from {library}")
+        raise ValueError(f"Failed to load delegate from {library}\n")
 
     monkeypatch.setattr(stages.interpreter, "load_delegate", no_device)
     with pytest.raises(EdgecapError, match="tpu:1: cannot open the EdgeTPU") as err:
@@ -171,10 +166,10 @@ def test_delegate_failure_is_a_one_line_error(libedgetpu, monkeypatch) -> None:
 
 
 def test_delegate_interpreter_failure_is_a_one_line_error(plan, libedgetpu, monkeypatch) -> None:
-    def interpreter_fails(model, delegates):
+    def interpreter_fails(model, delegates, backend=None):
         raise RuntimeError("Encountered unresolved custom op: edgetpu-custom-op")
 
-    monkeypatch.setattr(stages.interpreter, "load_delegate", lambda library, options: object())
+    monkeypatch.setattr(stages.interpreter, "load_delegate", lambda library, options, backend=None: object())
     monkeypatch.setattr(stages.interpreter, "make_delegate_interpreter", interpreter_fails)
     stage = dataclasses.replace(plan.stages[0], compiled_segment=plan.stages[0].segment)
     with pytest.raises(EdgecapError, match="tpu:0: cannot run .* on the EdgeTPU") as err:
