@@ -1,22 +1,30 @@
-"""What an install carries: the wheel ships its data, the demo included.
+"""What an install carries and needs: the demo in the wheel, the compiler's one-line refusal.
 
 A board installs edgecap from a wheel, not from a checkout: the wheel must carry
-the demo bundle and sample clip (pyproject maps models/demo to edgecap/demo).
+the demo bundle and sample clip (pyproject maps models/demo to edgecap/demo), and
+where ai-edge-litert lacks ``tools.flatbuffer_utils`` (before 2.1.0, and in every
+Linux aarch64 wheel) or only tflite_runtime is installed, ``import edgecap_compile``
+refuses in one line while the runtime captions as before.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import io
 import os
 import subprocess
 import sys
 import time
 import zipfile
+from contextlib import redirect_stderr, redirect_stdout
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from edgecap import cli
 from edgecap.bundle import DEMO_DIR, demo_dir
+from edgecap_compile.errors import CompileError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -118,3 +126,72 @@ def test_a_wheel_install_captions_the_demo_from_another_directory(built_wheel, t
     assert captions, run.stdout
     print(f"\n{wheel.name} ({wheel.stat().st_size / 1e6:.1f} MB): installed and captioned "
           f"in {time.monotonic() - started:.1f} s; {captions[0]}")
+
+
+# ---------------------------------------------------------------- the compiler's needs
+
+
+@pytest.fixture
+def fresh_compiler(monkeypatch):
+    """Forgets the imported compiler, so the next import runs its checks again (restored after).
+
+    Its errors module stays, so that the CompileError raised is the class imported here.
+    """
+    for name in [n for n in sys.modules if n == "edgecap_compile" or n.startswith("edgecap_compile.")]:
+        if name != "edgecap_compile.errors":
+            monkeypatch.delitem(sys.modules, name)
+
+
+def import_compiler():
+    import importlib
+
+    return importlib.import_module("edgecap_compile")
+
+
+def test_the_compiler_refuses_in_one_line_without_flatbuffer_utils(fresh_compiler, hide_module,
+                                                                   monkeypatch) -> None:
+    hide_module("ai_edge_litert.tools")
+    monkeypatch.setattr(metadata, "version", lambda name: "1.4.0")
+    with pytest.raises(CompileError) as info:
+        import_compiler()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "ai-edge-litert 1.4.0" in message and "'ai-edge-litert>=2.1'" in message
+
+
+def test_the_compiler_refuses_in_one_line_with_only_tflite_runtime(fresh_compiler, hide_module,
+                                                                   monkeypatch) -> None:
+    def not_found(name):
+        raise metadata.PackageNotFoundError(name)
+
+    hide_module("ai_edge_litert")
+    monkeypatch.setattr(metadata, "version", not_found)
+    with pytest.raises(CompileError, match=r"no ai-edge-litert\) lacks"):
+        import_compiler()
+
+
+def test_the_compiler_imports_with_flatbuffer_utils(fresh_compiler) -> None:
+    pytest.importorskip("ai_edge_litert.tools.flatbuffer_utils")
+    assert callable(import_compiler().compile_model)
+
+
+def run_cli(argv) -> tuple:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_without_the_compiler_the_runtime_captions_and_planning_says_one_line(
+        fresh_compiler, hide_module, tmp_path: Path) -> None:
+    hide_module("ai_edge_litert.tools")
+    code, out, err = run_cli(["caption"])
+    assert code == 0, err
+    assert any("truth:" in line for line in out.splitlines()), out
+    code, out, err = run_cli(["caption", "--board", "devboard-usb"])
+    assert code == 2
+    assert err.count("\n") == 1 and "flatbuffer_utils" in err, err
+    code, out, err = run_cli(["compile", str(DEMO_DIR / "bundle"), "--board", "host",
+                              "-o", str(tmp_path / "plan")])
+    assert code == 2
+    assert err.count("\n") == 1 and "compile on an x86-64 host" in err, err
