@@ -5,8 +5,32 @@ The runtime reaches it through one door, ``edgecap.planning`` (planning for a
 board on the fly), and only through the names exported here.
 """
 
-from edgecap_compile.compiler import CompileResult, compile_model, make_board
-from edgecap_compile.edgetpu import find_compiler
 from edgecap_compile.errors import CompileError
+
+
+def _litert_version() -> str:
+    """Returns the installed ai-edge-litert's version in words, for the message below."""
+    from importlib import metadata
+
+    try:
+        return f"ai-edge-litert {metadata.version('ai-edge-litert')}"
+    except metadata.PackageNotFoundError:
+        return "this install (no ai-edge-litert)"
+
+
+# The compiler reads and writes models with ai-edge-litert's flatbuffer_utils,
+# which came in 2.1.0 and which its Linux aarch64 wheels leave out: refuse in one
+# line here, before the imports below fail deep inside with a traceback.
+try:
+    from ai_edge_litert.tools import flatbuffer_utils as _flatbuffer_utils  # noqa: F401
+except ImportError:
+    raise CompileError(
+        f"the compiler needs ai_edge_litert.tools.flatbuffer_utils, which {_litert_version()} "
+        "lacks (ai-edge-litert >= 2.1 has it, except on Linux aarch64): compile on an x86-64 "
+        "host (pip install 'ai-edge-litert>=2.1') and copy the plan to the board; the runtime "
+        "needs no compiler") from None
+
+from edgecap_compile.compiler import CompileResult, compile_model, make_board  # noqa: E402
+from edgecap_compile.edgetpu import find_compiler  # noqa: E402
 
 __all__ = ["CompileError", "CompileResult", "compile_model", "find_compiler", "make_board"]

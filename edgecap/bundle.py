@@ -21,11 +21,28 @@ except ImportError:  # pragma: no cover - Python < 3.9 is not supported
 
 SCHEMA_VERSION = 1
 PLANS_DIR = "plans"  # plans compiled ahead of time, one directory per board
-# The shipped demo (bundle, sample clip and its ground truth), in a source checkout.
-DEMO_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 _QUANTIZED = ("int8", "uint8")
 _ENCODER_STEP_IO = ({"feature", "h", "c"}, {"h_out", "c_out"})
 _DECODER_STEP_IO = ({"word", "h", "c"}, {"logits", "h_out", "c_out"})
+
+
+def demo_dir(package: Path) -> Path:
+    """Returns where the shipped demo (bundle, sample clip, its ground truth) lies.
+
+    A wheel carries it as ``edgecap/demo`` (pyproject maps ``models/demo`` there);
+    a source checkout, editable installs included, has only ``models/demo``.
+
+    Args:
+      package: The directory of the ``edgecap`` package.
+
+    Returns:
+      ``package/demo`` where it exists, else the checkout's ``models/demo``.
+    """
+    packaged = package / "demo"
+    return packaged if packaged.is_dir() else package.parent / "models" / "demo"
+
+
+DEMO_DIR = demo_dir(Path(__file__).resolve().parent)
 
 
 def resolve_inside(root: Path, name: str) -> Optional[Path]:
