@@ -12,10 +12,11 @@ Pure Python, no schema bindings: it runs where only tflite_runtime is installed.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Callable, List, Optional, Sequence, Tuple, Type
 
 from edgecap.errors import BundleError, EdgecapError
 
@@ -52,14 +53,12 @@ _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _U16X2 = struct.Struct("<HH").unpack_from
 _SCALARS = {fmt: struct.Struct(fmt) for fmt in ("<B", "<b", "<I", "<Q")}
-_ARRAYS: Dict[Tuple[str, int], Callable[..., Tuple[int, ...]]] = {}
 
 
+@functools.lru_cache(maxsize=256)
 def _array(code: str, n: int) -> Callable[..., Tuple[int, ...]]:
-    key = (code, n)
-    if key not in _ARRAYS:
-        _ARRAYS[key] = struct.Struct(f"<{n}{code}").unpack_from
-    return _ARRAYS[key]
+    """An unpacker of ``n`` little-endian ``code`` values (cached: the same lengths recur)."""
+    return struct.Struct(f"<{n}{code}").unpack_from
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,8 @@ def test_a_constant_whose_data_does_not_fit_its_shape_is_refused() -> None:
 
     consts = [(t, _u32(data, _field(data, t, 2))) for t in _tensors(data)]
     consts = [(t, b) for t, b in consts if size(b)]
-    (t0, b0), other = consts[0], next(b for _, b in consts if size(b) != size(consts[0][1]))
+    t0, b0 = consts[0]
+    other = next(b for _, b in consts if size(b) != size(b0))
     struct.pack_into("<I", data, _field(data, t0, 2), other)
     assert f"holds {size(other)} bytes" in _refused(bytes(data))
 
