@@ -88,6 +88,10 @@ class _Walker:
         if size < 4 or pos + size > n:
             raise _Corrupt(f"{what}: table of {size} bytes at byte {pos} runs past the end of the file")
         slots = _array("H", (vsize - 4) // 2)(self.data, vtable + 4)
+        # Fields this walk does not read must lie inside the table too: the
+        # interpreter may read them (its schema is newer than this list).
+        if slots and max(slots) >= size or 0 < min(slots, default=0) < 4:
+            raise _Corrupt(f"{what}: a field of the {size}-byte table at byte {pos} lies outside it")
         return _Table(pos, size, slots)
 
     def field(self, t: _Table, slot: int, size: int, what: str) -> Optional[int]:
@@ -97,7 +101,10 @@ class _Walker:
             return None
         if voff + size > t.size:
             raise _Corrupt(f"{what}: field at +{voff} lies outside its {t.size}-byte table")
-        return t.pos + voff
+        pos = t.pos + voff
+        if pos % size:
+            raise _Corrupt(f"{what}: {size}-byte field at byte {pos} is misaligned")
+        return pos
 
     def scalar(self, t: _Table, slot: int, fmt: str, default: int, what: str) -> int:
         s = _SCALARS[fmt]
@@ -110,7 +117,10 @@ class _Walker:
 
     def offset(self, pos: int, what: str) -> int:
         """Where the uoffset stored at ``pos`` points (``pos`` is known to be inside the file)."""
-        to = pos + _U32(self.data, pos)[0]
+        o = _U32(self.data, pos)[0]
+        if o == 0 or o >= 1 << 31:  # as flatbuffers' own verifier: never self, never wrapping
+            raise _Corrupt(f"{what}: offset {o} at byte {pos} is invalid")
+        to = pos + o
         if to + 4 > self.n:
             raise _Corrupt(f"{what}: offset to byte {to} is past the end of the {self.n}-byte file")
         return to
@@ -173,6 +183,8 @@ def verify_tflite(data: bytes, where: str, *, error: Type[EdgecapError] = Bundle
     Raises:
       EdgecapError: ``error``, with one line naming the file and what is wrong.
     """
+    if len(data) < 8 or bytes(data[4:8]) != IDENTIFIER:
+        raise error(f"{where}: not a TFLite model (no TFL3 identifier at bytes 4..8); {fix}")
     try:
         _verify(_Walker(bytes(data)))
     except _Corrupt as exc:
@@ -180,8 +192,6 @@ def verify_tflite(data: bytes, where: str, *, error: Type[EdgecapError] = Bundle
 
 
 def _verify(w: _Walker) -> None:
-    if w.n < 8 or w.data[4:8] != IDENTIFIER:
-        raise _Corrupt("no TFL3 identifier at bytes 4..8, not a TFLite flatbuffer")
     model = w.table(w.offset(0, "root offset"), "model")
     codes = w.tables(model, _MODEL_OPCODES, "operator_codes")
     for i, code in enumerate(codes):
