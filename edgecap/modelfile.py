@@ -11,9 +11,11 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Tuple, Type
 
+from edgecap.errors import BundleError, EdgecapError
 from edgecap.interpreter import make_cpu_interpreter
+from edgecap.tflite_verify import verify_tflite
 
 
 @dataclass(frozen=True)
@@ -93,19 +95,25 @@ def inspect_model(path: "str | os.PathLike[str]", data: bytes, interp: Any) -> M
     )
 
 
-def open_model(path: "str | os.PathLike[str]") -> Tuple[ModelFile, Any]:
-    """Reads a .tflite file once, opens it on the CPU and records it.
+def open_model(path: "str | os.PathLike[str]",
+               error: Type[EdgecapError] = BundleError) -> Tuple[ModelFile, Any]:
+    """Reads a .tflite file once, verifies it, opens it on the CPU and records it.
 
     Args:
       path: The model file.
+      error: What to raise for a corrupt file (``tflite_verify``).
 
     Returns:
       ``(ModelFile, interpreter)``; the interpreter is for the caller's checks.
 
     Raises:
       OSError: If the file cannot be read.
+      EdgecapError: ``error``, if the file is not a whole, consistent TFLite flatbuffer.
       ValueError, RuntimeError: If the interpreter rejects it.
     """
     data = Path(path).read_bytes()
+    # Not every interpreter verifies what it parses (ai-edge-litert 1.4 and
+    # tflite_runtime crash on a truncated file): refuse it first.
+    verify_tflite(data, str(path), error=error)
     interp = make_cpu_interpreter(data)
     return inspect_model(path, data, interp), interp

@@ -338,7 +338,7 @@ def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
     """
     if not isinstance(model, ModelFile):
         try:
-            model, _ = open_model(model)
+            model, _ = open_model(model, error=PlanError)
         except (ValueError, RuntimeError, OSError) as exc:
             raise PlanError(f"{model}: not a TFLite model ({exc}); check the bundle's encoder") from None
     stage = Stage(

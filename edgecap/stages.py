@@ -25,6 +25,7 @@ from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, EdgecapError, PlanError
 from edgecap.modelfile import TensorSpec
 from edgecap.plan import Stage
+from edgecap.tflite_verify import verify_tflite
 from edgecap.scheduler import sleep_until
 
 _PR_SET_TIMERSLACK = 29  # linux/prctl.h
@@ -184,7 +185,7 @@ def open_stage(
 
     Raises:
       ConfigError: If pacing is asked for and the stage has no ``predicted_ms``.
-      PlanError: If the segment file does not match the stage, or a real
+      PlanError: If the segment file is corrupt or does not match the stage, or a real
         EdgeTPU is to run a segment edgetpu_compiler did not compile.
       EdgecapError: If no EdgeTPU runtime or device can be opened.
     """
@@ -198,6 +199,12 @@ def open_stage(
             f"stage {stage.index} on {spec}: pacing needs the stage's predicted_ms; "
             "use a plan from `edgecap compile`"
         )
+    opened = stage.compiled_segment if spec.kind == "tpu" else stage.segment
+    if opened is not None and not (timing_only and paced):
+        # Not every interpreter verifies what it parses (ai-edge-litert 1.4,
+        # tflite_runtime, libedgetpu's): a corrupt segment would crash it.
+        verify_tflite(opened.read_bytes(), str(opened), error=PlanError,
+                      fix="re-run `edgecap compile` to rewrite the plan's segments")
     if timing_only and paced:
         segment: Segment = ZeroSegment(stage.outputs)
     elif spec.kind == "tpu":
