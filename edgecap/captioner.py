@@ -455,12 +455,18 @@ class EdgeCaptioner:
     def stats(self) -> Optional[PipelineStats]:
         """Statistics of the current or latest stream (None before the first).
 
-        ``dropped`` counts frames a live source or the pipeline discarded.
+        ``dropped`` counts frames a live source or the pipeline discarded;
+        ``thermal`` the temperature and throttling of the EdgeTPUs the plan
+        runs on (real ones only; emulated TPUs have none).
         """
         stats = self._pipeline.stats()
-        if stats is None or self._source is None:
+        if stats is None:
             return stats
-        return dataclasses.replace(stats, dropped=stats.dropped + self._source.dropped)
+        if self._source is not None:
+            stats = dataclasses.replace(stats, dropped=stats.dropped + self._source.dropped)
+        if any(devices.parse_device(w).kind == "tpu" for w in self.devices.values()):
+            stats = dataclasses.replace(stats, thermal=tuple(devices.tpu_thermals()))
+        return stats
 
     def close(self) -> None:
         """Stops the run in progress and joins every worker thread; idempotent."""

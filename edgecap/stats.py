@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,7 +46,10 @@ class PipelineStats:
 
     ``fps_in`` and ``fps_out`` are steady-state rates: items between the first
     and the last one, over the time between them. Latency is from the moment an
-    item leaves the source to the moment the consumer receives it.
+    item leaves the source to the moment the consumer receives it. ``thermal``
+    holds the temperature and throttle state of the PCIe EdgeTPUs the run uses
+    (``edgecap.devices.TpuThermal``), read when the snapshot is taken: a
+    throttled TPU runs slower than its plan predicts.
     """
 
     frames_in: int
@@ -58,6 +61,7 @@ class PipelineStats:
     latency_ms: Dict[str, float]
     stages: Tuple[StageStats, ...]
     queues: Tuple[QueueStats, ...]
+    thermal: Tuple[Any, ...] = ()
 
     def worker_utilization(self) -> Dict[str, float]:
         """Busy fraction of each worker (device), summed over its stages."""

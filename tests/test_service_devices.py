@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from edgecap.devices import DeviceInfo, ThrottleWatch
 from edgecap.service.service import tpu_rows
 
@@ -25,3 +27,19 @@ def test_rows_carry_temperature_and_throttling(tmp_path: Path, caplog) -> None:
     assert rows[0][1] == {"device": "tpu:1", "kind": "usb", "busy": None,
                           "temperature_c": None, "throttled": None}
     assert sum("tpu:0 (apex_0) is throttling" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_stats_carry_the_tpus_throttle_state_when_the_run_uses_real_tpus(shipped_bundle, monkeypatch):
+    # A run on a real EdgeTPU reports its temperature and throttling in stats();
+    # the TPU is stood in for by a CPU worker and a fake sysfs reading.
+    from edgecap import devices as devices_module
+    from edgecap.captioner import EdgeCaptioner
+    from edgecap.devices import TpuThermal
+
+    hot = TpuThermal("apex_0", 91.0, (85.0, 90.0, 95.0), 2)
+    monkeypatch.setattr(devices_module, "tpu_thermals", lambda sysfs="/sys": [hot])
+    with EdgeCaptioner(shipped_bundle, num_threads=1) as cap:
+        cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))
+        assert cap.stats().thermal == ()  # a CPU run reads no TPU
+        cap.devices = {"cpu": "tpu:0"}  # as a run placed on a real TPU would be
+        assert cap.stats().thermal == (hot,)
