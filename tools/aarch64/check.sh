@@ -85,6 +85,7 @@ debian_mirror() {
 ensure_root() {
     local root="$CACHE/root-$SUITE"
     [ -f "$root/.ready" ] && return
+    [ "$(id -u)" -eq 0 ] || die "building the Debian root needs root (debootstrap); run once with sudo"
     rm -rf "$root"
     local mirror; mirror=$(debian_mirror)
     log "building arm64 $SUITE root from $mirror (first run only)"
