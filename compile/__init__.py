@@ -19,16 +19,17 @@ def _litert_version() -> str:
 
 
 # The compiler reads and writes models with ai-edge-litert's flatbuffer_utils,
-# which came in 2.1.0 and which its Linux aarch64 wheels leave out: refuse in one
-# line here, before the imports below fail deep inside with a traceback.
+# which came in 2.1.0 (1.4.0, the last aarch64 wheel for glibc < 2.27, and
+# tflite_runtime lack it): refuse in one line here, before the imports below
+# fail deep inside with a traceback.
 try:
     from ai_edge_litert.tools import flatbuffer_utils as _flatbuffer_utils  # noqa: F401
 except ImportError:
     raise CompileError(
         f"the compiler needs ai_edge_litert.tools.flatbuffer_utils, which {_litert_version()} "
-        "lacks (ai-edge-litert >= 2.1 has it, except on Linux aarch64): compile on an x86-64 "
-        "host (pip install 'ai-edge-litert>=2.1') and copy the plan to the board; the runtime "
-        "needs no compiler") from None
+        "lacks (ai-edge-litert >= 2.1 has it): pip install 'ai-edge-litert>=2.1' where the "
+        "platform has it, or compile on an x86-64 host and copy the plan to the board; the "
+        "runtime needs no compiler") from None
 
 from edgecap_compile.compiler import CompileResult, compile_model, make_board  # noqa: E402
 from edgecap_compile.edgetpu import find_compiler  # noqa: E402
