@@ -16,7 +16,7 @@ from edgecap import interpreter
 from edgecap.bundle import load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.cli import main
-from edgecap.errors import BundleError, PlanError
+from edgecap.errors import EdgecapError, BundleError, PlanError
 from edgecap.tflite_verify import verify_tflite
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,7 +210,10 @@ def test_validate_of_a_truncated_encoder_is_one_line_exit_2(bundle_copy: Path, c
 
 def test_a_plan_with_a_truncated_segment_is_refused_before_it_runs(shipped_bundle: Path, tmp_path: Path,
                                                                    monkeypatch) -> None:
-    graph = pytest.importorskip("edgecap_compile.graph")  # cuts the plan; absent where only the runtime is
+    try:  # the compiler cuts the plan; it refuses to import where only the runtime can run
+        from edgecap_compile import graph
+    except (ImportError, EdgecapError) as exc:
+        pytest.skip(f"no compiler here: {exc}")
     from runtime_plans import write_plan
 
     encoder = shipped_bundle / "encoder.tflite"
