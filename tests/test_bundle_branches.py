@@ -16,7 +16,6 @@ from test_bundle import _error
 
 from conftest import DATA
 from edgecap.bundle import default_bundle, load_bundle
-from edgecap.errors import BundleError
 
 MULTI_OUTPUT_SOURCE = DATA / "compile" / "tiny_inception.tflite"
 

@@ -20,7 +20,6 @@ resolution's closure, adding what pip left out.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
