@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from test_wheels_aarch64 import load_pyproject
+
 from edgecap import cli
 from edgecap.bundle import DEMO_DIR, demo_dir
 from edgecap_compile.errors import CompileError
@@ -29,13 +31,6 @@ from edgecap_compile.errors import CompileError
 REPO = Path(__file__).resolve().parent.parent
 
 
-def load_pyproject() -> dict:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.9 and 3.10
-        tomllib = pytest.importorskip("tomli")
-    with open(REPO / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)
 
 
 # ---------------------------------------------------------------- the demo in the wheel
