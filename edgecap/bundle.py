@@ -212,17 +212,15 @@ def _bundled_plans(root: Path) -> Dict[str, Path]:
 
 
 def _open_model(path: Path) -> Tuple[ModelFile, Any]:
-    """Opens a .tflite file once on the CPU, turning failures into a BundleError."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except PermissionError:
-        raise BundleError(f"{path}: permission denied: make it readable by this user") from None
-    # Every TFLite flatbuffer carries the file identifier "TFL3" at bytes 4..8.
-    if len(head) < 8 or head[4:8] != b"TFL3":
-        raise BundleError(f"{path}: not a TFLite model (no TFL3 identifier): re-export it")
+    """Opens a .tflite file once on the CPU, turning failures into a BundleError.
+
+    ``open_model`` reads the file once and verifies it (the TFL3 identifier
+    included) before the interpreter sees it.
+    """
     try:
         return open_model(path)
+    except PermissionError:
+        raise BundleError(f"{path}: permission denied: make it readable by this user") from None
     except (ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BundleError(f"{path}: corrupt or truncated TFLite model ({first}): re-export it") from None

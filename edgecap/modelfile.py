@@ -73,28 +73,6 @@ class ModelFile:
     outputs: Tuple[TensorSpec, ...]
 
 
-def inspect_model(path: "str | os.PathLike[str]", data: bytes, interp: Any) -> ModelFile:
-    """Records what an opened model holds.
-
-    Args:
-      path: The model file.
-      data: Its bytes (hashed here; the caller read them once for the interpreter too).
-      interp: An allocated interpreter of those bytes.
-
-    Returns:
-      The ``ModelFile``.
-    """
-    # The model's own nodes come first; the delegates the backend applied are appended.
-    ops = sum(1 for op in interp._get_ops_details() if op["op_name"] != "DELEGATE")
-    return ModelFile(
-        path=Path(path).resolve(),
-        sha256=hashlib.sha256(data).hexdigest(),
-        ops=ops,
-        inputs=tuple(TensorSpec.from_details(d) for d in interp.get_input_details()),
-        outputs=tuple(TensorSpec.from_details(d) for d in interp.get_output_details()),
-    )
-
-
 def open_model(path: "str | os.PathLike[str]",
                error: Type[EdgecapError] = BundleError) -> Tuple[ModelFile, Any]:
     """Reads a .tflite file once, verifies it, opens it on the CPU and records it.
@@ -116,4 +94,13 @@ def open_model(path: "str | os.PathLike[str]",
     # tflite_runtime crash on a truncated file): refuse it first.
     verify_tflite(data, str(path), error=error)
     interp = make_cpu_interpreter(data)
-    return inspect_model(path, data, interp), interp
+    # The model's own nodes come first; the delegates the backend applied are appended.
+    ops = sum(1 for op in interp._get_ops_details() if op["op_name"] != "DELEGATE")
+    model = ModelFile(
+        path=Path(path).resolve(),
+        sha256=hashlib.sha256(data).hexdigest(),  # the bytes the interpreter got: read once
+        ops=ops,
+        inputs=tuple(TensorSpec.from_details(d) for d in interp.get_input_details()),
+        outputs=tuple(TensorSpec.from_details(d) for d in interp.get_output_details()),
+    )
+    return model, interp
