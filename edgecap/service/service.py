@@ -45,6 +45,7 @@ from edgecap.service.metrics import Metrics
 from edgecap.service.notify import Notifier
 from edgecap.service.sinks import open_sinks
 from edgecap.service.state import ServiceState
+from edgecap.stats import PipelineStats
 
 _log = logging.getLogger("edgecap")
 
@@ -181,7 +182,7 @@ class Service:
                     self._frame(result, now)
                 if not ready and (result.frame is not None or now >= ready_by):
                     ready = True
-                    self.notifier.ready(self._status_line())
+                    self.notifier.ready(self._status_line(self.captioner.stats()))
                 if ping_every and now - last_ping >= ping_every:
                     self.notifier.watchdog()
                     last_ping = now
@@ -249,10 +250,9 @@ class Service:
             })
             del self._latency[name][:-50]
         self.sinks.stats(self.state.snapshot())
-        self.notifier.status(self._status_line())
+        self.notifier.status(self._status_line(stats))
 
-    def _status_line(self) -> str:
-        stats = self.captioner.stats()
+    def _status_line(self, stats: Optional[PipelineStats]) -> str:
         fps = stats.fps_out if stats is not None else 0.0
         cams = ", ".join(f"{name} {feed.status}" for name, feed in zip(self._names, self.feeds))
         return f"{fps:.1f} frames/s; cameras: {cams}; devices: {', '.join(sorted(set(self.captioner.devices.values())))}"
