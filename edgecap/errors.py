@@ -27,3 +27,18 @@ class PipelineBusy(EdgecapError):
 
 class RunCancelled(EdgecapError):
     """A run stopped before its end by ``close()`` or ``cancel()``, from another thread or a signal handler."""
+
+
+class DeviceFailed(EdgecapError):
+    """A device stopped working mid-run: its invoke raised, hung past its deadline,
+    crashed its worker process, or the device left the bus.
+
+    Attributes:
+      device: The device string, e.g. ``tpu:0`` or ``emu-tpu:1``.
+      kind: ``error``, ``hung``, ``crashed`` or ``vanished``.
+    """
+
+    def __init__(self, device: str, kind: str, detail: str) -> None:
+        super().__init__(f"{device}: {kind}: {detail}")
+        self.device = device
+        self.kind = kind
