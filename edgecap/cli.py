@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 from edgecap import __version__
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.errors import EdgecapError
+from edgecap.outputs import atomic_path, check_output, write_text
 
 if TYPE_CHECKING:
     from edgecap.options import CaptionerOptions
@@ -111,6 +112,8 @@ def _captioner_options(args: argparse.Namespace) -> "CaptionerOptions":
 def _cmd_caption(args: argparse.Namespace) -> int:
     from edgecap.captioner import EdgeCaptioner
 
+    if args.trace is not None:
+        check_output(args.trace, "--trace")
     bundle = args.bundle or default_bundle()
     source = args.source
     expected: Optional[List[str]] = None
@@ -144,12 +147,14 @@ def _cmd_caption(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from edgecap.evaluate import evaluate, format_report, report_json
 
+    if args.out is not None:
+        check_output(args.out, "--out")
     with _progress(args.limit, "eval", "clip") as bar:
         report = evaluate(args.bundle or default_bundle(), args.data, args.split, args.limit,
                           progress=_updater(bar))
     print(format_report(report))
     if args.out:
-        Path(args.out).write_text(report_json(report))
+        write_text(args.out, report_json(report))
     return 0
 
 
@@ -245,6 +250,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from edgecap import bench
 
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    timeline = _check_bench_outputs(args)
     trace = args.trace
     if args.plot is not None and trace is None:
         trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
@@ -257,7 +263,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     print(bench.format_table(result.rows, result.overhead, result.scaling))
     doc = result.to_json()
     if args.json is not None:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_text(args.json, json.dumps(doc, indent=2) + "\n")
     if args.plot is not None:
         from edgecap.plots import plot_bench, plot_timeline
 
@@ -268,8 +274,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         plot_bench(dict(doc, rows=[r for r in doc["rows"] if r["stride"] == first[r["profile"]]]),
                    args.plot)
         if trace.is_file():
-            plot_timeline(trace, args.timeline or args.plot.with_name(args.plot.stem + "-timeline.png"))
+            plot_timeline(trace, timeline)
     return 0
+
+
+def _check_bench_outputs(args: argparse.Namespace) -> Optional[Path]:
+    """Checks every path ``bench`` will write; returns where the timeline goes (with --plot)."""
+    for path, what in ((args.json, "--json"), (args.trace, "--trace")):
+        if path is not None:
+            check_output(path, what)
+    if args.plot is None:
+        return None
+    from edgecap.plots import check_plot
+
+    check_plot(args.plot, "--plot")
+    timeline = args.timeline or args.plot.with_name(args.plot.stem + "-timeline.png")
+    return check_plot(timeline, "--timeline")
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
@@ -314,6 +334,8 @@ def _compiler(module: str) -> ModuleType:
 def _cmd_compile(args: argparse.Namespace) -> int:
     compiler = _compiler("compiler")
     out = args.out
+    if out is not None:
+        check_output(out, "-o", directory=True)
     if args.into_bundle:
         from edgecap.bundle import PLANS_DIR, load_bundle
 
@@ -322,6 +344,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                                "file; pass BUNDLE_DIR or use -o OUT_DIR")
         bundle = load_bundle(args.model)
         board = compiler.make_board(args.board)
+        # The plans/ folder is the output created if missing: the bundle itself must be writable.
+        check_output(bundle.root / PLANS_DIR, "--into-bundle", directory=True)
         out = bundle.root / PLANS_DIR / board.name
         args.model, args.board = bundle, board
     result = compiler.compile_model(args.model, args.board, out, tpus=args.tpus,
@@ -338,6 +362,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    check_output(args.out, "-o")
     calibration = _compiler("calibration")
     boards, graph, model_source = (_compiler(m) for m in ("boards", "graph", "model_source"))
     graphs = [graph.read_graph(model_source.resolve_source(m).encoder) for m in args.models]
@@ -347,7 +372,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         result = calibration.calibrate(graphs, board, device=args.device, threads=args.threads,
                                        segments=args.segments, repeats=args.repeats,
                                        seed=args.seed, progress=_updater(bar))
-    calibration.save_calibration(result, args.out)
+    with atomic_path(args.out) as tmp:
+        calibration.save_calibration(result, tmp)
     d, err = result.device, result.error
     print(f"{result.board} {d.name}: {d.macs_per_s / 1e9:.1f} GMAC/s, "
           f"{d.elements_per_s / 1e9:.2f} G elements/s, {d.op_overhead_ms * 1e3:.2f} us/op, "

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Dict, Optional
 
+from edgecap.errors import ConfigError
+from edgecap.outputs import atomic_path, check_output
 from edgecap.trace import load_slices
 
 
@@ -20,10 +23,43 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from edgecap.errors import ConfigError
-
         raise ConfigError("plots need matplotlib: pip install 'edgecap[plot]'") from None
     return plt
+
+
+def check_plot(path: "str | os.PathLike[str]", what: str) -> Path:
+    """Checks, before a run, that a figure can be written there: matplotlib, its format, the path.
+
+    Args:
+      path: The image to write; its suffix names the format (none: PNG).
+      what: The option that named it, for the message, e.g. ``--plot``.
+
+    Returns:
+      ``path`` as a ``Path``.
+
+    Raises:
+      ConfigError: If matplotlib is missing, cannot write that format, or the
+        path cannot be written (``outputs.check_output``).
+    """
+    plt = pyplot()
+    target = Path(path)
+    fmt = _format(target)
+    supported = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if fmt not in supported:
+        raise ConfigError(f"{what} {target}: matplotlib cannot write .{fmt} files: "
+                          "use .png, .svg or .pdf")
+    return check_output(target, what)
+
+
+def _format(path: Path) -> str:
+    return path.suffix[1:].lower() or "png"
+
+
+def _save(fig: Any, path: "str | os.PathLike[str]", dpi: int) -> None:
+    # The temporary file's name does not tell matplotlib the format: the target's does.
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=_format(Path(path)))
 
 
 def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:
@@ -54,7 +90,7 @@ def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:
         ax.set_title(profile)
     fig.suptitle("edgecap bench: a CPU only | b CNN on one TPU | c placement | d pipeline")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path, 120)
     plt.close(fig)
 
 
@@ -75,7 +111,7 @@ def plot_timeline(
     plt = pyplot()
     tracks = {name: s for name, s in load_slices(trace).items() if s}
     if not tracks:
-        raise ValueError(f"{trace}: no slices to draw")
+        raise ConfigError(f"{trace}: no slices to draw: plot a trace of a run that captioned frames")
     first = min(s[0]["ts"] for s in tracks.values()) / 1000.0
     last = max(e["ts"] + e["dur"] for s in tracks.values() for e in s) / 1000.0
     t0 = start_ms if start_ms is not None else max(first, (first + last - span_ms) / 2)
@@ -100,5 +136,5 @@ def plot_timeline(
     ax.grid(axis="x", linewidth=0.3)
     ax.set_title("edgecap pipelined run: one track per device, one slice per invoke")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    _save(fig, path, 130)
     plt.close(fig)
