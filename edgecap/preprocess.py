@@ -8,6 +8,43 @@ import cv2
 import numpy as np
 
 from edgecap.bundle import InputSpec
+from edgecap.errors import SourceError
+
+# Conversions of the other channel layouts a caller may hand over to BGR.
+_TO_BGR = {1: cv2.COLOR_GRAY2BGR, 4: cv2.COLOR_BGRA2BGR}
+
+
+def as_bgr(image: Any, what: str = "frame") -> np.ndarray:
+    """Returns a frame as the HxWx3 uint8 BGR image the encoder's preprocessing takes.
+
+    Any height and width is taken (frames are resized to the model's input).
+    Gray (HxW or HxWx1) is converted to BGR and BGRA loses its alpha; other
+    dtypes are refused rather than guessed at (a float image may be 0-1 or
+    0-255, a uint16 one 10, 12 or 16 bits).
+
+    Args:
+      image: The frame, an array or anything ``np.asarray`` takes.
+      what: What to call it in the message, e.g. ``frame 12``.
+
+    Returns:
+      The image itself when it is already HxWx3 uint8, else a converted copy.
+
+    Raises:
+      SourceError: If it is not a non-empty uint8 image of 1, 3 or 4 channels.
+    """
+    x = np.asarray(image)
+    if x.ndim == 3 and x.shape[2] == 3 and x.dtype == np.uint8 and x.size:
+        return x
+    channels = 1 if x.ndim == 2 else (x.shape[2] if x.ndim == 3 else None)
+    if channels not in (1, 3, 4) or not x.size:
+        raise SourceError(f"{what}: expected an image HxWx3 (BGR), HxW or HxWx1 (gray) or "
+                          f"HxWx4 (BGRA), got shape {x.shape}")
+    if x.dtype != np.uint8:
+        hint = ("np.clip(x * 255, 0, 255).astype(np.uint8) for floats in [0, 1]"
+                if x.dtype.kind == "f" else "(x >> 8).astype(np.uint8) for 16-bit pixels")
+        raise SourceError(f"{what}: expected uint8 pixels (0-255), got {x.dtype}: convert "
+                          f"it, e.g. {hint}")
+    return cv2.cvtColor(np.ascontiguousarray(x), _TO_BGR[channels])
 
 
 class Preprocessor:
@@ -46,11 +83,12 @@ class Preprocessor:
             self.table = np.ascontiguousarray(table.view(np.uint8).reshape(256, 1, 3))
 
     def __call__(self, frame: np.ndarray) -> np.ndarray:
-        """Returns the ``[1, H, W, C]`` input tensor for one BGR uint8 frame."""
-        if frame.ndim != 3 or frame.shape[2] != 3:
-            raise ValueError(f"expected an HxWx3 BGR frame, got shape {frame.shape}")
-        if frame.dtype != np.uint8:
-            raise ValueError(f"expected a uint8 frame, got {frame.dtype}")
+        """Returns the ``[1, H, W, C]`` input tensor for one frame.
+
+        Raises:
+          SourceError: If the frame is not an image ``as_bgr`` takes.
+        """
+        frame = as_bgr(frame)
         if (frame.shape[1], frame.shape[0]) != self.size:
             frame = cv2.resize(frame, self.size, interpolation=cv2.INTER_AREA)
         if self.dtype.kind != "f":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -12,12 +13,22 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
-# FFmpeg's own messages ("moov atom not found") would break the one-line error
-# for a file that is not a video; OpenCV reads this when it first opens one.
+# FFmpeg's messages ("moov atom not found", "ac-tex damaged") and OpenCV's own
+# ("[ WARN:0] can't open camera by index") would break the one line edgecap
+# prints for a bad source. FFmpeg's level is read when OpenCV first opens a
+# video, OpenCV's is set below: whoever sets either variable keeps its messages.
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
 import cv2  # noqa: E402
 
-from edgecap.errors import SourceError
+from edgecap.errors import SourceError  # noqa: E402
+from edgecap.preprocess import as_bgr  # noqa: E402
+
+if "OPENCV_LOG_LEVEL" not in os.environ:
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+
+# Reads tried after a failed one to tell a damaged stretch (the decoder resumes)
+# from the end of the stream.
+_RESYNC_READS = 8
 
 SourceLike = Union[str, int, "os.PathLike[str]", Iterable[np.ndarray]]
 
@@ -67,7 +78,11 @@ class FrameSource:
 
 
 class ArraySource(FrameSource):
-    """Frames from memory: a ``[T,H,W,3]`` array or any iterable of HxWx3 uint8 BGR images."""
+    """Frames from memory: a ``[T,H,W,C]`` array or any iterable of uint8 images.
+
+    Each image is taken as ``preprocess.as_bgr`` takes it: BGR, gray (2-D or
+    one channel) or BGRA, any size; anything else raises ``SourceError``.
+    """
 
     def __init__(self, frames: Iterable[np.ndarray], fps: float):
         super().__init__()
@@ -76,11 +91,7 @@ class ArraySource(FrameSource):
 
     def __iter__(self) -> Iterator[Frame]:
         for i, image in enumerate(self._frames):
-            image = np.asarray(image)
-            if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-                raise SourceError(f"frame {i}: expected an HxWx3 uint8 BGR image, got "
-                                  f"{image.dtype} {image.shape}")
-            yield Frame(i, i / self.fps, image)
+            yield Frame(i, i / self.fps, as_bgr(image, f"frame {i}"))
 
 
 class VideoFileSource(FrameSource):
@@ -103,8 +114,17 @@ class VideoFileSource(FrameSource):
         fps = self._cap.get(cv2.CAP_PROP_FPS)
         # Some containers report 0 or absurd rates; timestamps then assume 30 fps.
         self.fps = fps if 0 < fps < 1000 else 30.0
+        # The container's own count (0 when it has none): a read failing before it is damage.
+        self.frame_count = max(0, int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT)))
 
     def __iter__(self) -> Iterator[Frame]:
+        """Yields every frame, then raises ``SourceError`` if decoding stopped before the end.
+
+        Raises:
+          SourceError: If a read failed before the last frame the container
+            lists, or the decoder resumed after a failed read (a damaged
+            stretch): the frames before it have been yielded.
+        """
         index, image = 0, self._first
         self._first = None
         while image is not None:
@@ -112,6 +132,17 @@ class VideoFileSource(FrameSource):
             ok, image = self._cap.read()
             image = image if ok else None
             index += 1
+        # Frames past the damage are not decoded: windows would silently span the gap.
+        at = f"frame {index} ({index / self.fps:.2f} s)"
+        fix = ("windows before it are captioned, none after: re-encode or replace the file "
+               "(ffmpeg -i IN -c:v libx264 OUT.mp4)")
+        if any(self._cap.grab() for _ in range(_RESYNC_READS)):
+            raise SourceError(f"{self.name}: damaged at {at}: decoding stopped there after "
+                              f"{index} frames" + (f" of {self.frame_count}" if self.frame_count
+                                                   else "") + f"; {fix}")
+        if index < self.frame_count:
+            raise SourceError(f"{self.name}: ended at {at}, but the file lists "
+                              f"{self.frame_count} frames: it is truncated or damaged; {fix}")
 
     def close(self) -> None:
         self._cap.release()
@@ -139,6 +170,11 @@ class CameraSource(FrameSource):
         self._cap = cv2.VideoCapture(device)
         if not self._cap.isOpened():
             self._cap.release()
+            # On Linux, V4L2 opens index N (below 100: higher ones name a backend) as /dev/videoN.
+            if (isinstance(device, int) and 0 <= device < 100 and sys.platform.startswith("linux")
+                    and not os.path.exists(f"/dev/video{device}")):
+                raise SourceError(f"{self.name}: no such device (/dev/video{device}): check "
+                                  "ls /dev/video* and that the camera is plugged in")
             raise SourceError(f"{self.name}: cannot be opened: check that it is a camera and "
                               "that no other process holds it")
         self._cond = threading.Condition()
@@ -207,14 +243,16 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
     Args:
       source: A video file path; a camera as a device path (``/dev/video0``) or
         index (``0``, or ``"0"`` when no file of that name exists); or frames:
-        a ``[T,H,W,3]`` array or an iterable of HxWx3 uint8 BGR images.
+        a ``[T,H,W,C]`` array or an iterable of uint8 images (BGR, gray or
+        BGRA, any size; see ``preprocess.as_bgr``).
       fps: Rate of in-memory frames (ignored for files and cameras).
 
     Returns:
       A ``FrameSource``; close it when done.
 
     Raises:
-      SourceError: If the file or camera cannot be opened.
+      SourceError: If the file or camera cannot be opened, or a frames array
+        is not of uint8 images.
     """
     if isinstance(source, FrameSource):
         return source
@@ -230,8 +268,13 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
         if is_camera_path(text):
             return CameraSource(text)
         return VideoFileSource(Path(text))
-    if isinstance(source, np.ndarray) and source.ndim != 4:
-        raise SourceError(f"frames array must be [T,H,W,3], got shape {source.shape}")
+    if isinstance(source, np.ndarray):
+        # Checked here, before the run: an array's frames all share its shape and dtype.
+        if source.ndim != 4:
+            raise SourceError(f"frames array must be [T,H,W,C] (C = 3 for BGR, 1 for gray, "
+                              f"4 for BGRA), got shape {source.shape}; one frame? pass [frame]")
+        if len(source):
+            as_bgr(source[0], "frames array")
     if not hasattr(source, "__iter__"):
         raise SourceError(f"{type(source).__name__} is not a video source: pass a path, "
                           "a camera or an iterable of frames")

@@ -46,11 +46,3 @@ def test_float_input_is_normalised_and_resized():
     assert x.shape == (1, 8, 8, 3) and x.dtype == np.float32
     np.testing.assert_allclose(x[0, 0, 0], [-1.0, -1.0, 1.0])
 
-
-def test_rejects_frames_that_are_not_hxwx3_uint8():
-    spec = InputSpec(height=8, width=8, channels=3, color_order="RGB", mean=(0,) * 3, std=(1,) * 3)
-    pre = Preprocessor(spec, {"dtype": np.int8, "quantization": (1.0, 0)})
-    with pytest.raises(ValueError, match="HxWx3"):
-        pre(np.zeros((8, 8), np.uint8))
-    with pytest.raises(ValueError, match="uint8"):
-        pre(np.zeros((8, 8, 3), np.float32))

@@ -69,13 +69,13 @@ def test_missing_camera() -> None:
 
 
 def test_array_source_checks_frames() -> None:
-    src = ArraySource([np.zeros((4, 4), np.uint8)], fps=8)
-    with pytest.raises(SourceError, match="frame 0"):
+    src = ArraySource([np.zeros((4, 4, 3), np.uint8), np.zeros((4, 4, 2), np.uint8)], fps=8)
+    with pytest.raises(SourceError, match="frame 1"):
         list(src)
 
 
 def test_array_shape_checked() -> None:
-    with pytest.raises(SourceError, match=r"\[T,H,W,3\]"):
+    with pytest.raises(SourceError, match=r"\[T,H,W,C\]"):
         open_source(np.zeros((4, 4, 3), np.uint8))
 
 
