@@ -284,6 +284,9 @@ def _check_bench_outputs(args: argparse.Namespace) -> Optional[Path]:
         if path is not None:
             check_output(path, what)
     if args.plot is None:
+        if args.timeline is not None:
+            raise EdgecapError(f"--timeline {args.timeline}: draws the run --plot draws; "
+                               "add --plot PNG")
         return None
     from edgecap.plots import check_plot
 

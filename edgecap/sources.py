@@ -104,6 +104,9 @@ class VideoFileSource(FrameSource):
             raise SourceError(f"{path}: no such video file: check the path")
         if not path.is_file():
             raise SourceError(f"{path}: not a file: pass a video file such as clip.mp4")
+        if not os.access(path, os.R_OK):  # else OpenCV would call it "not a video"
+            raise SourceError(f"{path}: permission denied: make it readable (chmod a+r) or "
+                              "run as a user who may read it")
         self._cap = cv2.VideoCapture(str(path))
         ok, first = self._cap.read() if self._cap.isOpened() else (False, None)
         if not ok:

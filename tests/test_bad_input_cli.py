@@ -153,6 +153,25 @@ def test_unreadable_source(source: Callable[[Path], Path], says: str, shipped_bu
     assert stdout == ""
 
 
+@pytest.mark.usefixtures("no_work")
+def test_timeline_without_plot(clip: Path, tmp_path: Path, capfd) -> None:
+    out = tmp_path / "t.png"
+    code, _, err = _run(["bench", "--clips", str(clip), "--timeline", str(out)], capfd)
+    _assert_one_line(code, err, f"--timeline {out}", "add --plot")
+
+
+def test_an_unreadable_video_is_reported_as_such(clip: Path, shipped_bundle: Path, monkeypatch,
+                                                 capfd) -> None:
+    import edgecap.sources
+
+    # Root reads any file: the check's answer is what a user without permission would get.
+    real = os.access
+    monkeypatch.setattr(edgecap.sources.os, "access",
+                        lambda p, mode: False if Path(p) == clip else real(p, mode))
+    code, _, err = _run(["caption", str(clip), "--bundle", str(shipped_bundle)], capfd)
+    _assert_one_line(code, err, str(clip), "permission denied")
+
+
 def test_camera_index_without_a_device(shipped_bundle: Path, capfd) -> None:
     index = next(i for i in range(90, 100) if not os.path.exists(f"/dev/video{i}"))
     code, _, err = _run(["camera", str(index), "--bundle", str(shipped_bundle)], capfd)
