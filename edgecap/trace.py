@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Tuple
 import numpy as np
 
 from edgecap.errors import ConfigError
+from edgecap.outputs import atomic_path
 
 DEFAULT_MAX_BYTES = 32 * 2**20
 
@@ -165,7 +166,8 @@ class Tracer:
         """
         names = {i: json.dumps(name) for name, i in self._names.items()}
         try:
-            with open(path, "w", encoding="utf-8") as f:
+            # Whole or not at all: a run stopped mid-write leaves no half trace.
+            with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
                 f.write('{"displayTimeUnit": "ms", "traceEvents": [')
                 f.write(json.dumps(self._meta())[1:-1])
                 for rec in self._chunks():
