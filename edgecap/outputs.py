@@ -8,7 +8,8 @@ one thing it creates is an output *folder* itself (``compile -o OUT_DIR``).
 Files are written to a temporary file beside the target and renamed onto it
 (``atomic_path``), so a run that fails or is interrupted leaves either the old
 file or none, never half of one. A target that exists and is not a regular
-file (``/dev/null``, a FIFO) is written in place.
+file (``/dev/null``, a FIFO) is written in place, and a symbolic link is
+written through (the file it points to is replaced; the link stays).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def check_output(path: PathLike, what: str, directory: bool = False) -> Path:
         nothing can be created there (read-only, permission denied).
     """
     target = Path(path)
+    real = Path(os.path.realpath(target))  # a link is written through, in its target's directory
     try:
         if target.is_dir():
             if not directory:
@@ -77,7 +79,7 @@ def check_output(path: PathLike, what: str, directory: bool = False) -> Path:
                 if not os.access(target, os.W_OK):
                     raise ConfigError(f"{what} {target}: not writable: choose another path")
                 return target
-        parent = target.parent
+        parent = real.parent
         if not parent.is_dir():
             found = _nearest_existing(parent)
             if found.is_dir():
@@ -113,10 +115,11 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     Raises:
       ConfigError: If the temporary file cannot be created or renamed.
     """
-    target = Path(path)
-    if os.path.lexists(target) and not target.is_file():
-        yield target
+    if os.path.lexists(path) and not Path(path).is_file():
+        yield Path(path)
         return
+    # A symbolic link stays one: the file it points to is the one replaced.
+    target = Path(os.path.realpath(path))
     try:
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as e:

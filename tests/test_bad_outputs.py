@@ -64,3 +64,14 @@ def test_a_replaced_file_keeps_its_mode_and_a_new_one_follows_the_umask(tmp_path
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "fresh.json").stat().st_mode) == 0o644
+
+
+def test_a_symbolic_link_is_written_through(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "results.json").write_text("old\n")
+    link = tmp_path / "results.json"
+    link.symlink_to(tmp_path / "real" / "results.json")
+    check_output(link, "--json")
+    write_text(link, "new\n")
+    assert link.is_symlink() and (tmp_path / "real" / "results.json").read_text() == "new\n"
+    assert sorted(os.listdir(tmp_path / "real")) == ["results.json"]
