@@ -170,15 +170,17 @@ def _check_output(out: Path) -> Path:
 
 
 def _staging_dir(out: Path) -> Path:
-    # Everything is written to a folder next to the target and moved into place
-    # only once plan.json is written too: a compile that fails leaves nothing.
+    # Everything is written to a hidden folder and moved into place only once
+    # plan.json is written too: a compile that fails leaves nothing. It lives in
+    # the target when that exists, else in the nearest folder above it that does,
+    # so the final moves are renames on one file system into a folder already
+    # checked writable.
     existing = _check_output(out)
-    # Next to the target (same file system, so the final moves are renames).
-    parent = out.absolute().parent if out.absolute().parent.exists() else existing
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+        return Path(tempfile.mkdtemp(prefix=f".{out.absolute().name or 'out'}.",
+                                     suffix=".partial", dir=existing))
     except OSError as e:
-        raise CompileError(f"output {out}: cannot write in {parent} ({e.strerror or e}); "
+        raise CompileError(f"output {out}: cannot write in {existing} ({e.strerror or e}); "
                            "pass -o a folder you can write to") from None
 
 
