@@ -7,9 +7,12 @@ figure with its source) and each of its columns (Dev Board TPU, the Dev Board's
 embedded CPU, the USB Accelerator), predicts the latency with the board
 profile's cost model and refits the column's coefficients with that model left
 out (leave-one-out): the out-of-sample error is what "modelled" can claim.
-The published table gives MACs and parameter bytes, not graphs: each model
-counts as one op with no element work, and on a TPU its parameters beyond the
-usable SRAM plus its input image and 1001 class scores cross the link. A scan
+Where the benchmark's cached int8 Keras model is the same architecture at the
+same input (``graph`` in the data file: MobileNet v2), its graph gives the MACs,
+element work, op count and parameter bytes; the other models have no graph
+here, so their published MAC and parameter counts stand in, as one op with no
+element work. On a TPU the parameters beyond the usable SRAM plus the input
+image and 1001 class scores cross the link. A scan
 over the usable SRAM budget shows which budget the published latencies support.
 Writes docs/cost-model.md and docs/cost-model.json.
 """
@@ -80,6 +83,8 @@ class Published(msgspec.Struct, forbid_unknown_fields=True):
     usb_tpu_ms: schema.Rate
     counts_source: str
     note: str = ""
+    # keras_zoo model of the same architecture and input, used when it is cached.
+    graph: Optional[str] = None
 
 
 class _Refit(msgspec.Struct, forbid_unknown_fields=True):
@@ -109,17 +114,63 @@ def load_published(path: Path = DATA) -> _DataFile:
                             fix="fix compile/data/coral_published.json")
 
 
-def features(model: Published, device: Device) -> np.ndarray:
+@dataclass(frozen=True)
+class Work:
+    """What the cost model prices in a whole model.
+
+    Attributes:
+      macs: Multiply-accumulates.
+      elements: Element work.
+      ops: Op count.
+      params: Parameter bytes.
+      source: Where the figures come from (a graph file, or the published counts).
+    """
+
+    macs: float
+    elements: float
+    ops: int
+    params: int
+    source: str
+
+
+def published_work(model: Published) -> Work:
+    """The published counts: one op, no element work (the table gives neither)."""
+    return Work(model.macs, 0.0, 1, model.params, "published counts")
+
+
+def model_work(model: Published) -> Work:
+    """The model's graph when ``model.graph`` is cached (never generated here), else its published counts."""
+    if model.graph is None:
+        return published_work(model)
+    from edgecap_compile.graph import read_graph
+    from edgecap_compile.keras_zoo import model_path
+
+    try:
+        path = model_path(model.graph, generate=False)
+    except FileNotFoundError:
+        return published_work(model)
+    ops = read_graph(path).ops
+    return Work(float(sum(o.macs for o in ops)), float(sum(o.elements for o in ops)), len(ops),
+                int(sum(o.param_bytes for o in ops)), f"graph {path.name}")
+
+
+def features(model: Published, device: Device, work: Optional[Work] = None) -> np.ndarray:
     """Returns the work features of a whole published model on ``device``.
 
-    One op, no element work (the table gives neither), the MACs, and on a TPU
-    the parameters beyond its usable SRAM plus the input image and the class
-    scores over the link.
+    Args:
+      model: The published model.
+      device: The device.
+      work: Its work (default: the published counts).
+
+    Returns:
+      ``work_features`` of the whole model: on a TPU its parameters beyond the
+      usable SRAM plus the input image and the class scores cross the link.
     """
+    work = work or published_work(model)
     link = 0
     if device.is_tpu:
-        link = max(0, model.params - device.sram_bytes) + 3 * model.input ** 2 + OUTPUT_BYTES
-    return work_features(model.macs, 0, 1, link)
+        link = max(0, work.params - device.sram_bytes) + 3 * model.input ** 2 + OUTPUT_BYTES
+    return work_features(work.macs, work.elements, work.ops, link)
 
 
 def fit(x: np.ndarray, y: np.ndarray, device: Device, fitted: Sequence[str]) -> Device:
@@ -165,26 +216,28 @@ def _fields(device: Device, fitted: Sequence[str]) -> Dict[str, float]:
     return {f: float(getattr(device, f)) for f in fitted}
 
 
-def column_table(models: Sequence[Published], column: Column,
-                 sram: Optional[int] = None) -> dict:
+def column_table(models: Sequence[Published], column: Column, sram: Optional[int] = None,
+                 works: Optional[Sequence[Work]] = None) -> dict:
     """Predicts one column with its profile device, refits it, and scores it leave-one-out.
 
     Args:
       models: The published models.
       column: The column.
       sram: A usable SRAM budget in place of the profile's.
+      works: Each model's work (default: the published counts).
 
     Returns:
       ``{"device", "profile", "refit", "rows"}``: the profile's and the refit's
       coefficients, and per model the published, profile and leave-one-out ms.
     """
     device = _device(column, sram)
-    x = np.array([features(m, device) for m in models])
+    works = works or [published_work(m) for m in models]
+    x = np.array([features(m, device, w) for m, w in zip(models, works)])
     y = np.array([getattr(m, column.key) for m in models], dtype=np.float64)
     profile = x @ device.coefficients()
     refit = fit(x, y, device, column.fitted)
     loo = leave_one_out(x, y, device, column.fitted)
-    rows = [{"model": m.name, "published_ms": float(y[i]), "profile_ms": round(float(profile[i]), 3),
+    rows = [{"model": m.name, "features": works[i].source, "published_ms": float(y[i]), "profile_ms": round(float(profile[i]), 3),
              "profile_error": round(float(profile[i] / y[i] - 1), 4),
              "loo_ms": round(float(loo[i]), 3), "loo_error": round(float(loo[i] / y[i] - 1), 4)}
             for i, m in enumerate(models)]
@@ -194,14 +247,15 @@ def column_table(models: Sequence[Published], column: Column,
             "rows": rows}
 
 
-def sram_scan(models: Sequence[Published], budgets_mib: Sequence[float]) -> List[dict]:
+def sram_scan(models: Sequence[Published], budgets_mib: Sequence[float],
+              works: Optional[Sequence[Work]] = None) -> List[dict]:
     """Returns, per usable SRAM budget, the worst leave-one-out error of each TPU column."""
     out = []
     for mib in budgets_mib:
         worst = {}
         for column in COLUMNS:
             if column.device != "cpu":
-                table = column_table(models, column, sram=int(mib * 2**20))
+                table = column_table(models, column, int(mib * 2**20), works)
                 worst[column.key] = max(abs(r["loo_error"]) for r in table["rows"])
         out.append({"sram_usable_mib": mib, "worst_loo_error": worst})
     return out
@@ -210,14 +264,15 @@ def sram_scan(models: Sequence[Published], budgets_mib: Sequence[float]) -> List
 def validity(path: Path = DATA) -> dict:
     """Runs every column and the SRAM scan; returns the JSON document."""
     data = load_published(path)
-    columns = [column_table(data.models, c) for c in COLUMNS]
+    works = [model_work(m) for m in data.models]
+    columns = [column_table(data.models, c, works=works) for c in COLUMNS]
     return {
         "command": "python -m edgecap_compile.validity",
         "source": data.source,
         "goal": f"|leave-one-out error| <= {GOAL:.0%} on every row",
         "models": [msgspec.to_builtins(m) for m in data.models],
         "columns": columns,
-        "sram_scan": sram_scan(data.models, [5.5, 5.75, 6.0, 6.25, 6.5, 7.0, 7.5, 8.0]),
+        "sram_scan": sram_scan(data.models, [5.5, 5.75, 6.0, 6.25, 6.5, 7.0, 7.5, 8.0], works),
         "sram_reports": data.sram_reports,
         "refits": [msgspec.to_builtins(r) for r in data.refits],
     }
@@ -237,14 +292,17 @@ def markdown(doc: dict) -> str:
         "prediction: the column's coefficients refitted to the other six models, then the "
         "model predicted. Goal: " + doc["goal"] + ".",
         "",
-        "Features per model: its MACs and parameter bytes as published (sources below; Coral's "
-        "table gives no graphs, so every row uses published counts, not a .tflite), one op, no "
-        "element work; on a TPU the parameters beyond the usable SRAM plus the input image and "
+        "Features per model (column *features*): the graph of the benchmark's cached int8 "
+        "Keras model where it is the same architecture at the same input (MobileNet v2: MACs, "
+        "element work, op count, parameter bytes); otherwise Coral's table gives no graph here "
+        "and the published MAC and parameter counts stand in (sources below), as one op with no "
+        "element work. On a TPU the parameters beyond the usable SRAM plus the input image and "
         "1001 class scores cross the link. Fitted per column: TPU MAC rate, invoke overhead "
         "and link rate; CPU MAC rate only (its overheads stay the profile's).",
         "",
-        "| model | column | published ms | profile ms | error | LOO ms | LOO error | within 25% |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | column | features | published ms | profile ms | error | LOO ms | LOO error "
+        "| within 25% |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     misses = []
     for col in doc["columns"]:
@@ -253,7 +311,7 @@ def markdown(doc: dict) -> str:
             if not ok:
                 misses.append(f"{r['model']} ({col['column']})")
             lines.append(f"| {r['model']} | {col['column']} ({col['board']} {col['device']}) | "
-                         f"{r['published_ms']:g} | {r['profile_ms']:.1f} | "
+                         f"{r['features']} | {r['published_ms']:g} | {r['profile_ms']:.1f} | "
                          f"{_pct(r['profile_error'])} | {r['loo_ms']:.1f} | "
                          f"{_pct(r['loo_error'])} | {'yes' if ok else 'NO'} |")
     lines += ["", "Goal " + ("met on every row." if not misses else

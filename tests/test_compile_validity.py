@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -85,3 +86,27 @@ def test_markdown_marks_rows_beyond_the_goal():
     text = markdown(doc)
     assert "| NO |" in text
     assert "Goal missed on" in text and doc["columns"][0]["rows"][0]["model"] in text
+
+
+def test_a_cached_graph_replaces_the_published_counts_and_its_absence_does_not(monkeypatch):
+    from pathlib import Path
+
+    from edgecap_compile import keras_zoo
+    from edgecap_compile.graph import read_graph
+    from edgecap_compile.validity import model_work
+
+    fixture = Path(__file__).parent / "data" / "compile" / "tiny_mobilenet.tflite"
+    model = msgspec.structs.replace(_model("m", 1e9, 5_000_000), graph="MobileNetV2")
+    monkeypatch.setattr(keras_zoo, "model_path", lambda name, generate=True: fixture)
+    work = model_work(model)
+    ops = read_graph(fixture).ops
+    assert (work.ops, work.macs, work.source) == (len(ops), sum(o.macs for o in ops),
+                                                  "graph tiny_mobilenet.tflite")
+    assert work.elements > 0
+
+    def missing(name, generate=True):
+        raise FileNotFoundError(name)
+
+    monkeypatch.setattr(keras_zoo, "model_path", missing)
+    work = model_work(model)
+    assert (work.ops, work.macs, work.elements, work.source) == (1, 1e9, 0.0, "published counts")
