@@ -60,6 +60,22 @@ WINDOW = (8, 2)
 # Usable SRAM budgets (MiB) of the sensitivity section, and its models.
 SRAM_MIB = (6.0, 7.0, 8.0)
 SRAM_MODELS = ("ResNet50", "InceptionV3")
+# The paper-scale InceptionV3 at its native 299 input, when `python -m
+# models.paper_bundles` has built it (pooled encoder, no classifier).
+INCEPTION_299 = Path("bundles") / "inceptionv3-299" / "encoder.tflite"
+
+
+def sram_models(models: List[str]) -> List[Tuple[str, Path]]:
+    """Returns the sensitivity section's ``(label, model)`` pairs among ``models``.
+
+    ResNet50 and InceptionV3 at 224 from ``keras_zoo``, and InceptionV3 at 299
+    from the paper-scale bundle cache when it is there.
+    """
+    out = [(name, model_path(name)) for name in SRAM_MODELS if name in models]
+    bundle = cache_dir().parent / INCEPTION_299
+    if "InceptionV3" in models and bundle.is_file():
+        out.append(("InceptionV3-299 (bundle encoder)", bundle))
+    return out
 
 
 def _summary(split: Partition) -> dict:
@@ -136,12 +152,12 @@ def require_models(models: List[str]) -> None:
             "`python -m edgecap_compile.keras_zoo` once")
 
 
-def sram_sensitivity(models: List[str], boards: List[str], rnn: Dict[str, float],
+def sram_sensitivity(models: List[Tuple[str, Path]], boards: List[str], rnn: Dict[str, float],
                      window: Tuple[int, int], budgets_mib: Tuple[float, ...] = SRAM_MIB) -> List[dict]:
     """Our split against the equal-parameter split with every TPU's usable SRAM set to each budget.
 
     Args:
-      models: Keys of ``keras_zoo.ARCHITECTURES``.
+      models: ``(label, .tflite)`` pairs.
       boards: Board profile names.
       rnn: RNN step ms per board, charged as in ``benchmark``.
       window: ``(frames, stride)`` of the captioning window.
@@ -151,8 +167,8 @@ def sram_sensitivity(models: List[str], boards: List[str], rnn: Dict[str, float]
       One row per model, board and budget: both bottlenecks and their ratio.
     """
     rows = []
-    for name in models:
-        graph = read_graph(model_path(name))
+    for name, path in models:
+        graph = read_graph(path)
         for board_name in boards:
             for mib in budgets_mib:
                 board = load_board(board_name).with_sram(int(mib * 2**20))
@@ -162,6 +178,7 @@ def sram_sensitivity(models: List[str], boards: List[str], rnn: Dict[str, float]
                 prefix = np.array([model.param_bytes(0, i) for i in range(len(graph.ops) + 1)])
                 equal = equal_param_split(costs, prefix, len(board.tpus))
                 rows.append({"model": name, "board": board_name, "sram_usable_mib": mib,
+                             "param_bytes": int(prefix[-1]),
                              "ours": _summary(ours), "equal_param": _summary(equal),
                              "ours_over_equal": round(ours.bottleneck_ms / equal.bottleneck_ms, 4)})
                 print(f"{name:15s} {board_name:13s} SRAM {mib:g} MiB: ours "
@@ -227,7 +244,7 @@ def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = R
                   f"equal-param {equal.bottleneck_ms:7.2f} ms  ratio "
                   f"{rows[-1]['ours_over_equal']:.3f}  optimal {rows[-1]['ours_is_optimal']}  "
                   f"bit-exact {exact}", flush=True)
-    sram = sram_sensitivity([m for m in SRAM_MODELS if m in models], boards, rnn, window)
+    sram = sram_sensitivity(sram_models(models), boards, rnn, window)
     resnet = model_path("ResNet50")
     compile_times = time_cli_compile(resnet, "devboard-usb")
     return {
@@ -317,9 +334,11 @@ def markdown(doc: dict) -> str:
         "docs/cost-model.md). With every TPU's usable cache set to 6, 7 and 8 MiB instead "
         "(modelled):",
         "",
-        "| model | board | usable MiB | ours: cuts | ours ms | equal-param ms | ours / equal-param |",
-        "|---|---|---|---|---|---|---|",
-        *(f"| {r['model']} | {r['board']} | {r['sram_usable_mib']:g} | {r['ours']['cuts']} | "
+        "| model | params MiB | board | usable MiB | ours: cuts | ours ms | equal-param ms | "
+        "ours / equal-param |",
+        "|---|---|---|---|---|---|---|---|",
+        *(f"| {r['model']} | {r['param_bytes'] / 2**20:.2f} | {r['board']} | "
+          f"{r['sram_usable_mib']:g} | {r['ours']['cuts']} | "
           f"{r['ours']['bottleneck_ms']:.2f} | {r['equal_param']['bottleneck_ms']:.2f} | "
           f"{r['ours_over_equal']:.3f} |" for r in doc["sram_sensitivity"]),
         "",

@@ -47,10 +47,9 @@ def test_sram_sensitivity_compares_both_splits_at_each_budget(monkeypatch):
     from pathlib import Path
 
     fixture = Path(__file__).parent / "data" / "compile" / "tiny_mobilenet.tflite"
-    monkeypatch.setattr(benchmark, "model_path", lambda name: fixture)
     budgets = (0.01, 0.03, 1.0)  # MiB: the fixture holds about 70 kB of parameters
-    rows = benchmark.sram_sensitivity(["tiny"], ["devboard-usb"], {"devboard-usb": 0.0}, (8, 2),
-                                      budgets)
+    rows = benchmark.sram_sensitivity([("tiny", fixture)], ["devboard-usb"], {"devboard-usb": 0.0},
+                                      (8, 2), budgets)
     assert [r["sram_usable_mib"] for r in rows] == list(budgets)
     for r in rows:
         ours, equal = r["ours"]["bottleneck_ms"], r["equal_param"]["bottleneck_ms"]
