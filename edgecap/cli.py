@@ -401,8 +401,8 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="MODEL.tflite or BUNDLE_DIR")
     p.add_argument("--board", required=True, help=_BOARD_HELP)
     p.add_argument("--tpus", type=int, help="number of EdgeTPUs (default: the board's)")
-    p.add_argument("--sram", type=int, help="parameter SRAM per TPU in bytes "
-                                            "(default: the board's, 8 MiB)")
+    p.add_argument("--sram", type=int, help="usable parameter cache per TPU in bytes "
+                                            "(default: the board profile's sram_usable_bytes)")
     p.add_argument("--calibration", help="coefficients file from `edgecap calibrate`")
     p.add_argument("--report", action="store_true",
                    help="also write report.md and split.png (needs matplotlib)")

@@ -15,6 +15,7 @@ from edgecap.interpreter import make_cpu_interpreter
 from edgecap.plan import load_plan
 from edgecap_compile.boards import BOARDS_DIR, load_board
 from edgecap.cli import run as main
+from edgecap.errors import EdgecapError
 from edgecap_compile.errors import CompileError
 
 DATA = Path(__file__).parent / "data" / "compile"
@@ -195,7 +196,7 @@ def test_a_compile_that_fails_at_plan_json_writes_nothing(tmp_path, monkeypatch)
         raise PlanError("plan.json refused")
 
     monkeypatch.setattr(compiler, "write_plan", refuse)
-    for target in (out, tmp_path / "new" / "deeper"):
+    for target in (out, tmp_path / "new"):
         with pytest.raises(PlanError):
             main(["compile", str(MODEL), "--board", "rpi4-2usb", "--tpus", "2", "-o", str(target)])
     # The earlier compile's files are untouched, the new folder never appeared,
@@ -205,12 +206,12 @@ def test_a_compile_that_fails_at_plan_json_writes_nothing(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda d: (d / "file").write_text("x") and d / "file", "is not a directory"),
-    (lambda d: (d / "file").write_text("x") and d / "file" / "sub", "is not a directory"),
+    (lambda d: (d / "file").write_text("x") and d / "file", "is a file, not a folder"),
+    (lambda d: (d / "file").write_text("x") and d / "file" / "sub", "is a file, not a directory"),
 ])
 def test_an_output_that_cannot_be_a_folder_fails_before_any_work(tmp_path, make, message):
     target = make(tmp_path)
-    with pytest.raises(CompileError, match=message) as e:
+    with pytest.raises(EdgecapError, match=message) as e:
         main(["compile", str(MODEL), "--board", "devboard", "-o", str(target)])
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
