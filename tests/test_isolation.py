@@ -226,3 +226,13 @@ def test_a_stage_in_a_worker_checks_its_deadline() -> None:
     with pytest.raises(ConfigError, match="deadline_s"):
         IsolatedSegment(stage, parse_device("emu-tpu:0"), deadline_s=0)
 
+
+@pytest.mark.slow
+def test_the_isolation_benchmark_measures_every_case(shipped_bundle, tmp_path) -> None:
+    from edgecap.bench import _isolation_main, bench_isolation, format_isolation
+
+    result = bench_isolation(load_bundle(shipped_bundle), frames=20, repeats=1)
+    assert len(result.rows) == 3 and all(r.isolated_ms > 0 and r.in_process_ms > 0 for r in result.rows)
+    assert result.pipeline_fps["isolated"] > 0 and len(result.startup_s) >= 5
+    assert "CNN stages pipelined" in format_isolation(result)
+    assert _isolation_main(["--isolation", "--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
