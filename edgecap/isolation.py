@@ -189,7 +189,7 @@ class _Worker:
             self.proc.kill()
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:  # in uninterruptible sleep: the kernel reaps it later
+            except subprocess.TimeoutExpired:  # stuck in the kernel (a USB transfer): reaped when it ends
                 pass
         self.inputs = self.outputs = {}
         try:
