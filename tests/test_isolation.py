@@ -18,12 +18,14 @@ import numpy as np
 import psutil
 import pytest
 
-from edgecap import faults
+from edgecap import faults, stages
+from edgecap.captioner import EdgeCaptioner
 from edgecap.bundle import load_bundle
 from edgecap.errors import DeviceFailed, EdgecapError, PlanError
 from edgecap.planning import plan_for_board
 from edgecap.scheduler import Pipeline, Step
 from edgecap.stages import open_stage
+from runtime_plans import write_plan
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="process isolation is POSIX only")
 
@@ -87,6 +89,33 @@ def test_isolated_stages_equal_in_process_ones_bit_for_bit(plan) -> None:
     finally:
         for iso in isolated:
             iso.close()
+
+
+@pytest.mark.usefixtures("no_leaks", "no_leaked_threads")
+def test_a_captioner_on_isolated_stages_captions_as_in_process(shipped_bundle, tmp_path, monkeypatch) -> None:
+    # Stage 1 is one op inside a residual block: the skip tensor passes it by, and the parent hands it on.
+    encoder = shipped_bundle / "encoder.tflite"
+    plan = write_plan(encoder, [8, 9], ["tpu:0", "tpu:1", "cpu"], tmp_path, [0.3] * 3)
+    clip = np.random.default_rng(5).integers(0, 255, (16, 72, 88, 3), dtype=np.uint8)
+
+    def captions() -> list:
+        with EdgeCaptioner(shipped_bundle, plan=plan, num_threads=1, frames=4, stride=2) as cap:
+            assert any({t.name for t in s.inputs} & {t.name for t in s.outputs} for s in cap.plan.active_stages)
+            return [(c.window, c.tokens) for c in cap.caption_frames(clip)]
+
+    reference = captions()
+    assert len(reference) >= 3
+    real_open = stages.open_stage
+    opened = []
+
+    def isolated_open(*args, **kwargs):
+        opened.append(real_open(*args, isolate=True, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(stages, "open_stage", isolated_open)
+    assert captions() == reference
+    assert len(opened) == 3 and all(s.isolated for s in opened)
+    del opened[:]  # the pipeline's threads are gone: these were the last references
 
 
 @pytest.mark.usefixtures("no_leaks")
@@ -168,6 +197,7 @@ import os, pickle, sys, threading, time
 import numpy as np
 from edgecap.faults import Fault
 from edgecap.stages import open_stage
+from runtime_plans import write_plan
 
 with open(sys.argv[1], "rb") as f:
     stage = pickle.load(f)
