@@ -212,6 +212,7 @@ class IsolatedSegment(Segment):
       deadline_s: Seconds an invoke may take before the child counts as hung.
       startup_s: Seconds from starting the child to its stage being open.
       pid: The child's process id.
+      shm_name: The shared-memory block's name (``/dev/shm/NAME`` on Linux).
     """
 
     isolated = True
@@ -242,6 +243,7 @@ class IsolatedSegment(Segment):
         in_slots, end = _layout(stage.inputs, 0)
         out_slots, size = _layout([t for t in stage.outputs if t.name not in ins], end)
         shm = SharedMemory(create=True, size=max(size, 1))
+        self.shm_name = shm.name
         request = _OpenRequest(stage, spec, num_threads, timing_only, pace, shm.name, max(size, 1),
                                tuple(in_slots), tuple(out_slots))
         t0 = time.perf_counter()
@@ -416,9 +418,13 @@ def _worker_main() -> None:
                      daemon=True).start()
     conn = Connection(conn_fd)
     try:
-        request: _OpenRequest = conn.recv()
-    except EOFError:
-        return
+        _serve(conn)
+    except (EOFError, OSError):  # the parent closed the socket (or died), maybe mid-invoke
+        pass
+
+
+def _serve(conn: Connection) -> None:
+    request: _OpenRequest = conn.recv()
     try:
         buf = _attach(request.shm_name, request.shm_size)
         inputs = _views(buf, request.inputs)
@@ -430,10 +436,7 @@ def _worker_main() -> None:
         return
     conn.send(("ready",))
     while True:
-        try:
-            seq, fault = conn.recv()
-        except EOFError:
-            return
+        seq, fault = conn.recv()
         try:
             if fault is not None:
                 _perform(fault)
@@ -441,6 +444,7 @@ def _worker_main() -> None:
             for name, view in outputs.items():
                 np.copyto(view, out[name], casting="no")
         except BaseException as exc:  # the parent raises it
-            conn.send(("raised", seq, _describe(exc)))
-            continue
-        conn.send(("done", seq))
+            reply: tuple = ("raised", seq, _describe(exc))
+        else:
+            reply = ("done", seq)
+        conn.send(reply)
