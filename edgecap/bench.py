@@ -446,3 +446,181 @@ def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scal
         lines += [f"{x.invokes:>4}{x.stage_ms:>10.3f}{x.sequential_fps:>10.1f}{x.pipelined_fps:>10.1f}"
                   f"{x.speedup:>8.2f}x" for x in scaling]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- process isolation
+# Kept apart from run_bench: `python -m edgecap.bench --isolation [--json PATH]`.
+
+
+@dataclass
+class IsolationRow:
+    """Wall time per frame of one stage in-process and in a worker process (``edgecap.isolation``)."""
+
+    case: str
+    frames: int
+    in_process_ms: float
+    isolated_ms: float
+
+    @property
+    def overhead_ms(self) -> float:
+        """What isolation adds per frame."""
+        return self.isolated_ms - self.in_process_ms
+
+
+@dataclass
+class IsolationBench:
+    """What process isolation costs on this host, measured with the bundle's plan for ``board``.
+
+    Attributes:
+      startup_s: Seconds from starting each worker process to its stage being open.
+      rows: Per-frame cost of single stages.
+      pipeline_fps: Frames per second of the plan's CNN stages pipelined on their
+        workers, in-process and with the emulated TPU stages isolated.
+    """
+
+    board: str
+    startup_s: List[float]
+    rows: List[IsolationRow]
+    pipeline_fps: Dict[str, float]
+
+    def to_json(self) -> Dict[str, Any]:
+        """Returns the results as JSON-ready plain types."""
+        return {
+            "argv": sys.argv[1:],
+            "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                     "python": platform.python_version()},
+            "board": self.board,
+            "startup_s": self.startup_s,
+            "rows": [dict(asdict(r), overhead_ms=r.overhead_ms) for r in self.rows],
+            "pipeline_fps": self.pipeline_fps,
+        }
+
+
+def bench_isolation(bundle: Bundle, board: str = "devboard-usb", frames: int = 300,
+                    repeats: int = 3) -> IsolationBench:
+    """Measures the per-frame cost of running stages in worker processes.
+
+    Each case alternates in-process and isolated runs ``repeats`` times and
+    keeps each side's median, so both see the same host load.
+
+    Cases: a null stage (timing-only, unpaced: the round trip and the copies
+    alone), the whole encoder on one emulated TPU paced to the board, and the
+    whole encoder computed on the CPU unpaced; then the plan's CNN stages
+    pipelined, with its emulated TPU stages isolated.
+
+    Returns:
+      The ``IsolationBench``.
+    """
+    import dataclasses
+    import statistics
+
+    from edgecap.stages import open_stage
+
+    whole = plan_for_board(bundle, board, whole_on_tpu=True).active_stages[0]
+    plan = plan_for_board(bundle, board)
+    rng = np.random.default_rng(0)
+    spec = whole.inputs[0]
+    frame = {spec.name: rng.integers(-128, 128, spec.shape, dtype=np.dtype(spec.dtype))}
+    startup: List[float] = []
+
+    def timed(segment: Any, count: int) -> float:
+        for _ in range(10):  # warm-up
+            segment(frame)
+        t0 = time.perf_counter()
+        for _ in range(count):
+            segment(frame)
+        return (time.perf_counter() - t0) * 1000.0 / count
+
+    cases = [
+        ("null stage (round trip + copies)", dataclasses.replace(whole, predicted_ms=0.0), "emu-tpu:0",
+         dict(timing_only=True), frames * 5),
+        (f"encoder on emu-tpu:0, paced to {whole.predicted_ms:.2f} ms", whole, "emu-tpu:0", {}, frames),
+        ("encoder on the CPU, unpaced", whole, "cpu", {}, frames),
+    ]
+    rows = []
+    for case, stage, device, options, count in cases:
+        local = open_stage(stage, device, **options)
+        isolated = open_stage(stage, device, isolate=True, **options)
+        startup.append(isolated.startup_s)
+        try:
+            times: Dict[bool, List[float]] = {False: [], True: []}
+            for _ in range(repeats):
+                times[False].append(timed(local, count))
+                times[True].append(timed(isolated, count))
+        finally:
+            isolated.close()
+        rows.append(IsolationRow(case, count, statistics.median(times[False]),
+                                 statistics.median(times[True])))
+
+    def pipeline_fps(isolate: bool) -> float:
+        def opener(stage: Any) -> Callable[[], Any]:
+            on_tpu = stage.spec.kind == "tpu"
+            device = f"emu-tpu:{stage.spec.index}" if on_tpu else str(stage.spec)
+
+            def open_() -> Any:
+                segment = open_stage(stage, device, isolate=isolate and on_tpu)
+                if segment.isolated:
+                    startup.append(segment.startup_s)
+                return segment
+            return open_
+
+        steps = [Step(f"stage {s.index}", str(s.spec), opener(s)) for s in plan.active_stages]
+        with Pipeline(steps) as pipe:
+            for _ in pipe.run([frame] * 20):  # warm-up
+                pass
+            for _ in pipe.run([frame] * frames):
+                pass
+            return pipe.stats().fps_out
+
+    fps: Dict[str, List[float]] = {"in_process": [], "isolated": []}
+    for _ in range(repeats):
+        fps["in_process"].append(pipeline_fps(False))
+        fps["isolated"].append(pipeline_fps(True))
+    return IsolationBench(board, startup, rows, {k: statistics.median(v) for k, v in fps.items()})
+
+
+def format_isolation(result: IsolationBench) -> str:
+    """Formats ``bench_isolation``'s results as a table (host figures: measured)."""
+    lines = [f"process isolation, {result.board} plan (measured on this host; medians)",
+             f"{'case':<46}{'frames':>7}{'in-proc ms':>11}{'isolated ms':>12}{'added ms':>10}"]
+    lines += [f"{r.case:<46}{r.frames:>7}{r.in_process_ms:>11.3f}{r.isolated_ms:>12.3f}"
+              f"{r.overhead_ms:>10.3f}" for r in result.rows]
+    fps = result.pipeline_fps
+    lines += ["", f"CNN stages pipelined: {fps['in_process']:.1f} fps in-process, "
+              f"{fps['isolated']:.1f} fps isolated ({fps['isolated'] / fps['in_process']:.3f}x)",
+              f"worker start-up: median {sorted(result.startup_s)[len(result.startup_s) // 2]:.3f} s, "
+              f"max {max(result.startup_s):.3f} s over {len(result.startup_s)} workers"]
+    return "\n".join(lines)
+
+
+def _isolation_main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+    import json
+
+    from edgecap.errors import EdgecapError
+
+    parser = argparse.ArgumentParser(prog="python -m edgecap.bench",
+                                     description="the per-frame cost of process isolation")
+    parser.add_argument("--isolation", action="store_true", required=True)
+    parser.add_argument("--bundle", type=Path, help="bundle directory (default: the shipped demo)")
+    parser.add_argument("--board", default="devboard-usb")
+    parser.add_argument("--frames", type=int, default=300)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    try:
+        if args.json is not None and not os.access(args.json.parent, os.W_OK):
+            raise ConfigError(f"--json {args.json}: {args.json.parent} is not a writable directory")
+        if args.frames < 1:
+            raise ConfigError(f"--frames {args.frames}: use 1 or more")
+        result = bench_isolation(load_bundle(args.bundle or default_bundle()), args.board, args.frames)
+    except EdgecapError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_isolation(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_isolation_main())

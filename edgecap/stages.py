@@ -38,10 +38,20 @@ class Segment:
 
     Tensors are matched by name: the segment reads the inputs its model
     declares from the given mapping and returns what its model outputs.
+
+    Attributes:
+      isolated: True for a segment in a worker process
+        (``edgecap.isolation.IsolatedSegment``), whose ``__call__`` also takes
+        ``fault=``.
     """
+
+    isolated = False
 
     def __call__(self, tensors: Tensors) -> Tensors:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases what the segment holds beyond memory (a worker process); idempotent."""
 
 
 class InterpreterSegment(Segment):
@@ -169,6 +179,8 @@ def open_stage(
     num_threads: int = 1,
     timing_only: bool = False,
     pace: bool = False,
+    isolate: bool = False,
+    deadline_s: Optional[float] = None,
 ) -> Segment:
     """Opens a plan stage on a device; call it in the thread that will run it.
 
@@ -179,20 +191,32 @@ def open_stage(
       num_threads: CPU threads for the interpreter's kernels (XNNPACK).
       timing_only: Emulated (and paced) stages compute nothing and output zeros.
       pace: Pace the stage to ``predicted_ms`` whatever its device (board emulation).
+      isolate: Run the stage in a worker process (``edgecap.isolation``), so that
+        a native crash there raises ``DeviceFailed`` here instead of killing this
+        process. Pacing then happens in the worker, as part of the invoke.
+      deadline_s: With ``isolate``: seconds an invoke may take before the worker
+        counts as hung and is killed (default: ``isolation.default_deadline_s``).
 
     Returns:
-      The stage as a ``Segment``: the tensors it reads in, its ``outputs`` out.
+      The stage as a ``Segment``: the tensors it reads in, its ``outputs`` out;
+      with ``isolate``, an ``IsolatedSegment`` (close it when done).
 
     Raises:
       ConfigError: If pacing is asked for and the stage has no ``predicted_ms``.
       PlanError: If the segment file is corrupt or does not match the stage, or a real
         EdgeTPU is to run a segment edgetpu_compiler did not compile.
       EdgecapError: If no EdgeTPU runtime or device can be opened.
+      DeviceFailed: With ``isolate``, if the worker crashes or hangs while opening.
     """
     if device is None:
         spec = stage.spec
     else:
         spec = device if isinstance(device, DeviceSpec) else parse_device(device)
+    if isolate:
+        from edgecap.isolation import IsolatedSegment  # it imports this module
+
+        return IsolatedSegment(stage, spec, num_threads=num_threads, timing_only=timing_only,
+                               pace=pace, deadline_s=deadline_s)
     paced = pace or spec.kind == "emu-tpu"
     if paced and stage.predicted_ms is None:
         raise ConfigError(

@@ -1,0 +1,287 @@
+"""Process isolation: stages in worker processes, their crashes and hangs as DeviceFailed."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from edgecap import faults, isolation, stages
+from edgecap.captioner import EdgeCaptioner
+from edgecap.bundle import load_bundle
+from edgecap.errors import DeviceFailed, EdgecapError, PlanError
+from edgecap.planning import plan_for_board
+from edgecap.scheduler import Pipeline, Step
+from edgecap.stages import open_stage
+from runtime_plans import write_plan
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="process isolation is POSIX only")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def plan(shipped_bundle):
+    """The demo bundle's plan for devboard-usb: two TPU segments, each paced to ~2 ms."""
+    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb")
+    assert len(plan.active_stages) >= 2
+    return plan
+
+
+def _frame(plan, seed: int) -> dict:
+    spec = plan.stages[0].inputs[0]
+    return {spec.name: np.random.default_rng(seed).integers(-128, 128, spec.shape, dtype=spec.dtype)}
+
+
+def _children() -> set:
+    # Python's resource tracker (started by the first SharedMemory, once per process) is no leak.
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())}
+
+
+def _shm_exists(name: str) -> bool:
+    import _posixshmem  # SharedMemory(name) would register the block with our resource tracker
+
+    try:
+        os.close(_posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@pytest.fixture
+def no_leaks(monkeypatch):
+    """Fails a test that leaves a worker process, a shared-memory block or a file descriptor behind."""
+    created = []
+
+    def recorded(*args, **kwargs):
+        shm = SharedMemory(*args, **kwargs)
+        created.append(shm.name)
+        return shm
+
+    # Only this test's blocks are checked: other processes on the host may create their own.
+    monkeypatch.setattr(isolation, "SharedMemory", recorded)
+    resource_tracker.ensure_running()  # once per process, with a file descriptor of its own
+    before = (_children(), psutil.Process().num_fds())
+    yield
+    gc.collect()
+    assert (_children(), psutil.Process().num_fds()) == before
+    assert [name for name in created if _shm_exists(name)] == []
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_isolated_stages_equal_in_process_ones_bit_for_bit(plan) -> None:
+    stages = plan.active_stages
+    devices = [f"emu-tpu:{i}" for i in range(len(stages))]
+    isolated = [open_stage(s, d, isolate=True) for s, d in zip(stages, devices)]
+    try:
+        local = [open_stage(s, d) for s, d in zip(stages, devices)]
+        for seed in range(4):
+            a = b = _frame(plan, seed)
+            for iso, loc in zip(isolated, local):
+                a, b = iso(a), loc(b)
+                assert list(a) == list(b)
+                for name in a:
+                    assert a[name].dtype == b[name].dtype
+                    np.testing.assert_array_equal(a[name], b[name])
+        assert isolated[0].isolated and not local[0].isolated
+        # An injected error is raised and leaves the worker up for the next invoke.
+        with pytest.raises(DeviceFailed, match="emu-tpu:0: error: injected fail") as err:
+            isolated[0](_frame(plan, 0), fault=faults.Fault("emu-tpu:0", "fail", 0))
+        assert err.value.kind == "error"
+        assert isolated[0](_frame(plan, 0)).keys() == local[0](_frame(plan, 0)).keys()
+    finally:
+        for iso in isolated:
+            iso.close()
+
+
+@pytest.mark.usefixtures("no_leaks", "no_leaked_threads")
+def test_a_captioner_on_isolated_stages_captions_as_in_process(shipped_bundle, tmp_path, monkeypatch) -> None:
+    # Stage 1 is one op inside a residual block: the skip tensor passes it by, and the parent hands it on.
+    encoder = shipped_bundle / "encoder.tflite"
+    plan = write_plan(encoder, [8, 9], ["tpu:0", "tpu:1", "cpu"], tmp_path, [0.3] * 3)
+    clip = np.random.default_rng(5).integers(0, 255, (16, 72, 88, 3), dtype=np.uint8)
+
+    def captions() -> list:
+        with EdgeCaptioner(shipped_bundle, plan=plan, num_threads=1, frames=4, stride=2) as cap:
+            assert any({t.name for t in s.inputs} & {t.name for t in s.outputs} for s in cap.plan.active_stages)
+            return [(c.window, c.tokens) for c in cap.caption_frames(clip)]
+
+    reference = captions()
+    assert len(reference) >= 3
+    real_open = stages.open_stage
+    opened = []
+
+    def isolated_open(*args, **kwargs):
+        opened.append(real_open(*args, isolate=True, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(stages, "open_stage", isolated_open)
+    assert captions() == reference
+    assert len(opened) == 3 and all(s.isolated for s in opened)
+    del opened[:]  # the pipeline's threads are gone: these were the last references
+
+
+@pytest.mark.usefixtures("no_leaks")
+@pytest.mark.parametrize("action,signame", [("abort", "SIGABRT"), ("segv", "SIGSEGV")])
+def test_a_crashing_worker_is_a_device_failure_here(plan, action, signame) -> None:
+    stage = plan.active_stages[0]
+    seg = open_stage(stage, "emu-tpu:0", isolate=True)
+    pid = seg.pid
+    seg(_frame(plan, 1))
+    with pytest.raises(DeviceFailed, match=f"emu-tpu:0: crashed: worker process killed by {signame}") as err:
+        seg(_frame(plan, 1), fault=faults.Fault("emu-tpu:0", action, 1))
+    assert (err.value.device, err.value.kind) == ("emu-tpu:0", "crashed")
+    assert not psutil.pid_exists(pid)
+    with pytest.raises(DeviceFailed, match="crashed"):  # the device stays failed
+        seg(_frame(plan, 1))
+    seg.close()
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_a_hung_worker_is_killed_at_its_deadline(plan) -> None:
+    seg = open_stage(plan.active_stages[0], "emu-tpu:0", isolate=True, deadline_s=0.3)
+    pid = seg.pid
+    t0 = time.perf_counter()
+    with pytest.raises(DeviceFailed, match=r"emu-tpu:0: hung: no answer within 0.3 s; worker process killed") as err:
+        seg(_frame(plan, 2), fault=faults.Fault("emu-tpu:0", "hang", 0))
+    assert 0.3 <= time.perf_counter() - t0 < 2.0
+    assert err.value.kind == "hung"
+    assert not psutil.pid_exists(pid)
+    seg.close()
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_opening_failures_come_back_as_the_same_one_line_error(plan, tmp_path, monkeypatch) -> None:
+    stage = plan.active_stages[0]
+    broken = tmp_path / stage.segment.name
+    broken.write_bytes(stage.segment.read_bytes()[:200])  # truncated
+    corrupt = dataclasses.replace(stage, segment=broken)
+    with pytest.raises(PlanError) as local:
+        open_stage(corrupt, "emu-tpu:0")
+    with pytest.raises(PlanError) as isolated:
+        open_stage(corrupt, "emu-tpu:0", isolate=True)
+    assert str(isolated.value) == str(local.value) and "\n" not in str(isolated.value)
+
+    # No libedgetpu: the message test_devices checks in-process (its probe costs a second more here).
+    monkeypatch.setenv("EDGECAP_EDGETPU_LIBRARY", str(tmp_path / "libedgetpu.so.1"))
+    on_tpu = dataclasses.replace(stage, compiled_segment=stage.segment)
+    with pytest.raises(EdgecapError, match=r"^tpu:0: \S+libedgetpu.so.1 not found; install") as isolated:
+        open_stage(on_tpu, "tpu:0", isolate=True)
+    assert type(isolated.value) is EdgecapError and "\n" not in str(isolated.value)
+
+
+@pytest.mark.usefixtures("no_leaks", "no_leaked_threads")
+def test_stopping_a_pipeline_ends_a_long_isolated_invoke_and_its_worker(plan, capfd) -> None:
+    stage = dataclasses.replace(plan.active_stages[0], predicted_ms=60_000.0)
+    opened = []
+
+    def open_() -> object:
+        opened.append(open_stage(stage, "emu-tpu:0", isolate=True, timing_only=True))
+        return opened[-1]
+
+    pipe = Pipeline([Step("stage", "emu-tpu:0", open_)])
+    frames = [_frame(plan, 0)] * 3
+    threading.Timer(0.3, pipe.close).start()
+    t0 = time.perf_counter()
+    with pytest.raises(EdgecapError, match="cancelled|closed|stopped"):
+        list(pipe.run(frames))
+    assert time.perf_counter() - t0 < 2.0
+    for thread in threading.enumerate():
+        if thread.name.startswith("edgecap-"):
+            thread.join(2.0)  # it notices the stop within _RECHECK_S
+    pid = opened[0].pid
+    del opened[:]  # the worker thread is gone: its segment is the last reference
+    gc.collect()
+    assert not psutil.pid_exists(pid)
+    assert "Traceback" not in capfd.readouterr().err  # the worker, stopped mid-invoke, says nothing
+
+
+_SCRIPT = """
+import pickle, sys, threading, time
+import numpy as np
+from edgecap.faults import Fault
+from edgecap.stages import open_stage
+
+with open(sys.argv[1], "rb") as f:
+    stage = pickle.load(f)
+x = {stage.inputs[0].name: np.zeros(stage.inputs[0].shape, stage.inputs[0].dtype)}
+seg = open_stage(stage, "emu-tpu:0", isolate=True)
+try:
+    print(seg.pid, seg.shm_name, flush=True)
+    time.sleep(30)
+except KeyboardInterrupt:
+    seg(x)  # the worker saw no SIGINT
+    print("interrupted", flush=True)
+# Hung in an invoke, the worker reads no request: only its lifeline tells it that we died.
+threading.Thread(target=seg, args=(x,), kwargs={"fault": Fault("emu-tpu:0", "hang", 0)}, daemon=True).start()
+time.sleep(0.2)
+print("hanging", flush=True)
+time.sleep(30)
+"""
+
+
+def test_sigint_to_the_group_and_the_parents_death(plan, tmp_path) -> None:
+    pickled = tmp_path / "stage.pickle"
+    pickled.write_bytes(pickle.dumps(plan.active_stages[0]))
+    with subprocess.Popen([sys.executable, "-c", _SCRIPT, str(pickled)], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            line = proc.stdout.readline()
+            if not line:
+                pytest.fail(f"the script died: {proc.communicate(timeout=10)[1]}")
+            pid, shm = line.split()
+            os.kill(int(pid), signal.SIGINT)  # the worker runs in a session of its own, and ignores it
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.stdout.readline().strip() == "interrupted"
+            assert proc.stdout.readline().strip() == "hanging"
+            assert psutil.pid_exists(int(pid))
+        finally:
+            proc.kill()  # no close(), no finalizer: the worker must notice on its own
+            _, err = proc.communicate(timeout=10)
+    try:
+        psutil.Process(int(pid)).wait(5)
+    except psutil.NoSuchProcess:
+        pass
+    deadline = time.monotonic() + 5
+    while _shm_exists(shm) and time.monotonic() < deadline:  # the parent's resource tracker unlinks it
+        time.sleep(0.05)
+    assert not _shm_exists(shm)
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
+
+
+def test_a_stage_in_a_worker_checks_its_deadline() -> None:
+    from edgecap.errors import ConfigError
+    from edgecap.isolation import IsolatedSegment, default_deadline_s, isolate_by_default
+    from edgecap.devices import parse_device
+
+    assert isolate_by_default(parse_device("tpu:0")) and not isolate_by_default(parse_device("emu-tpu:0"))
+    stage = type("S", (), {"predicted_ms": 1000.0})()
+    assert default_deadline_s(stage) == 10.0
+    with pytest.raises(ConfigError, match="deadline_s"):
+        IsolatedSegment(stage, parse_device("emu-tpu:0"), deadline_s=0)
+
+
+@pytest.mark.slow
+def test_the_isolation_benchmark_measures_every_case(shipped_bundle, tmp_path) -> None:
+    from edgecap.bench import _isolation_main, bench_isolation, format_isolation
+
+    result = bench_isolation(load_bundle(shipped_bundle), frames=20, repeats=1)
+    assert len(result.rows) == 3 and all(r.isolated_ms > 0 and r.in_process_ms > 0 for r in result.rows)
+    assert result.pipeline_fps["isolated"] > 0 and len(result.startup_s) >= 5
+    assert "CNN stages pipelined" in format_isolation(result)
+    assert _isolation_main(["--isolation", "--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
