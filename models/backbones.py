@@ -183,13 +183,22 @@ def random_rnn(feature_size: int, hidden_size: int, vocab_size: int, seed: int =
     return build_rnn(config, vocab_size)
 
 
-def _rnn_config(rnn: keras.Model, source: EncoderSource, window_frames: int,
+def _rnn_config(rnn: keras.Model, source: EncoderSource, vocab_size: int, window_frames: int,
                 max_caption_length: int) -> ModelConfig:
+    names = {layer.name for layer in rnn.layers}
+    missing = sorted({"enc_lstm", "embed", "dec_lstm", "logits"} - names)
+    if missing:
+        raise ValueError(f"{rnn.name}: no layer {', '.join(missing)}: build the RNN with "
+                         "models.architectures.build_rnn")
     enc = rnn.get_layer("enc_lstm")
     feature = int(enc.input.shape[-1])
     if feature != source.feature_size:
         raise ValueError(f"the RNN takes {feature} features but the encoder gives "
                          f"{source.feature_size}: train the RNN on this backbone's features")
+    logits = int(rnn.get_layer("logits").units)
+    if logits != vocab_size:
+        raise ValueError(f"the RNN emits {logits} logits but the vocabulary has {vocab_size} "
+                         "tokens: use the vocabulary the RNN was trained with")
     return ModelConfig(input_size=source.input_size, feature_size=feature,
                        hidden_size=int(enc.units), window_frames=window_frames,
                        max_caption_length=max_caption_length)
@@ -230,16 +239,17 @@ def build_bundle(
 
     Returns:
       The path of ``bundle.json``.
+
+    Raises:
+      ValueError: If ``weights`` is unknown, or the RNN does not fit the encoder or the vocabulary.
     """
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights {weights!r}: use one of {', '.join(WEIGHTS)}")
-    config = _rnn_config(rnn, source, window_frames, max_caption_length)
+    meta_extra = {"weights": weights, "weights_note": weights_note(weights)}
+    config = _rnn_config(rnn, source, len(vocab), window_frames, max_caption_length)
     size = source.input_size
     models = {"encoder": int8_encoder(source.model, size, calibration)}
     if reference:
         models["reference_encoder"] = float_encoder(source.model, size)
     models.update(step_models(rnn, config))
-    meta_extra = {"weights": weights, "weights_note": weights_note(weights)}
     return write_bundle(out_dir, name, config, vocab, models, sample_fps,
                         tokens or dict(DEMO_TOKENS), provenance, norm=source.norm,
                         extra=meta_extra)
@@ -272,17 +282,41 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _check(args: argparse.Namespace) -> Optional[str]:
+    """Returns what is wrong with the arguments, before any model is loaded, or None."""
+    for flag, path in (("--keras", args.keras), ("--rnn", args.rnn), ("--vocab", args.vocab),
+                       ("--calibration", args.calibration)):
+        if path is not None and not path.is_file():
+            return f"{path}: no such file ({flag}): give an existing file"
+    if any(s <= 0 for s in args.std):
+        return f"--std {' '.join(map(str, args.std))}: every std must be > 0"
+    if args.calibration_frames < 1 or args.hidden < 1:
+        return "--calibration-frames and --hidden must be at least 1"
+    if args.out.exists() and not args.out.is_dir():
+        return f"{args.out}: exists and is not a directory: choose another --out"
+    return None
+
+
 def _main(argv: Sequence[str]) -> int:
     args = _parse(argv)
+    problem = _check(args)
+    if problem is not None:
+        print(f"python -m models.backbones: error: {problem}", file=sys.stderr)
+        return 2
     start = time.monotonic()
     norm = InputNorm(args.color_order, tuple(args.mean), tuple(args.std))
-    source = pooled_encoder(keras.models.load_model(args.keras, compile=False), norm)
     vocab = (args.vocab.read_text(encoding="utf-8").splitlines() if args.vocab else demo_vocab())
-    if args.rnn:
-        rnn, weights = keras.models.load_model(args.rnn, compile=False), args.weights
-    else:
-        rnn, weights = random_rnn(source.feature_size, args.hidden, len(vocab)), "random"
-    frames = calibration_frames(source, args.calibration_frames, args.calibration)
+    try:
+        source = pooled_encoder(keras.models.load_model(args.keras, compile=False), norm)
+        if args.rnn:
+            rnn, weights = keras.models.load_model(args.rnn, compile=False), args.weights
+        else:
+            rnn, weights = random_rnn(source.feature_size, args.hidden, len(vocab)), "random"
+        _rnn_config(rnn, source, len(vocab), 1, 1)  # refuses a misfit before the slow export
+        frames = calibration_frames(source, args.calibration_frames, args.calibration)
+    except (ValueError, OSError) as e:
+        print(f"python -m models.backbones: error: {e}", file=sys.stderr)
+        return 2
     path = build_bundle(args.out, args.name or args.out.name, source, rnn, vocab, weights, frames,
                         {"recipe": "python -m models.backbones " + " ".join(argv),
                          "calibration": f"{len(frames)} frames of {args.calibration.name}"})

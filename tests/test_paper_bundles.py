@@ -133,6 +133,25 @@ def test_saved_backbone_and_rnn_become_a_trained_bundle_from_the_command_line(tm
 
 
 @pytest.mark.tf
+def test_an_rnn_that_does_not_fit_the_backbone_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("tensorflow")
+    import keras
+
+    from models import backbones
+
+    frame = keras.Input((16, 16, 3))
+    keras.Model(frame, keras.layers.Conv2D(6, 3)(frame)).save(tmp_path / "cnn.keras")
+    backbones.random_rnn(7, 8, len(backbones.demo_vocab())).save(tmp_path / "rnn.keras")
+    code = backbones._main(["--keras", str(tmp_path / "cnn.keras"), "--rnn", str(tmp_path / "rnn.keras"),
+                            "--out", str(tmp_path / "mine")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "takes 7 features but the encoder gives 6" in err[0]
+    assert not (tmp_path / "mine").exists()
+    assert backbones._main(["--keras", str(tmp_path / "none.keras"), "--out", str(tmp_path / "x")]) == 2
+    assert "none.keras: no such file (--keras)" in capsys.readouterr().err
+
+
+@pytest.mark.tf
 def test_backbone_without_a_square_input_is_refused() -> None:
     pytest.importorskip("tensorflow")
     import keras
