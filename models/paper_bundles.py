@@ -30,7 +30,8 @@ from models.paper_specs import PAPER_BACKBONES, DEFAULT_HIDDEN, default_cache, d
 
 
 def build(name: str, into: Path, hidden: int, calibration_frames: int, seed: int) -> Path:
-    """Builds one paper-scale bundle into ``into/name``, replacing it whole when done.
+    """Builds one paper-scale bundle into ``into/name`` (``name-hH`` for a hidden size H other
+    than ``DEFAULT_HIDDEN``), replacing it whole when done.
 
     Args:
       name: A key of ``PAPER_BACKBONES``.
@@ -57,7 +58,8 @@ def build(name: str, into: Path, hidden: int, calibration_frames: int, seed: int
     frames = backbones.calibration_frames(source, calibration_frames)
     backbones.fit_batchnorm(source, frames)
     into.mkdir(parents=True, exist_ok=True)
-    final = into / name
+    # Another hidden size goes beside the default one rather than over it.
+    final = into / (name if hidden == DEFAULT_HIDDEN else f"{name}-h{hidden}")
     # Built next to its final place and moved in whole: a reader never sees half a bundle.
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=into))
     try:

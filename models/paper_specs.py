@@ -19,7 +19,8 @@ from models.bundle_meta import CAFFE_NORM, TF_NORM, InputNorm
 # is the other common size. 512 is chosen because the encoder LSTM step reads
 # its whole float weight matrix, 4H(F+H+1) values, for every sampled frame:
 # 21 MB at H=512 against 49 MB at H=1000 with F=2048, which on a board's CPU
-# is memory traffic the CNN pipeline competes with at 59 fps. --hidden 1000
+# is memory traffic the CNN pipeline competes with at 59 fps (measured on
+# this host: 9.6 against 23.6 ms per step, docs/bundle.md). --hidden 1000
 # builds the original size.
 DEFAULT_HIDDEN = 512
 
