@@ -96,7 +96,9 @@ class Bundle:
     later code never opens or hashes them again to learn it. ``plans`` maps a
     board name to the directory of a plan compiled ahead of time into the
     bundle (``plans/<board>/plan.json``, ``edgecap compile --into-bundle``);
-    they are read only when chosen (``edgecap.autoplan``).
+    they are read only when chosen (``edgecap.autoplan``). ``weights`` is
+    ``trained``, ``imagenet`` (pretrained encoder, untrained decoder) or
+    ``random``: only trained captions mean anything.
     """
 
     root: Path
@@ -117,6 +119,7 @@ class Bundle:
     encoder_step_model: ModelFile
     decoder_step_model: ModelFile
     plans: Dict[str, Path] = field(default_factory=dict)
+    weights: str = "trained"
 
     def detokenize(self, ids: List[int]) -> str:
         """Returns the sentence for token ids, dropping special tokens."""
@@ -177,6 +180,9 @@ class _BundleDoc(msgspec.Struct):
     tokens: _TokensDoc
     name: Optional[schema.Name] = None
     reference_encoder: Optional[schema.Name] = None
+    # Only "trained" captions mean anything; paper-scale bundles built with
+    # random weights exist to measure speed and exactness.
+    weights: Literal["trained", "imagenet", "random"] = "trained"
 
 
 class _VersionDoc(msgspec.Struct):
@@ -365,4 +371,5 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         encoder_step_model=es_model,
         decoder_step_model=ds_model,
         plans=_bundled_plans(root.resolve()),
+        weights=doc.weights,
     )

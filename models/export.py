@@ -19,11 +19,12 @@ import tensorflow as tf
 
 from edgecap_compile.int8_export import configure_full_int8
 from models.architectures import ModelConfig, StepModels
+from models.bundle_meta import TF_NORM, InputNorm
 
 SCHEMA_VERSION = 1
-# Normalisation the encoder's first layer expects: (pixel - 127.5) / 127.5.
-PIXEL_MEAN = 127.5
-PIXEL_STD = 127.5
+# Normalisation the demo encoder's first layer expects: (pixel - 127.5) / 127.5.
+PIXEL_MEAN = TF_NORM.mean[0]
+PIXEL_STD = TF_NORM.std[0]
 
 
 def _convert(
@@ -103,6 +104,8 @@ def write_bundle(
     sample_fps: float,
     tokens: Dict[str, int],
     provenance: Dict[str, object],
+    norm: InputNorm = TF_NORM,
+    extra: Optional[Dict[str, object]] = None,
 ) -> Path:
     """Writes the model files, ``vocab.txt`` and ``bundle.json`` of a bundle.
 
@@ -111,10 +114,13 @@ def write_bundle(
       name: Bundle name.
       config: Model sizes.
       vocab: Tokens, id order.
-      models: Bytes of ``encoder``, ``reference_encoder``, ``encoder_step``, ``decoder_step``.
+      models: Bytes of ``encoder``, ``encoder_step``, ``decoder_step`` and, optionally,
+        ``reference_encoder``.
       sample_fps: Rate frames are sampled at.
       tokens: Special token ids (pad, bos, eos, unk).
       provenance: Recipe and seed the bundle came from.
+      norm: Channel order and normalisation the encoder's first layer expects.
+      extra: Further top-level fields (e.g. ``weights``).
 
     Returns:
       The path of ``bundle.json``.
@@ -126,6 +132,7 @@ def write_bundle(
         "encoder_step": "rnn_encoder_step.tflite",
         "decoder_step": "rnn_decoder_step.tflite",
     }
+    files = {key: name for key, name in files.items() if key in models}
     for key, filename in files.items():
         (out_dir / filename).write_bytes(models[key])
     (out_dir / "vocab.txt").write_text("".join(f"{t}\n" for t in vocab), encoding="utf-8")
@@ -133,21 +140,14 @@ def write_bundle(
         "schema_version": SCHEMA_VERSION,
         "name": name,
         "encoder": files["encoder"],
-        "reference_encoder": files["reference_encoder"],
+        **({"reference_encoder": files["reference_encoder"]} if "reference_encoder" in files else {}),
         "rnn": {
             "encoder_step": files["encoder_step"],
             "decoder_step": files["decoder_step"],
             "hidden_size": config.hidden_size,
         },
         "vocab": "vocab.txt",
-        "input": {
-            "height": config.input_size,
-            "width": config.input_size,
-            "channels": 3,
-            "color_order": "RGB",
-            "mean": [PIXEL_MEAN] * 3,
-            "std": [PIXEL_STD] * 3,
-        },
+        "input": norm.as_input(config.input_size),
         "feature_size": config.feature_size,
         "window": {
             "frames": config.window_frames,
@@ -157,6 +157,7 @@ def write_bundle(
         "max_caption_length": config.max_caption_length,
         "tokens": dict(tokens),
         "provenance": dict(provenance),
+        **(extra or {}),
     }
     path = out_dir / "bundle.json"
     path.write_text(json.dumps(meta, indent=2) + "\n")

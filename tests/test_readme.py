@@ -30,6 +30,12 @@ SKIP = {
     "edgecap eval --data DATASET_DIR": "needs a rendered dataset (python -m models.dataset, minutes)",
     "edgecap eval --bundle my_bundle --data data/shapes_eval":
         "needs the training recipe's bundle and dataset (TensorFlow, minutes)",
+    "edgecap caption --bundle ~/.cache/edgecap/bundles/resnet50-224 --board devboard-usb":
+        "needs the paper-scale bundles (TensorFlow; tests/test_paper_bundles.py builds one)",
+    "edgecap validate my_captioner": "needs a user's own Keras backbone and RNN",
+    "edgecap compile my_captioner --board devboard-usb --into-bundle":
+        "needs a user's own Keras backbone and RNN",
+    "edgecap caption my_clip.mp4 --bundle my_captioner": "needs a user's own footage and bundle",
 }
 # README command -> options appended to keep the suite fast (argparse: the last value wins).
 FAST = {
