@@ -646,6 +646,7 @@ class EdgeCaptioner:
         if s is not None:
             fin, fout, drop = self._carried
             self._carried = (fin + s.frames_in, fout + s.frames_out, drop + s.dropped)
+        back: List[str] = []
         if cause is not None:
             device, kind, detail = cause.device, cause.kind, str(cause)
             self._failed.append(device)
@@ -666,13 +667,17 @@ class EdgeCaptioner:
                 self._pipeline = self._start()
                 break
             except EdgecapError as exc:
-                # A device that fails as it opens (one just back, say) is failed again.
-                bad = exc.device if isinstance(exc, DeviceFailed) else None
-                suspects = [bad] if bad in self._tpus else [d for d in self._tpus if d not in self._failed
-                                                             and d in self.devices.values()]
-                if not suspects or choice.how in ("cpu",) and bad is None:
+                # A device that fails as it opens is failed again: the one named,
+                # else (a device just back that will not open) those that came back.
+                if isinstance(exc, DeviceFailed) and exc.device in self._tpus:
+                    again = [exc.device]
+                elif cause is None:
+                    again = [d for d in back if d in self.devices.values()]
+                else:
+                    again = []
+                if not again:
                     raise
-                for d in suspects:
+                for d in again:
                     self._failed.append(d)
                     self._prober.watch(d)
         self._replayed += replayed

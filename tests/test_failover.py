@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
-from pathlib import Path
 from typing import List
 
 import numpy as np
@@ -100,8 +100,6 @@ def test_a_plan_the_bundle_carries_comes_first(shipped_bundle, clip, tmp_path):
     from test_autoplan import _compiled_plan
 
     bundle = tmp_path / "bundle"
-    import shutil
-
     shutil.copytree(shipped_bundle, bundle)
     _compiled_plan(bundle, "devboard-usb", 2)
     _compiled_plan(bundle, "devboard", 1)
