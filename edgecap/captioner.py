@@ -654,7 +654,8 @@ class EdgeCaptioner:
         else:
             with self._lock:
                 back, self._returned = self._returned, []
-            device, kind, detail = ", ".join(back), "returned", "answers probes again"
+            device, kind = ", ".join(back), "returned"
+            detail = f"{device}: returned: answers probes again"
             self._failed = [d for d in self._failed if d not in back]
         resume, lost_windows = source.resume(live)
         lost_frames = source.in_flight() if live else 0
@@ -691,7 +692,7 @@ class EdgeCaptioner:
         if self._tracer is not None:
             self._tracer.instant("failover", t0, {k: v for k, v in dataclasses.asdict(record).items()
                                                   if k not in ("at", "took_s")})
-        _log.warning("edgecap: %s %s (%s); now %s [%s]", device, kind, detail, record.plan_after, choice.how)
+        _log.warning("edgecap: %s; now %s (%s)", detail, record.plan_after, choice.how)
         return resume
 
     def _choose(self) -> Replan:

@@ -41,7 +41,7 @@ def test_the_service_fails_over_instead_of_exiting(tmp_path):
         assert len(texts) >= 6 and all(t in TRUTH for t in texts), texts
         _stop(proc)
         assert proc.returncode == 0
-        assert "emu-tpu:1 error" in proc.stderr.read()
+        assert "emu-tpu:1: error: injected fail" in proc.stderr.read()
     finally:
         proc.kill()
         notify.close()
