@@ -52,7 +52,15 @@ thread consuming the open run, it stops that run first).
 
 A step that sleeps (pacing) should call ``sleep_until(deadline)`` instead of
 ``time.sleep``: it returns early, with False, when the run it works for is
-stopped.
+stopped. No wait is longer than ``_MAX_WAIT_S`` at a time (a longer one is
+made of several), so no deadline a plan can hold overflows a timed wait.
+
+Deadlines. A step with ``deadline_s`` (an EdgeTPU's invoke) is watched: a
+watchdog thread waits until the earliest deadline of an invoke in progress
+and, when one passes, fails the run with ``DeviceFailed(worker, "hung",
+...)``, which its iterator raises. The stuck thread cannot be interrupted:
+the caller replaces the pipeline (``stop()`` now, ``join()`` later, when the
+thread may have returned) instead of reusing it.
 
 An error raised by a step or the source reaches the consumer after the
 results of every item before it; the source then stops. ``PipelineBusy``

@@ -191,3 +191,56 @@ def test_a_crash_in_an_isolated_stage_fails_over(shipped_bundle, clip, reference
         assert _texts(cap, clip) == reference
         (record,) = cap.stats().failovers
         assert (record.device, record.kind) == ("emu-tpu:1", "crashed")
+
+
+def test_the_watchdog_fails_a_run_whose_step_outlives_its_deadline():
+    from edgecap.scheduler import Pipeline, Step
+
+    release = threading.Event()
+
+    def stuck(x):
+        if x == 3:
+            release.wait()
+        return x
+
+    pipe = Pipeline([Step("seg", "emu-tpu:0", lambda: stuck, deadline_s=0.2, first_deadline_s=1.0),
+                     Step("tail", "cpu", lambda: (lambda x: x))])
+    out = []
+    t0 = time.perf_counter()
+    with pytest.raises(DeviceFailed, match=r"emu-tpu:0: hung: seg did not return within 0.2 s \(item 3\)"):
+        for x in pipe.run(range(10)):
+            out.append(x)
+    assert out == [0, 1, 2] and time.perf_counter() - t0 < 1.0
+    assert pipe.stop()
+    release.set()
+    pipe.join()
+    assert pipe.running() == []
+
+
+@pytest.mark.parametrize("overrides", [{"deadline_factor": 0.5}, {"deadline_floor_s": 0},
+                                       {"deadline_floor_s": float("nan")}, {"deadline_factor": True}])
+def test_deadline_options_out_of_range_are_one_line(overrides):
+    from edgecap.errors import ConfigError
+    from edgecap.options import CaptionerOptions
+
+    with pytest.raises(ConfigError, match="deadline"):
+        CaptionerOptions(**overrides)
+
+
+@pytest.mark.parametrize("text", ["emu-tpu:1=explode@3", "emu-tpu:1=fail", "emu-tpu:1=fail@-1", "fail@3"])
+def test_a_malformed_fault_is_one_line(text):
+    from edgecap.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="DEVICE=ACTION@N"):
+        faults.inject(text)
+
+
+def test_a_fault_fires_once_at_its_invoke_and_the_device_answers_after_its_delay():
+    plan = faults.inject("emu-tpu:0=vanish@2+0.1s")
+    assert [plan.take("emu-tpu:0") for _ in range(2)] == [None, None]
+    assert plan.take("emu-tpu:1") is None
+    fault = plan.take("emu-tpu:0")
+    assert (fault.action, fault.at, fault.back_after_s) == ("vanish", 2, 0.1)
+    assert plan.take("emu-tpu:0") is None and not plan.answers("emu-tpu:0")
+    time.sleep(0.15)
+    assert plan.answers("emu-tpu:0")
