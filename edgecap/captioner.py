@@ -9,33 +9,39 @@ to (on the CPU worker), then, when a window is complete, the greedy decoder
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import inspect
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from edgecap import devices, stages
+from edgecap import devices, faults, stages
 from edgecap.autoplan import PlanChoice, choose_plan
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
-from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
+from edgecap.errors import BundleError, ConfigError, DeviceFailed, EdgecapError, PlanError
+from edgecap.failover import TPU_KINDS, Prober, Replan, describe, replan, tpu_workers
 from edgecap.modelfile import open_model
-from edgecap.options import CaptionerOptions
+from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
 from edgecap.placement import CPU_WORKER, DECODE_WORKER, Placement, place
 from edgecap.plan import Plan, Stage, load_plan, single_cpu_plan
 from edgecap.preprocess import Preprocessor
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
 from edgecap.scheduler import Pipeline, Step
 from edgecap.sources import Frame, FrameSource, SourceLike, open_source, sample
-from edgecap.stats import PipelineStats
+from edgecap.stats import FailoverRecord, PipelineStats
 from edgecap.trace import Tracer
 
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
 _log = logging.getLogger("edgecap")
+# Whether stages can run a TPU stage in a worker process (edgecap.isolation).
+_OPEN_TAKES_ISOLATE = "isolate" in inspect.signature(stages.open_stage).parameters
 
 
 @dataclass
@@ -89,9 +95,17 @@ class FrameResult:
 
 @dataclass(frozen=True, eq=False)
 class _Run:
-    """One ``stream()`` or ``run_frames()`` call: its streams' window specs (compared by identity)."""
+    """One pipeline run of a ``stream()`` or ``run_frames()`` call (compared by identity).
+
+    Attributes:
+      windows: The window spec of each stream (key).
+      resume: Per stream, after a failover: the sample number its first
+        frame in this run has, and the first window to open (the earlier
+        ones were captioned, or are lost in live mode).
+    """
 
     windows: Mapping[Hashable, WindowSpec]
+    resume: Mapping[Hashable, Tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,6 +117,7 @@ class _FrameJob:
     tensors: Dict[str, np.ndarray]
     arrived: float
     ms: Dict[str, float]
+    pos: int = 0  # place in the call's input, kept when the frame is replayed after a failover
     finished: List[Tuple["_Window", Frame]] = field(default_factory=list)
     captions: List[Caption] = field(default_factory=list)
     device_ms: Dict[str, float] = field(default_factory=dict)
@@ -123,29 +138,56 @@ def _windows_of(k: int, spec: WindowSpec) -> range:
 
 
 class _CnnStage:
-    """One plan stage of the CNN on its device; owned by that device's worker."""
+    """One plan stage of the CNN on its device; owned by that device's worker.
 
-    def __init__(self, stage: Stage, device: str, **options: Any) -> None:
+    On an EdgeTPU (real or emulated) it is where injected faults strike
+    (``edgecap.faults``), and any error of the invoke is a ``DeviceFailed``,
+    which the captioner fails over from.
+    """
+
+    def __init__(self, stage: Stage, device: str, released: threading.Event, **options: Any) -> None:
         self._runner = stages.open_stage(stage, device, **options)
         self._device = device
+        self._tpu = devices.parse_device(device).kind in TPU_KINDS
+        self._isolated = bool(getattr(self._runner, "isolated", False))
+        self._released = released
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         if job.frame is None:  # a heartbeat passes through, proving the worker is alive
             return job
         t0 = time.perf_counter()
-        job.tensors = self._runner(job.tensors)
+        if self._tpu:
+            job.tensors = self._invoke(job.tensors)
+        else:
+            job.tensors = self._runner(job.tensors)
         ms = (time.perf_counter() - t0) * 1e3
         job.ms["cnn"] += ms
         job.device_ms[self._device] = ms
         return job
 
+    def _invoke(self, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        plan = faults.current()
+        fault = plan.take(self._device) if plan else None
+        try:
+            if self._isolated:  # the worker process performs it, so an abort kills only the worker
+                return self._runner(tensors, fault=fault)
+            if fault is not None:
+                # An emulated hang ends when this pipeline is replaced or closed.
+                faults.perform(fault, self._released)
+            return self._runner(tensors)
+        except DeviceFailed:
+            raise
+        except Exception as exc:  # whatever the delegate raised: the device is unusable
+            raise DeviceFailed(self._device, "error", f"{type(exc).__name__}: {exc}") from exc
+
 
 class _StreamWindows:
     """The windows of one stream: frames counted so far and the windows still open."""
 
-    def __init__(self, spec: WindowSpec) -> None:
+    def __init__(self, spec: WindowSpec, k: int = 0, first: int = 0) -> None:
         self.spec = spec
-        self.k = 0
+        self.k = k
+        self.first = first  # windows before it are not opened (see _Run.resume)
         self.open: Dict[int, _Window] = {}
 
 
@@ -179,7 +221,8 @@ class _RnnStep:
             self._run, self._streams = run, {}
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = _StreamWindows(run.windows.get(key, self._spec))
+            stream = self._streams[key] = _StreamWindows(run.windows.get(key, self._spec),
+                                                         *run.resume.get(key, (0, 0)))
         spec = stream.spec
         k, stream.k = stream.k, stream.k + 1
         raw = job.tensors.pop(self._feature)
@@ -188,6 +231,8 @@ class _RnnStep:
         else:
             feature = (raw.astype(np.float32) - self._zero_point) * self._scale
         for n in _windows_of(k, spec):
+            if n < stream.first:
+                continue
             win = stream.open.get(n)
             if win is None:
                 win = stream.open[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
@@ -202,6 +247,115 @@ class _RnnStep:
                 job.finished.append((stream.open.pop(n), job.frame))
         job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
         return job
+
+
+def _resume_point(consumed: int, spec: WindowSpec, live: bool) -> Tuple[int, int, int]:
+    """Where a stream resumes on a new pipeline after ``consumed`` of its frames came out.
+
+    Returns:
+      ``(k, first, lost)``: the sample number to resume at, the first window
+      to open, and the windows lost. In file mode it resumes at the start of
+      the earliest window not yet captioned (nothing lost); in live mode at the
+      next frame, losing the windows open then.
+    """
+    earliest = max(0, -(-(consumed - spec.frames + 1) // spec.stride))  # not yet captioned
+    if not live:
+        return min(earliest * spec.stride, consumed), earliest, 0
+    first = -(-consumed // spec.stride)
+    return consumed, first, max(0, first - earliest)
+
+
+class _Source:
+    """The input of one ``stream()`` or ``run_frames()`` call, read once, held for replays.
+
+    Each pipeline run's feeder reads it through ``jobs``; the consumer reports
+    every job that came out (``consumed``). With ``hold`` (file mode) it keeps,
+    per stream, the jobs from the first frame of its earliest window not yet
+    captioned on, so that after a failover a new pipeline runs them again.
+    """
+
+    def __init__(self, items: Iterator[Tuple[Optional[Hashable], Optional[Frame]]],
+                 make_job: Callable[..., _FrameJob], windows: Mapping[Hashable, WindowSpec],
+                 default: WindowSpec, hold: bool) -> None:
+        self._items = items
+        self._make_job = make_job
+        self._windows, self._default = windows, default
+        self._hold = hold
+        # Reads are serialised: a replaced pipeline's feeder may still be in one.
+        self._read_lock = threading.Lock()
+        self._lock = threading.Lock()  # the held jobs: the feeder adds, the consumer trims
+        self._held: Dict[Optional[Hashable], Deque[Tuple[int, _FrameJob]]] = {}
+        self._counts: Dict[Optional[Hashable], int] = {}  # frames read, per stream
+        self._pos = 0
+        self._read = 0
+        self._ended = False
+        self.consumed_frames: Dict[Optional[Hashable], int] = {}
+        self.next_out = 0
+
+    def jobs(self, run: _Run, resume: Mapping[Hashable, Tuple[int, int]]) -> Iterator[_FrameJob]:
+        """The jobs of one pipeline run: the held ones from each stream's resume point, then new ones."""
+        with self._read_lock:  # waits out a read of the replaced pipeline's feeder
+            with self._lock:
+                again = sorted((job for key, held in self._held.items() for k, job in held
+                                if k >= resume.get(key, (0, 0))[0]), key=lambda job: job.pos)
+        for job in again:
+            yield dataclasses.replace(job, stream=(run, job.stream[1]), tensors=dict(job.tensors),
+                                      ms=dict(job.ms), finished=[], captions=[], device_ms={})
+        while True:
+            with self._read_lock:
+                if self._ended:
+                    return
+                try:
+                    key, frame = next(self._items)
+                except StopIteration:
+                    self._ended = True
+                    return
+                job = self._make_job((run, key), frame, self._pos)
+                self._pos += 1
+                if frame is not None:
+                    self._read += 1
+                    k = self._counts.get(key, 0)
+                    self._counts[key] = k + 1
+                    if self._hold:  # a pristine copy: the stages replace tensors and add to ms
+                        held = dataclasses.replace(job, tensors=dict(job.tensors), ms=dict(job.ms))
+                        with self._lock:
+                            self._held.setdefault(key, collections.deque()).append((k, held))
+            yield job
+
+    def consumed(self, job: _FrameJob) -> bool:
+        """Counts a job that came out; False for one that came out before a failover (not yielded again)."""
+        if job.pos < self.next_out:
+            return False
+        self.next_out = job.pos + 1
+        if job.frame is not None:
+            key = job.stream[1]
+            c = self.consumed_frames[key] = self.consumed_frames.get(key, 0) + 1
+            if self._hold:
+                start = _resume_point(c, self._windows.get(key, self._default), False)[0]
+                with self._lock:
+                    held = self._held[key]
+                    while held and held[0][0] < start:
+                        held.popleft()
+        return True
+
+    def resume(self, live: bool) -> Tuple[Dict[Hashable, Tuple[int, int]], int]:
+        """Each stream's resume point (``_Run.resume``) and the windows lost, for a new pipeline."""
+        resume, lost = {}, 0
+        for key, c in self.consumed_frames.items():
+            k, first, gone = _resume_point(c, self._windows.get(key, self._default), live)
+            resume[key] = (k, first)
+            lost += gone
+        return resume, lost
+
+    def replay_count(self, resume: Mapping[Hashable, Tuple[int, int]]) -> int:
+        """Held frames a run from ``resume`` runs again."""
+        with self._lock:
+            return sum(1 for key, held in self._held.items() for k, _ in held
+                       if k >= resume.get(key, (0, 0))[0])
+
+    def in_flight(self) -> int:
+        """Frames read that did not come out (lost in live mode)."""
+        return self._read - sum(self.consumed_frames.values())
 
 
 def _ends_a_window(job: _FrameJob) -> bool:
@@ -295,6 +449,20 @@ class EdgeCaptioner:
         self._tracer = Tracer() if opts.trace is not None else None
         self._source: Optional[FrameSource] = None
         self._closed = False
+        if opts.isolate and not _OPEN_TAKES_ISOLATE:
+            raise ConfigError("isolate=True needs edgecap.isolation, which this install lacks; "
+                              "leave isolate unset")
+        # Failover state: the devices that failed, those a re-probe found back,
+        # the pipelines replaced (joined on close), and this call's records.
+        self._release = threading.Event()  # ends the current pipeline's emulated hangs
+        self._failed: List[str] = []
+        self._returned: List[str] = []
+        self._lock = threading.Lock()
+        self._prober = Prober(self._on_return)
+        self._retired: List[Pipeline] = []
+        self._failovers: List[FailoverRecord] = []
+        self._carried = (0, 0, 0)  # frames in, out, dropped of the replaced pipelines' runs
+        self._replayed = 0
         try:
             self._pipeline = self._start()
         except EdgecapError as exc:
@@ -311,6 +479,8 @@ class EdgeCaptioner:
             self.placement = place(self.plan, opts.emulate, opts.devices_map, 0)
             self.devices = self.placement.workers
             self._pipeline = self._start()
+        self._original = (self.plan, self.placement)
+        self._tpus = tpu_workers(self.placement)
 
     def _start(self) -> Pipeline:
         """Opens every step on its worker (opening failures are raised here)."""
@@ -338,11 +508,18 @@ class EdgeCaptioner:
             # frame feeds), which _RnnStep paces on its own, step by step.
             stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - self.plan.rnn_frame_ms))
         threads = (self.options.num_threads or devices.cpu_cores()) if on_cpu else 1
+        kind = devices.parse_device(device).kind
+        isolate = self.options.isolate if self.options.isolate is not None else kind == "tpu"
+        extra = {"isolate": True} if isolate and _OPEN_TAKES_ISOLATE else {}
         opener = functools.partial(
-            _CnnStage, stage, device, num_threads=threads,
-            timing_only=self.options.timing_only, pace=pace,
+            _CnnStage, stage, device, self._release, num_threads=threads,
+            timing_only=self.options.timing_only, pace=pace, **extra,
         )
-        return Step(f"stage {stage.index} ({stage.device})", device, opener)
+        deadline = None
+        if kind in TPU_KINDS and stage.predicted_ms is not None:
+            deadline = max(self.options.deadline_floor_s, self.options.deadline_factor * stage.predicted_ms / 1e3)
+        return Step(f"stage {stage.index} ({stage.device})", device, opener, deadline_s=deadline,
+                    first_deadline_s=None if deadline is None else deadline * FIRST_INVOKE_GRACE)
 
     def caption_frames(self, frames: Any) -> List[Caption]:
         """Captions frames that are already sampled, one caption per complete window.
@@ -377,30 +554,155 @@ class EdgeCaptioner:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         in_memory_rate = fps or self.window.sample_fps or 30.0
         src = open_source(source, fps=in_memory_rate)
+        frames = sample(src, self.window.sample_fps)
         try:
-            run = self._pipeline.run(self._jobs(src), live=src.live)
-            self._source = src  # not before: a stream refused as busy must not replace the running one's
-            try:
-                for job in run:
-                    yield from job.captions
-            finally:
-                run.close()
+            for job in self._supervise(((None, f) for f in frames), {}, src.live, src):
+                yield from job.captions
         finally:
+            frames.close()
             src.close()
             self._write_trace()
 
-    def _jobs(self, src: FrameSource) -> Iterator[_FrameJob]:
-        # Runs on the pipeline's feeder thread: read, sample, preprocess.
-        stream = (_Run({}), None)
-        for frame in sample(src, self.window.sample_fps):
-            yield self._job(stream, frame)
-
-    def _job(self, stream: Tuple[_Run, Optional[Hashable]], frame: Frame) -> _FrameJob:
+    def _job(self, stream: Tuple[_Run, Optional[Hashable]], frame: Optional[Frame], pos: int) -> _FrameJob:
+        # Runs on the pipeline's feeder thread: preprocess.
         t0 = time.perf_counter()
-        x = self._preprocess(frame.image)
         ms = dict.fromkeys(STAGES, 0.0)
+        if frame is None:  # a heartbeat
+            return _FrameJob(stream, None, {}, t0, ms, pos)
+        x = self._preprocess(frame.image)
         ms["preprocess"] = (time.perf_counter() - t0) * 1e3
-        return _FrameJob(stream, frame, {self._input_name: x}, t0, ms)
+        return _FrameJob(stream, frame, {self._input_name: x}, t0, ms, pos)
+
+    def _supervise(self, items: Iterator[Tuple[Optional[Hashable], Optional[Frame]]],
+                   windows: Mapping[Hashable, WindowSpec], live: bool,
+                   src: Optional[FrameSource]) -> Iterator[_FrameJob]:
+        """Runs ``items`` through the pipeline, failing over when a device fails; yields each job once.
+
+        In file mode the source keeps the frames of every window not yet
+        captioned, and a new pipeline runs them again (their jobs that came
+        out before are not yielded again); in live mode the frames in flight
+        and the open windows are lost and counted.
+        """
+        hold = not live and self.options.failover and bool(self._tpus)
+        source = _Source(items, self._job, windows, self.window, hold)
+        self._failovers, self._carried, self._replayed = [], (0, 0, 0), 0
+        resume: Dict[Hashable, Tuple[int, int]] = {}
+        first = True
+        pending: Optional[float] = None  # when the latest failover began, until a frame comes out
+        while True:
+            run = _Run(dict(windows), resume)
+            results = self._pipeline.run(source.jobs(run, resume), live=live)
+            if first:
+                # Not before: a run refused as busy must not replace the running one's source.
+                self._source, first = src, False
+            switch: Optional[DeviceFailed] = None
+            returned = False
+            try:
+                for job in results:
+                    if pending is not None:
+                        self._failovers[-1] = dataclasses.replace(
+                            self._failovers[-1], took_s=round(time.perf_counter() - pending, 4))
+                        pending = None
+                    if not source.consumed(job):
+                        continue
+                    yield job
+                    if self._returned:
+                        returned = True
+                        break
+                else:
+                    return
+            except DeviceFailed as exc:
+                if not self._fails_over(exc):
+                    raise
+                switch = exc
+            finally:
+                if switch is not None or returned:
+                    self._pipeline.stop()  # first: the feeder then stops at once
+                results.close(wait=switch is None and not returned)
+            pending = time.perf_counter()
+            resume = self._switch(switch, source, live)
+
+    def _fails_over(self, exc: DeviceFailed) -> bool:
+        return self.options.failover and exc.device in self.devices.values() and exc.device in self._tpus
+
+    def _on_return(self, device: str) -> None:
+        # On the prober's thread: the consumer switches after its next frame.
+        with self._lock:
+            self._returned.append(device)
+
+    def _switch(self, cause: Optional[DeviceFailed], source: "_Source",
+                live: bool) -> Dict[Hashable, Tuple[int, int]]:
+        """Replaces the pipeline: onto the devices left after ``cause``, or onto those back again.
+
+        Returns:
+          Where each stream resumes (see ``_Run.resume``).
+        """
+        t0, at = time.perf_counter(), time.time()
+        before = describe(self.plan, self.devices)
+        old = self._pipeline
+        self._release.set()  # emulated hangs of the old pipeline end
+        self._retired = [p for p in self._retired if p.running()] + [old]
+        s = old.stats()
+        if s is not None:
+            fin, fout, drop = self._carried
+            self._carried = (fin + s.frames_in, fout + s.frames_out, drop + s.dropped)
+        back: List[str] = []
+        if cause is not None:
+            device, kind, detail = cause.device, cause.kind, str(cause)
+            self._failed.append(device)
+            self._prober.watch(device)
+        else:
+            with self._lock:
+                back, self._returned = self._returned, []
+            device, kind = ", ".join(back), "returned"
+            detail = f"{device}: returned: answers probes again"
+            self._failed = [d for d in self._failed if d not in back]
+        resume, lost_windows = source.resume(live)
+        lost_frames = source.in_flight() if live else 0
+        replayed = source.replay_count(resume) if not live else 0
+        while True:
+            choice = self._choose()
+            self.plan, self.placement, self.devices = choice.plan, choice.placement, choice.placement.workers
+            self._release = threading.Event()
+            try:
+                self._pipeline = self._start()
+                break
+            except EdgecapError as exc:
+                # A device that fails as it opens is failed again: the one named,
+                # else (a device just back that will not open) those that came back.
+                if isinstance(exc, DeviceFailed) and exc.device in self._tpus:
+                    again = [exc.device]
+                elif cause is None:
+                    again = [d for d in back if d in self.devices.values()]
+                else:
+                    again = []
+                if not again:
+                    raise
+                for d in again:
+                    self._failed.append(d)
+                    self._prober.watch(d)
+        self._replayed += replayed
+        record = FailoverRecord(device=device, kind=kind, detail=detail, at=at, took_s=None,
+                                plan_before=before, plan_after=describe(self.plan, self.devices),
+                                how=choice.how, replayed=replayed, lost_frames=lost_frames,
+                                lost_windows=lost_windows)
+        self._failovers.append(record)
+        fin, fout, drop = self._carried
+        self._carried = (fin, fout, drop + lost_frames)
+        if self._tracer is not None:
+            self._tracer.instant("failover", t0, {k: v for k, v in dataclasses.asdict(record).items()
+                                                  if k not in ("at", "took_s")})
+        _log.warning("edgecap: %s; now %s (%s)", detail, record.plan_after, choice.how)
+        return resume
+
+    def _choose(self) -> Replan:
+        plan, placement = self._original
+        if not self._failed:
+            return Replan(plan, placement, "original")
+        left = [d for d in self._tpus if d not in self._failed]
+        board = self.options.board if self.options.board != "auto" else (
+            self.plan_choice.board if self.plan_choice is not None else None)
+        return replan(self.bundle, plan, placement, left, self._failed, board, self.options.emulate)
 
     def run_frames(
         self,
@@ -434,22 +736,10 @@ class EdgeCaptioner:
         """
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
-        run = _Run(dict(windows or {}))  # this run's own: a refused run changes nothing
-
-        def jobs() -> Iterator[_FrameJob]:
-            for key, frame in frames:
-                if frame is None:
-                    yield _FrameJob((run, key), None, {}, time.perf_counter(), dict.fromkeys(STAGES, 0.0))
-                else:
-                    yield self._job((run, key), frame)
-
-        results = self._pipeline.run(jobs(), live=live)
-        self._source = None
         try:
-            for job in results:
+            for job in self._supervise(iter(frames), dict(windows or {}), live, None):
                 yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms)
         finally:
-            results.close()
             self._write_trace()
 
     def stats(self) -> Optional[PipelineStats]:
@@ -462,6 +752,11 @@ class EdgeCaptioner:
         stats = self._pipeline.stats()
         if stats is None:
             return stats
+        if self._failovers:
+            fin, fout, drop = self._carried
+            stats = dataclasses.replace(stats, frames_in=stats.frames_in + fin,
+                                        frames_out=stats.frames_out + fout, dropped=stats.dropped + drop,
+                                        failovers=tuple(self._failovers), replayed=self._replayed)
         if self._source is not None:
             stats = dataclasses.replace(stats, dropped=stats.dropped + self._source.dropped)
         if any(devices.parse_device(w).kind == "tpu" for w in self.devices.values()):
@@ -471,7 +766,12 @@ class EdgeCaptioner:
     def close(self) -> None:
         """Stops the run in progress and joins every worker thread; idempotent."""
         self._closed = True
+        self._release.set()
+        self._prober.close()
         self._pipeline.close()
+        for old in self._retired:
+            old.join()
+        self._retired = []
         self._write_trace()
 
     def _write_trace(self) -> None:

@@ -23,6 +23,10 @@ PathLike = Union[str, "os.PathLike[str]"]
 MAX_WINDOW_FRAMES = 10_000
 MAX_SAMPLE_FPS = 10_000.0
 MAX_QUEUE = 1024
+MAX_DEADLINE = 1e6
+# A stage's first invoke may take this many times its deadline: a delegate
+# loads the segment's parameters onto the EdgeTPU then.
+FIRST_INVOKE_GRACE = 10.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,19 @@ class CaptionerOptions:
         the int8 one (for measuring quantisation loss); CPU only.
       trace: Write a Chrome trace-event JSON of the runs here (on ``close()``
         and after each stream).
+      failover: When an EdgeTPU (real or emulated) fails mid-stream, re-plan
+        onto the devices left and go on (docs/runtime.md, Failover); False
+        raises ``DeviceFailed`` to the caller instead.
+      deadline_factor: An EdgeTPU invoke that takes longer than this many
+        times its stage's ``predicted_ms`` (and ``deadline_floor_s``) is hung:
+        its device is treated as failed.
+      deadline_floor_s: The shortest deadline, in seconds: what a loaded host
+        may add to an invoke without it counting as hung. A stage's first
+        invoke gets ``FIRST_INVOKE_GRACE`` times its deadline (a delegate
+        loads the segment's parameters then).
+      isolate: Run EdgeTPU stages in worker processes, so that a native crash
+        (libedgetpu's abort) kills the worker, not the captioner. None
+        isolates real ``tpu`` stages only.
 
     Raises:
       ConfigError: If a value is out of range (checked when the record is made).
@@ -85,8 +102,21 @@ class CaptionerOptions:
     num_threads: Optional[int] = None
     reference_encoder: bool = False
     trace: Optional[PathLike] = None
+    failover: bool = True
+    deadline_factor: float = 20.0
+    deadline_floor_s: float = 0.5
+    isolate: Optional[bool] = None
 
     def __post_init__(self) -> None:
+        for name in ("deadline_factor", "deadline_floor_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) and 0 < value <= MAX_DEADLINE):
+                raise ConfigError(f"{name} {value}: use a finite number above 0 and at most "
+                                  f"{MAX_DEADLINE:g}")
+        if self.deadline_factor < 1:
+            raise ConfigError(f"deadline_factor {self.deadline_factor}: an invoke may take its "
+                              "predicted time; use 1 or more (default 20)")
         for name in ("frames", "stride"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 < value <= MAX_WINDOW_FRAMES):

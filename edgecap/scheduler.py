@@ -52,7 +52,15 @@ thread consuming the open run, it stops that run first).
 
 A step that sleeps (pacing) should call ``sleep_until(deadline)`` instead of
 ``time.sleep``: it returns early, with False, when the run it works for is
-stopped.
+stopped. No wait is longer than ``_MAX_WAIT_S`` at a time (a longer one is
+made of several), so no deadline a plan can hold overflows a timed wait.
+
+Deadlines. A step with ``deadline_s`` (an EdgeTPU's invoke) is watched: a
+watchdog thread waits until the earliest deadline of an invoke in progress
+and, when one passes, fails the run with ``DeviceFailed(worker, "hung",
+...)``, which its iterator raises. The stuck thread cannot be interrupted:
+the caller replaces the pipeline (``stop()`` now, ``join()`` later, when the
+thread may have returned) instead of reusing it.
 
 An error raised by a step or the source reaches the consumer after the
 results of every item before it; the source then stops. ``PipelineBusy``
@@ -76,7 +84,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from edgecap.errors import ConfigError, PipelineBusy, RunCancelled
+from edgecap.errors import ConfigError, DeviceFailed, PipelineBusy, RunCancelled
 from edgecap.stats import PipelineStats, RunRecorder
 from edgecap.trace import Tracer
 
@@ -91,6 +99,11 @@ _MAIN_THREAD_RECHECK_S = 0.1
 # Waits shorter than this use time.sleep, which wakes closer to the deadline
 # than a condition variable does (measured: 10-20 us later at 2 ms).
 _TIGHT_WAIT_S = 0.001
+
+# Longest single timed wait. A wait past threading.TIMEOUT_MAX (~292 years)
+# raises OverflowError, and a plan or option may ask for any time: longer
+# waits are made of waits of this length.
+_MAX_WAIT_S = 3600.0
 
 _local = threading.local()
 
@@ -110,12 +123,20 @@ class Step:
         thread handing the item over and again on the step's worker, so keep
         it cheap and let it read only what earlier steps wrote. The first
         worker receives every item.
+      deadline_s: Seconds an invoke may take; past it the pipeline's
+        watchdog fails the run with ``DeviceFailed(worker, "hung", ...)``
+        (the thread stays blocked: the caller replaces the pipeline). None: no
+        deadline.
+      first_deadline_s: The deadline of the step's first invoke (a delegate
+        loads its parameters then); default ``deadline_s``.
     """
 
     name: str
     worker: str
     open: Callable[[], Callable[[Any], Any]]
     accepts: Optional[Callable[[Any], bool]] = None
+    deadline_s: Optional[float] = None
+    first_deadline_s: Optional[float] = None
 
 
 class _Flag:
@@ -139,7 +160,7 @@ class _Flag:
         """Waits until the flag is set or ``timeout`` seconds pass; returns the flag."""
         with self._cond:
             if not self._set:
-                self._cond.wait(timeout)
+                self._cond.wait(min(timeout, _MAX_WAIT_S))
             return self._set
 
 
@@ -156,6 +177,7 @@ class _Run:
         self.owner = threading.get_ident()
         self.ended = False
         self.reason = ""
+        self.error: Optional[BaseException] = None
         self.feeder: Optional[threading.Thread] = None
 
     @property
@@ -171,13 +193,19 @@ class _Run:
         with self._lock:
             self.stop_after = min(self.stop_after, seq)
 
-    def cancel(self, reason: str) -> bool:
-        """Drops every item in flight; returns False if the run had ended already."""
+    def cancel(self, reason: str, error: Optional[BaseException] = None) -> bool:
+        """Drops every item in flight; returns False if the run had ended already.
+
+        Args:
+          reason: For the ``RunCancelled`` message.
+          error: Raise this to the consumer instead of ``RunCancelled``.
+        """
         with self._lock:
             if not self.open:
                 return False
             self.stop_after = -1
             self.reason = reason
+            self.error = error
         self.recorder.finish()
         self.stopped.set()
         return True
@@ -321,9 +349,12 @@ def sleep_until(deadline: float) -> bool:
     """
     run: Optional[_Run] = getattr(_local, "run", None)
     remaining = deadline - time.perf_counter()
-    if run is not None and remaining > _TIGHT_WAIT_S:
-        if run.stopped.wait(remaining - _TIGHT_WAIT_S):
-            return False
+    while remaining > _TIGHT_WAIT_S:  # in bounded waits: see _MAX_WAIT_S
+        if run is not None:
+            if run.stopped.wait(remaining - _TIGHT_WAIT_S):
+                return False
+        else:
+            time.sleep(min(remaining - _TIGHT_WAIT_S, _MAX_WAIT_S))
         remaining = deadline - time.perf_counter()
     if remaining > 0:
         time.sleep(remaining)
@@ -357,6 +388,13 @@ class _Core:
         self.feeders: List[threading.Thread] = []
         self.active: Optional[_Run] = None
         self.lock = threading.RLock()
+        # Per worker, written by that worker only: (deadline, step, item, run,
+        # limit) of the invoke in progress of a step with a deadline, else None.
+        self.invoking: List[Optional[Tuple[float, str, int, _Run, float]]] = [None] * len(groups)
+        limits = [s.deadline_s for _, steps in groups for s in steps if s.deadline_s is not None]
+        # The watchdog looks again at least this often while no invoke is watched.
+        self.watch_period: Optional[float] = min(limits) if limits else None
+        self.closing = _Flag()
 
     def route(self, worker: int, job: _Job) -> int:
         """The channel a job leaving ``worker`` goes to: the next worker's, or past it."""
@@ -381,6 +419,7 @@ class _Core:
             run.cancel(reason)
         for channel in self.channels:
             channel.close()
+        self.closing.set()
 
     def join(self, timeout: float) -> None:
         """Joins the workers and feeders, ``timeout`` seconds in all; warns naming each that did not stop."""
@@ -421,6 +460,34 @@ def _close_all_at_exit() -> None:
         core.join(JOIN_TIMEOUT_S)
 
 
+def _watch(core: _Core) -> None:
+    """The watchdog thread: fails the run of an invoke that outlives its step's deadline.
+
+    It waits (on the pipeline's closing flag) until the earliest deadline of
+    an invoke in progress, or ``watch_period`` when none is watched, so it
+    wakes a few times a second at most, never per item.
+    """
+    fired: List[Any] = [None] * len(core.invoking)
+    period = core.watch_period or _MAX_WAIT_S
+    while True:
+        now = time.perf_counter()
+        wake = now + period
+        for w, slot in enumerate(core.invoking):
+            if slot is None or slot is fired[w]:
+                continue
+            due, name, seq, run, limit = slot
+            if now < due:
+                wake = min(wake, due)
+                continue
+            fired[w] = slot
+            error = DeviceFailed(core.groups[w][0], "hung",
+                                 f"{name} did not return within {limit:.3g} s (item {seq})")
+            if run.cancel(f"{name} hung", error):
+                core.wake()
+        if core.closing.wait(max(wake - now, 0.0)):
+            return
+
+
 def _work(core: _Core, w: int, first: int, ready: Future) -> None:
     """A worker thread: opens its steps, then runs every job of its inbox through them."""
     name, steps = core.groups[w]
@@ -430,7 +497,10 @@ def _work(core: _Core, w: int, first: int, ready: Future) -> None:
         ready.set_exception(exc)
         return
     ready.set_result(None)
-    plan = [(first + j, step.name, fn, step.accepts) for j, (step, fn) in enumerate(zip(steps, fns))]
+    # Lists: a step's first-invoke deadline (index 5) gives way to its deadline after one invoke.
+    plan = [[first + j, step.name, fn, step.accepts, step.deadline_s,
+             step.first_deadline_s if step.first_deadline_s is not None else step.deadline_s]
+            for j, (step, fn) in enumerate(zip(steps, fns))]
     del fns
     inbox, channels, done, tracer = core.channels[w], core.channels, core.done, core.tracer
     route = core.route if core.skips[w + 1] is not None else None
@@ -448,7 +518,7 @@ def _work(core: _Core, w: int, first: int, ready: Future) -> None:
                 if run is not current:
                     current = _local.run = run
                     busy, invokes = run.recorder.busy, run.recorder.invokes
-                _run_items(job, plan, name, tracer, busy, invokes)
+                _run_items(job, plan, name, tracer, busy, invokes, core.invoking, w)
             if job.seq <= run.stop_after:
                 try:
                     channels[w + 1 if route is None else route(w, job)].put(job)
@@ -459,23 +529,32 @@ def _work(core: _Core, w: int, first: int, ready: Future) -> None:
         pass
 
 
-def _run_items(job: _Job, plan: List[Tuple[int, str, Callable[[Any], Any], Any]], track: str,
-               tracer: Optional[Tracer], busy: List[float], invokes: List[int]) -> None:
+def _run_items(job: _Job, plan: List[List[Any]], track: str, tracer: Optional[Tracer],
+               busy: List[float], invokes: List[int],
+               invoking: List[Optional[Tuple[float, str, int, _Run, float]]], w: int) -> None:
     """Runs each item of ``job`` through a worker's steps; a failure ends the job there."""
     perf_counter = time.perf_counter
     for n, item in enumerate(job.items):
         try:
-            for j, name, fn, accepts in plan:
+            for step in plan:
+                j, name, fn, accepts, _, limit = step
                 if accepts is not None and not accepts(item.payload):
                     continue
                 start = perf_counter()
-                item.payload = fn(item.payload)
+                if limit is not None:
+                    invoking[w] = (start + limit, name, item.seq, job.run, limit)
+                    item.payload = fn(item.payload)
+                    invoking[w] = None
+                    step[5] = step[4]
+                else:
+                    item.payload = fn(item.payload)
                 end = perf_counter()
                 busy[j] += end - start
                 invokes[j] += 1
                 if tracer is not None:
                     tracer.slice(track, name, item.seq, start, end)
         except BaseException as exc:  # a dead worker would leave the consumer waiting forever
+            invoking[w] = None
             # Items before it go on; the error reaches the consumer after them.
             job.run.halt(item.seq)
             job.items, job.end, job.error = job.items[:n], True, exc
@@ -604,6 +683,10 @@ class Pipeline:
             thread.start()
             core.threads.append(thread)
             ready.append(future)
+        if core.watch_period is not None:
+            watchdog = threading.Thread(target=_watch, args=(core,), name=f"{_THREAD_PREFIX}watchdog", daemon=True)
+            watchdog.start()
+            core.threads.append(watchdog)
         _LIVE.add(core)
         for future in ready:
             if future.exception() is not None:
@@ -691,14 +774,37 @@ class Pipeline:
           timeout: Seconds to wait for the threads, in all; each thread still
             running then is named in a ``RuntimeWarning`` and left behind.
         """
+        if self.stop():
+            self.join(timeout)
+
+    def stop(self) -> bool:
+        """Stops the run in progress and tells every thread to exit, without waiting for them.
+
+        For replacing a pipeline whose device failed: a thread blocked in the
+        device is left to end in its own time; ``join`` (or ``close``) waits
+        for the threads later. Safe from any thread and from a signal handler.
+
+        Returns:
+          False if the pipeline was stopped already.
+        """
         with self._lock:
             if self._closed:
-                return
+                return False
             self._closed = True
         self._finalizer.detach()
         self._core.shutdown()
-        self._core.join(timeout)
         self._inline = None
+        return True
+
+    def running(self) -> List[str]:
+        """The names of this pipeline's threads still running (after ``stop``: those not yet ended)."""
+        with self._core.lock:
+            threads = self._core.threads + self._core.feeders
+        return [t.name for t in threads if t.is_alive()]
+
+    def join(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Joins the threads of a stopped pipeline, ``timeout`` seconds in all; warns naming each still running."""
+        self._core.join(timeout)
 
     def __enter__(self) -> "Pipeline":
         return self
@@ -716,7 +822,9 @@ def _join(thread: threading.Thread, timeout: float, why: str) -> None:
                       "its source is blocked in a read and is left running", RuntimeWarning, stacklevel=4)
 
 
-def _cancelled(run: _Run) -> RunCancelled:
+def _cancelled(run: _Run) -> BaseException:
+    if run.error is not None:
+        return run.error
     return RunCancelled(f"the run was stopped by {run.reason or 'close()'} before its end; "
                         "start a new run to process more")
 
@@ -771,13 +879,21 @@ class _ThreadedRun(Iterator[Any]):
         if run.feeder is not None:
             _join(run.feeder, JOIN_TIMEOUT_S, "its run ended")
 
-    def close(self) -> None:
-        """Stops the run if it is still going: items in flight are dropped, the source closed."""
+    def close(self, wait: bool = True) -> None:
+        """Stops the run if it is still going: items in flight are dropped, the source closed.
+
+        Args:
+          wait: Join the feeder (at most ``JOIN_TIMEOUT_S``); False leaves a
+            feeder blocked in a read to end on its own (``Pipeline.join``).
+        """
         if self._run.cancel("closing its iterator"):
             self._pipeline._core.wake()
         self._end, self._error = True, None
         self._pending.clear()
-        self._finish()
+        if wait:
+            self._finish()
+        else:
+            self._run.recorder.finish()
 
     def __del__(self) -> None:
         try:
@@ -848,8 +964,8 @@ class _InlineRun(Iterator[Any]):
         if close is not None:
             close()
 
-    def close(self) -> None:
-        """Ends the run and closes the source."""
+    def close(self, wait: bool = True) -> None:
+        """Ends the run and closes the source (``wait`` is for ``_ThreadedRun``'s signature)."""
         self._run.cancel("closing its iterator")
         if not self._done:
             self._finish()

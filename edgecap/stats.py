@@ -41,6 +41,42 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class FailoverRecord:
+    """One change of plan at run time: a device failed, or a failed one came back.
+
+    Attributes:
+      device: The device (worker) that failed or returned, e.g. ``emu-tpu:1``.
+      kind: How it failed (``error``, ``hung``, ``crashed``, ``vanished``),
+        or ``returned`` when a re-probe took it back.
+      detail: The failure's one line.
+      at: Wall-clock time (``time.time()``) the runtime learned of it.
+      took_s: From then to the first frame out of the new plan's pipeline
+        (None until that frame arrives).
+      plan_before: The stages and their devices before, e.g.
+        ``tpu:0@emu-tpu:0 tpu:1@emu-tpu:1 cpu@cpu``.
+      plan_after: The same after.
+      how: Where the new plan came from: ``bundle`` (a plan the bundle
+        carries), ``compiler`` (re-partitioned in-process), ``cpu`` (the
+        failed stage's segment on a CPU worker), ``original`` (every device back).
+      replayed: Frames run again so that no open window is lost (file mode).
+      lost_frames: Frames in flight that were lost (live mode), counted as drops.
+      lost_windows: Windows open at the fault that get no caption (live mode).
+    """
+
+    device: str
+    kind: str
+    detail: str
+    at: float
+    took_s: Optional[float]
+    plan_before: str
+    plan_after: str
+    how: str
+    replayed: int = 0
+    lost_frames: int = 0
+    lost_windows: int = 0
+
+
+@dataclass(frozen=True)
 class PipelineStats:
     """A snapshot of a run.
 
@@ -50,6 +86,12 @@ class PipelineStats:
     holds the temperature and throttle state of the PCIe EdgeTPUs the run uses
     (``edgecap.devices.TpuThermal``), read when the snapshot is taken: a
     throttled TPU runs slower than its plan predicts.
+
+    After a device failed at run time, ``failovers`` holds a record per change
+    of plan; the counts (``frames_in``, ``frames_out``, ``dropped``) are then
+    totals over the pipelines of the stream, a frame run again after a
+    failover counting again (``replayed`` says how many), while rates, latency,
+    stages and queues are the current pipeline's.
     """
 
     frames_in: int
@@ -62,6 +104,8 @@ class PipelineStats:
     stages: Tuple[StageStats, ...]
     queues: Tuple[QueueStats, ...]
     thermal: Tuple[Any, ...] = ()
+    failovers: Tuple[FailoverRecord, ...] = ()
+    replayed: int = 0
 
     def worker_utilization(self) -> Dict[str, float]:
         """Busy fraction of each worker (device), summed over its stages."""

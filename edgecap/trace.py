@@ -8,17 +8,19 @@ Memory is bounded in bytes: slices are kept as fixed-size records
 start and end times) in a ring buffer of ``max_bytes`` (default 32 MiB, about
 1.2 million slices); when it is full the newest slices overwrite the oldest.
 The buffer is reserved zeroed when the tracer is made, so the operating system
-backs its pages only as slices fill them.
+backs its pages only as slices fill them. Instant events (a failover) are
+kept apart, the newest ``MAX_INSTANTS``.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
 import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Tuple
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from edgecap.errors import ConfigError
 from edgecap.outputs import atomic_path
 
 DEFAULT_MAX_BYTES = 32 * 2**20
+MAX_INSTANTS = 1000
 
 # Packed: 28 bytes a slice, where a dict per slice took 544.
 _SLICE = np.dtype([("track", "<u2"), ("name", "<u2"), ("frame", "<i8"), ("start", "<f8"), ("end", "<f8")])
@@ -62,6 +65,8 @@ class Tracer:
         self._ring = np.zeros(max_bytes // SLICE_BYTES, dtype=_SLICE)
         # next() on a count is atomic, so writers need no lock for their slot.
         self._counter = itertools.count()
+        # Instant events (a failover): rare, so plain dicts, the newest kept.
+        self._instants: Deque[Dict[str, Any]] = collections.deque(maxlen=MAX_INSTANTS)
 
     @property
     def capacity(self) -> int:
@@ -96,6 +101,17 @@ class Tracer:
             name_id = self._intern(name)
         # One C call under the GIL: a reader never sees half a record.
         self._ring[next(self._counter) % len(self._ring)] = (self._tracks[track], name_id, frame, start, end)
+
+    def instant(self, name: str, t: float, args: Dict[str, Any]) -> None:
+        """Records a moment of the whole run (e.g. a failover), shown as a line across every track.
+
+        Args:
+          name: What happened, e.g. ``failover``.
+          t: ``time.perf_counter()`` when it happened.
+          args: JSON-ready details shown with it.
+        """
+        self._instants.append({"ph": "i", "s": "g", "name": name, "pid": 1, "tid": 0,
+                               "ts": (t - self._origin) * 1e6, "args": dict(args)})
 
     def _intern(self, name: str) -> int:
         with self._intern_lock:
@@ -147,7 +163,7 @@ class Tracer:
     def events(self) -> List[Dict[str, Any]]:
         """Returns the trace events: track names first, then the kept slices, oldest first."""
         names = {i: name for name, i in self._names.items()}
-        events = self._meta()
+        events = self._meta() + list(self._instants)
         for rec in self._chunks():
             events += [
                 {"ph": "X", "name": names[n], "pid": 1, "tid": t, "ts": ts, "dur": dur, "args": {"frame": f}}
@@ -169,7 +185,7 @@ class Tracer:
             # Whole or not at all: a run stopped mid-write leaves no half trace.
             with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
                 f.write('{"displayTimeUnit": "ms", "traceEvents": [')
-                f.write(json.dumps(self._meta())[1:-1])
+                f.write(json.dumps(self._meta() + list(self._instants))[1:-1])
                 for rec in self._chunks():
                     f.writelines(
                         f',\n{{"ph": "X", "name": {names[n]}, "pid": 1, "tid": {t}, "ts": {ts!r}, '

@@ -71,7 +71,7 @@ def test_every_metric_has_its_name_type_and_labels(tmp_path: Path) -> None:
     assert samples[("edgecap_camera_up", (("camera", "back"),))] == 0
     assert samples[("edgecap_camera_reconnects_total", (("camera", "back"),))] == 1
     assert samples[("edgecap_fallbacks_total", (("reason", "missing_tpu"),))] == 1
-    assert samples[("edgecap_failovers_total", (("device", "tpu:1"),))] == 1
+    assert samples[("edgecap_failovers_total", (("device", "tpu:1"), ("how", "cpu"), ("kind", "error")))] == 1
     # A 4 ms invoke lands in the 5 ms bucket and not the 2 ms one.
     assert samples[("edgecap_inference_seconds_bucket", (("device", "tpu:0"), ("le", "0.002")))] == 0
     assert samples[("edgecap_inference_seconds_bucket", (("device", "tpu:0"), ("le", "0.005")))] == 1

@@ -60,8 +60,10 @@ class Metrics:
                                   "Times the service ran on less hardware than planned.",
                                   ["reason"], registry=r)
         self._failovers = Counter("edgecap_failovers",
-                                  "Times a device failed at run time and its work moved elsewhere.",
-                                  ["device"], registry=r)
+                                  "Times the plan changed at run time: a device failed (kind: error, "
+                                  "hung, crashed, vanished) and its work moved (how: bundle, compiler, "
+                                  "cpu), or it came back (kind: returned, how: original).",
+                                  ["device", "kind", "how"], registry=r)
         r.register(_ScrapeCollector(Path(sysfs)))
 
     def frames_captured(self, camera: str, n: int = 1) -> None:
@@ -100,9 +102,9 @@ class Metrics:
         """Counts a start on less hardware than planned (``reason``: e.g. ``missing_tpu``)."""
         self._fallbacks.labels(reason).inc()
 
-    def failover(self, device: str) -> None:
-        """Counts a device that failed at run time and had its work moved."""
-        self._failovers.labels(device).inc()
+    def failover(self, device: str, kind: str = "error", how: str = "cpu") -> None:
+        """Counts a change of plan at run time (see ``edgecap.stats.FailoverRecord``)."""
+        self._failovers.labels(device, kind, how).inc()
 
     def render(self) -> Tuple[bytes, str]:
         """Returns the exposition text of every metric and its Content-Type."""

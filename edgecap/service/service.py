@@ -18,7 +18,9 @@ first frame has gone through the pipeline (or, when no camera delivers one,
 after the first camera's ``stall_seconds``: the service is up and reports the
 camera offline rather than failing to start). ``WATCHDOG=1`` is sent from the
 loop that receives the pipeline's results: heartbeats pass every worker while
-no camera has frames, so a hung worker stops the pings. SIGTERM (or SIGINT)
+no camera has frames, so a hung worker stops the pings. An EdgeTPU that fails, hangs or
+vanishes is re-planned around without a restart (the captioner's failover,
+docs/runtime.md), counted in ``edgecap_failovers_total``. SIGTERM (or SIGINT)
 stops the cameras, lets the frames in flight finish, flushes the sinks and
 returns within ``STOP_BUDGET_S``.
 """
@@ -118,6 +120,7 @@ class Service:
         self._latency: Dict[str, List[float]] = {n: [] for n in names}
         self._last_jpeg: Dict[str, float] = dict.fromkeys(names, 0.0)
         self._last_stats = time.monotonic()
+        self._failovers = 0  # failovers counted in the metrics so far
         # Enumerated once: the attached TPUs do not change under a running plan.
         self._tpus = devices.list_devices()[1:]
 
@@ -160,9 +163,12 @@ class Service:
         """Runs until ``stop()`` (SIGTERM, SIGINT); returns the exit code.
 
         Returns:
-          0 after a stop; 1 when a stage failed at run time (one error line is
-          logged), which systemd's ``Restart=on-failure`` restarts. Exit code 2
-          stays for bad input found before the start, which a restart cannot fix.
+          0 after a stop; 1 when a stage failed at run time and could not fail
+          over (one error line is logged), which systemd's
+          ``Restart=on-failure`` restarts. An EdgeTPU that fails is re-planned
+          around by the captioner (``edgecap_failovers_total``) and the service
+          goes on. Exit code 2 stays for bad input found before the start,
+          which a restart cannot fix.
         """
         old = {s: signal.signal(s, lambda *_: self.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
         ready_by = time.monotonic() + min(c.stall_seconds for c in self.config.cameras)
@@ -233,6 +239,9 @@ class Service:
         if stats is not None:
             for q in stats.queues:
                 self.metrics.queue_depth(q.name, q.mean_depth)
+            for record in stats.failovers[self._failovers:]:
+                self.metrics.failover(record.device, record.kind, record.how)
+            self._failovers = len(stats.failovers)
         now = time.monotonic()
         period = max(now - self._last_stats, 1e-6)
         self._last_stats = now

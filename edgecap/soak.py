@@ -1,0 +1,265 @@
+"""The soak: a long pipelined run on an emulated board, with faults injected as it goes.
+
+::
+
+    python -m edgecap.soak --frames 50000 --json docs/soak.json --md docs/soak.md
+
+It captions ``--frames`` sampled frames (the demo clip, repeated) through the
+pipelined runtime on the emulated ``devboard-usb`` (two emulated EdgeTPUs,
+real compute, paced to the board's plan), injecting a fault every
+``--fault-every`` invokes of a device: ``fail``, ``hang`` and ``vanish`` in
+turn, on each TPU in turn, each device answering probes again ``--back`` s
+later, so the runtime fails over and takes the device back again and again.
+It measures:
+
+* resident memory (psutil) after ``--warmup`` frames and at the end: growth
+  goal under 5 %;
+* threads and open file descriptors of the process before the captioner is
+  made and after it is closed: no leak;
+* every window accounted for: one caption per complete window, numbered
+  0..n-1 once each, and each equal to the fault-free caption of the same
+  frames (the clip repeats whole windows, so a fault-free run of a few
+  repeats is the reference; the soak checks that it does repeat);
+* each failover's time, from the runtime learning of the fault to the first
+  frame out of the new plan's pipeline (host-measured, under the host's load).
+
+It prints a table and writes the figures as JSON (and a Markdown page).
+Board figures are *modelled* (emulated TPUs); memory, threads, descriptors and
+failover times are *measured* on this host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from edgecap import faults
+from edgecap.bundle import default_bundle
+from edgecap.captioner import EdgeCaptioner
+from edgecap.errors import ConfigError
+from edgecap.sources import open_source
+from edgecap.stats import summarize
+
+ACTIONS = ("fail", "hang", "vanish")
+DEVICES = ("emu-tpu:0", "emu-tpu:1")
+RSS_GOAL = 0.05
+
+
+@dataclass
+class SoakResult:
+    """The soak's figures (``--json`` writes them)."""
+
+    frames: int
+    windows_expected: int
+    captions: int
+    windows_in_order: bool
+    captions_match_fault_free: bool
+    mismatches: int
+    faults_injected: List[str]
+    failovers: List[Dict[str, Any]]
+    failover_ms: Dict[str, float]
+    rss_mb: Dict[str, float]
+    rss_growth: float
+    threads: Dict[str, int]
+    fds: Dict[str, int]
+    elapsed_s: float
+    fps: float
+    replayed: int
+    dropped: int
+    host: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every goal is met."""
+        return (self.captions == self.windows_expected and self.windows_in_order
+                and self.captions_match_fault_free and self.rss_growth < RSS_GOAL
+                and self.threads["after"] <= self.threads["before"]
+                and self.fds["after"] <= self.fds["before"])
+
+
+def fault_plan(frames: int, every: int, back_s: float) -> List[str]:
+    """The faults of a soak: one every ``every`` invokes, fail/hang/vanish and TPU 0/1 in turn.
+
+    A device counts its own invokes, which run one per frame while it is
+    healthy, so the faults fall about ``every`` frames apart (further apart
+    by the frames a device misses while it is away).
+    """
+    return [f"{DEVICES[i % len(DEVICES)]}={ACTIONS[i % len(ACTIONS)]}@{(i + 1) * every}+{back_s:g}s"
+            for i in range(frames // every - 1)]
+
+
+def _frames(images: Sequence[np.ndarray], n: int) -> Iterator[np.ndarray]:
+    for i in range(n):
+        yield images[i % len(images)]
+
+
+def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warmup: int = 5_000,
+             bundle: Optional[str] = None, board: str = "devboard-usb", deadline_floor_s: float = 0.5,
+             progress: Optional[Any] = None) -> SoakResult:
+    """Runs the soak.
+
+    Args:
+      frames: Sampled frames to caption.
+      every: Invokes of a device between two of its faults.
+      back_s: Seconds after a fault when its device answers probes again.
+      warmup: Frames before the first memory reading.
+      bundle: The bundle (default: the shipped demo).
+      board: The board profile to emulate.
+      deadline_floor_s: ``CaptionerOptions.deadline_floor_s`` (a hang is noticed after it).
+      progress: Called with a line now and then (e.g. ``print``).
+
+    Returns:
+      The ``SoakResult``.
+
+    Raises:
+      ConfigError: If the numbers make no soak (fewer frames than a window, ...).
+    """
+    import psutil  # a dependency of edgecap; imported here so the module loads without it
+
+    if frames < 1 or every < 1 or warmup >= frames:
+        raise ConfigError(f"soak: {frames} frames, a fault every {every}, warm-up {warmup}: give "
+                          "more frames than the warm-up, and positive numbers")
+    say = progress or (lambda line: None)
+    root = bundle or str(default_bundle())
+    clip = Path(root).parent / "sample.mp4"
+    images = [f.image for f in open_source(str(clip if clip.is_file() else default_bundle().parent / "sample.mp4"))]
+    proc = psutil.Process()
+    faults.inject("")
+    opts = dict(board=board, num_threads=1, deadline_floor_s=deadline_floor_s)
+    with EdgeCaptioner(root, **opts) as cap:
+        spec = cap.window
+        period = len(images) // spec.stride if len(images) % spec.stride == 0 and spec.frames <= len(images) else 0
+        if not period:
+            raise ConfigError(f"soak: the clip's {len(images)} frames are not whole strides of "
+                              f"{spec.stride}; use a clip that repeats whole windows")
+        reference = [c.text for c in cap.caption_frames(list(_frames(images, len(images) * 3)))]
+        if reference[:period] * (len(reference) // period) != reference:
+            raise ConfigError("soak: the fault-free captions of the repeated clip do not repeat")
+    time.sleep(0.5)  # the reference's threads end
+    gc.collect()
+    before = {"threads": proc.num_threads(), "fds": proc.num_fds()}
+    entries = fault_plan(frames, every, back_s)
+    faults.inject(",".join(entries))
+    say(f"soak: {frames} frames, {len(entries)} faults: {', '.join(entries[:4])}{' ...' if len(entries) > 4 else ''}")
+    rss: Dict[str, float] = {}
+    during: Dict[str, int] = {}
+    captions = []
+    t0 = time.perf_counter()
+    windows_expected = (frames - spec.frames) // spec.stride + 1 if frames >= spec.frames else 0
+    with EdgeCaptioner(root, **opts) as cap:
+        for c in cap.stream(_frames(images, frames), fps=0):
+            captions.append((c.window, c.text))
+            done = c.end_frame + 1
+            if "warmup" not in rss and done >= warmup:
+                rss["warmup"] = proc.memory_info().rss / 2**20
+                during["threads_warmup"] = proc.num_threads()
+            if c.window % 500 == 0:
+                say(f"soak: {done} frames, {len(cap.stats().failovers)} failovers, "
+                    f"rss {proc.memory_info().rss / 2**20:.1f} MiB")
+        rss["end"] = proc.memory_info().rss / 2**20
+        during["threads_end"] = proc.num_threads()
+        elapsed = time.perf_counter() - t0
+        stats = cap.stats()
+    faults.inject("")  # releases nothing left: every hang ended with its pipeline
+    time.sleep(0.5)
+    # A failed invoke's exception and its traceback form a cycle holding the
+    # stage's interpreter (and its segment file) until the collector runs.
+    gc.collect()
+    after = {"threads": proc.num_threads(), "fds": proc.num_fds()}
+    numbers = [w for w, _ in captions]
+    mismatches = sum(1 for w, text in captions if text != reference[w % period])
+    took = [1e3 * r.took_s for r in stats.failovers if r.took_s is not None]
+    return SoakResult(
+        frames=frames,
+        windows_expected=windows_expected,
+        captions=len(captions),
+        windows_in_order=numbers == list(range(len(numbers))),
+        captions_match_fault_free=mismatches == 0,
+        mismatches=mismatches,
+        faults_injected=entries,
+        failovers=[{k: v for k, v in asdict(r).items() if k != "detail"} for r in stats.failovers],
+        failover_ms={k: round(v, 1) for k, v in summarize(took).items()} | ({"max": round(max(took), 1)} if took else {}),
+        rss_mb={k: round(v, 1) for k, v in rss.items()},
+        rss_growth=round((rss["end"] - rss["warmup"]) / rss["warmup"], 4) if "warmup" in rss else float("nan"),
+        threads={"before": before["threads"], "warmup": during.get("threads_warmup", -1),
+                 "end": during["threads_end"], "after": after["threads"]},
+        fds={"before": before["fds"], "after": after["fds"]},
+        elapsed_s=round(elapsed, 1),
+        fps=round(frames / elapsed, 1),
+        replayed=stats.replayed,
+        dropped=stats.dropped,
+        host={"python": platform.python_version(), "machine": platform.machine(),
+              "cpus": psutil.cpu_count(), "load_1min": round(psutil.getloadavg()[0], 2)},
+    )
+
+
+def table(r: SoakResult) -> str:
+    """The soak's figures as a Markdown table."""
+    kinds: Dict[str, int] = {}
+    for f in r.failovers:
+        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    rows = [
+        ("frames (sampled, demo clip repeated)", f"{r.frames}"),
+        ("windows expected / captioned", f"{r.windows_expected} / {r.captions}"),
+        ("window numbers 0..n-1, once each", "yes" if r.windows_in_order else "NO"),
+        ("captions equal to the fault-free run's", "yes" if r.captions_match_fault_free
+         else f"NO ({r.mismatches} differ)"),
+        ("faults injected", f"{len(r.faults_injected)} (fail, hang, vanish in turn; back after a few s)"),
+        ("plan changes (failovers + returns)", f"{len(r.failovers)}: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))),
+        ("failover time, ms (measured): p50 / p99 / max", " / ".join(f"{r.failover_ms.get(k, float('nan')):.0f}" for k in ("p50", "p99", "max"))),
+        ("frames replayed (file mode: no window lost)", f"{r.replayed}"),
+        ("RSS after warm-up -> end, MiB (measured)", f"{r.rss_mb.get('warmup', float('nan')):.1f} -> {r.rss_mb['end']:.1f} ({100 * r.rss_growth:+.2f} %, goal < {100 * RSS_GOAL:.0f} %)"),
+        ("threads before / warm-up / end / after close", f"{r.threads['before']} / {r.threads['warmup']} / {r.threads['end']} / {r.threads['after']}"),
+        ("open fds before / after", f"{r.fds['before']} / {r.fds['after']}"),
+        ("run time, s / frames per s (host, loaded)", f"{r.elapsed_s} / {r.fps}"),
+        ("all goals met", "yes" if r.ok else "NO"),
+    ]
+    out = ["| figure | value |", "|---|---|"]
+    out += [f"| {a} | {b} |" for a, b in rows]
+    return "\n".join(out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the soak from the command line; returns 0 when every goal is met, else 1."""
+    p = argparse.ArgumentParser(prog="python -m edgecap.soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--frames", type=int, default=50_000, help="sampled frames to caption")
+    p.add_argument("--fault-every", type=int, default=4_000, help="invokes of a device between its faults")
+    p.add_argument("--back", type=float, default=2.0, help="seconds until a failed device answers again")
+    p.add_argument("--warmup", type=int, default=5_000, help="frames before the first memory reading")
+    p.add_argument("--bundle", help="bundle directory (default: the shipped demo)")
+    p.add_argument("--board", default="devboard-usb", help="board profile to emulate")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument("--md", type=Path, help="write the table here (Markdown)")
+    args = p.parse_args(argv)
+    for out in (args.json, args.md):
+        if out is not None and not out.parent.is_dir():
+            print(f"edgecap soak: error: {out.parent} is not a directory; choose an existing one",
+                  file=sys.stderr)
+            return 2
+    try:
+        result = run_soak(args.frames, args.fault_every, args.back, args.warmup, args.bundle, args.board,
+                          progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except ConfigError as exc:
+        print(f"edgecap soak: error: {exc}", file=sys.stderr)
+        return 2
+    text = table(result)
+    print(text)
+    command = "python -m edgecap.soak " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.json is not None:
+        args.json.write_text(json.dumps({"command": command, **asdict(result), "ok": result.ok}, indent=2) + "\n")
+    if args.md is not None:
+        args.md.write_text(f"# Soak\n\n`{command}`\n\n{text}\n")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Device failover: emulated EdgeTPUs that fail, hang or vanish mid-stream, and come back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from typing import List
+
+import numpy as np
+import pytest
+
+from edgecap import faults
+from edgecap.captioner import EdgeCaptioner
+from edgecap.errors import DeviceFailed
+from edgecap.failover import PROBE_FIRST_S, Prober
+from edgecap.sources import Frame, open_source
+
+FRAMES = 160  # 20 windows of the demo bundle
+
+
+@pytest.fixture(autouse=True)
+def no_faults():
+    faults.inject("")
+    yield
+    faults.inject("")
+
+
+@pytest.fixture(scope="module")
+def clip(shipped_bundle) -> List[np.ndarray]:
+    images = [f.image for f in open_source(str(shipped_bundle.parent / "sample.mp4"))]
+    return (images * (FRAMES // len(images) + 1))[:FRAMES]
+
+
+@pytest.fixture(scope="module")
+def reference(shipped_bundle, clip) -> List[str]:
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+        return [c.text for c in cap.caption_frames(clip)]
+
+
+def _texts(cap: EdgeCaptioner, clip) -> List[str]:
+    return [c.text for c in cap.caption_frames(clip)]
+
+
+@pytest.mark.usefixtures("no_leaked_threads")
+@pytest.mark.parametrize("action, kind", [("fail", "error"), ("vanish", "vanished"), ("hang", "hung")])
+def test_a_device_that_fails_mid_stream_loses_no_window(shipped_bundle, clip, reference, tmp_path,
+                                                        action, kind):
+    trace = tmp_path / "trace.json"
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, trace=trace,
+                       deadline_floor_s=0.3) as cap:
+        faults.inject(f"emu-tpu:1={action}@50")
+        assert _texts(cap, clip) == reference
+        stats = cap.stats()
+        (record,) = stats.failovers
+        assert (record.device, record.kind, record.how) == ("emu-tpu:1", kind, "compiler")
+        assert "emu-tpu:1" in record.plan_before and "emu-tpu:1" not in record.plan_after
+        assert "emu-tpu:1" not in cap.devices.values()
+        assert record.replayed > 0 and stats.replayed == record.replayed
+        assert record.took_s is not None and record.took_s < 1.0, record
+        assert stats.frames_out >= FRAMES
+    events = json.loads(trace.read_text())["traceEvents"]
+    (event,) = [e for e in events if e["ph"] == "i"]
+    assert event["name"] == "failover" and event["args"]["device"] == "emu-tpu:1"
+
+
+def test_a_device_that_answers_again_is_taken_back(shipped_bundle, clip, reference):
+    frames = clip * 4  # long enough for the re-probe (0.25 s, then 0.5 s)
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+        faults.inject("emu-tpu:0=fail@20+0.2s")
+        assert _texts(cap, frames) == reference * 4
+        kinds = [(r.device, r.kind, r.how) for r in cap.stats().failovers]
+        assert kinds == [("emu-tpu:0", "error", "compiler"), ("emu-tpu:0", "returned", "original")]
+        assert sorted(cap.devices.values()) == ["emu-tpu:0", "emu-tpu:1"]
+
+
+def test_losing_every_tpu_runs_the_encoder_on_the_cpu(shipped_bundle, clip, reference):
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+        faults.inject("emu-tpu:0=fail@30,emu-tpu:1=fail@60")
+        assert _texts(cap, clip) == reference
+        assert len(cap.stats().failovers) == 2
+        assert list(cap.devices.values()) == ["cpu"]
+
+
+def test_without_a_compiler_the_failed_stage_runs_on_a_cpu_worker(shipped_bundle, clip, reference,
+                                                                  tmp_path):
+    from edgecap.cli import run
+
+    plan = tmp_path / "plan"
+    assert run(["compile", str(shipped_bundle), "--board", "devboard-usb", "-o", str(plan)]) == 0
+    with EdgeCaptioner(shipped_bundle, plan=plan, emulate=True, num_threads=1) as cap:
+        faults.inject("emu-tpu:0=fail@40")
+        assert _texts(cap, clip) == reference
+        (record,) = cap.stats().failovers
+        assert record.how == "cpu" and list(cap.devices.values()) == ["cpu:1", "emu-tpu:1"]
+
+
+def test_a_plan_the_bundle_carries_comes_first(shipped_bundle, clip, tmp_path):
+    from test_autoplan import _compiled_plan
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(shipped_bundle, bundle)
+    _compiled_plan(bundle, "devboard-usb", 2)
+    _compiled_plan(bundle, "devboard", 1)
+    with EdgeCaptioner(bundle, plan=bundle / "plans" / "devboard-usb", emulate=True, num_threads=1) as cap:
+        expected = _texts(cap, clip)
+        faults.inject("emu-tpu:1=fail@40")
+        assert _texts(cap, clip) == expected
+        (record,) = cap.stats().failovers
+        assert record.how == "bundle" and list(cap.devices.values()) == ["emu-tpu:0", "cpu"]
+
+
+def test_several_streams_each_keep_every_window(shipped_bundle, clip):
+    def frames():
+        for i, image in enumerate(clip):
+            for key in ("a", "b"):
+                yield key, Frame(i, i / 8.0, image)
+
+    def captions(cap):
+        out = {"a": [], "b": []}
+        for result in cap.run_frames(frames(), live=False):
+            out[result.key] += [c.text for c in result.captions]
+        return out
+
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+        expected = captions(cap)
+        faults.inject("emu-tpu:0=fail@100")
+        assert captions(cap) == expected
+        assert len(cap.stats().failovers) == 1
+
+
+def test_live_mode_counts_what_it_lost(shipped_bundle, clip):
+    def camera():  # a frame every 5 ms: the pipeline keeps up, bar the failover
+        for i, image in enumerate(clip):
+            time.sleep(0.005)
+            yield None, Frame(i, i / 8.0, image)
+
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+        faults.inject("emu-tpu:1=fail@50")
+        results = list(cap.run_frames(camera(), live=True))
+        stats = cap.stats()
+        (record,) = stats.failovers
+        windows = [c.window for r in results for c in r.captions]
+        assert windows == sorted(set(windows))  # none twice
+        # What came out, what was lost in flight and what the live head dropped make up the input.
+        assert len([r for r in results if r.frame is not None]) + stats.dropped == FRAMES
+        assert record.lost_frames >= 1 and record.lost_windows <= 1
+        assert len(windows) + record.lost_windows <= FRAMES // 8
+
+
+def test_with_failover_off_the_error_reaches_the_caller(shipped_bundle, clip):
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, failover=False) as cap:
+        faults.inject("emu-tpu:1=fail@10")
+        with pytest.raises(DeviceFailed, match="emu-tpu:1: error"):
+            cap.caption_frames(clip)
+
+
+def test_the_sequential_schedule_fails_over_too(shipped_bundle, clip, reference):
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, pipelined=False) as cap:
+        faults.inject("emu-tpu:0=fail@30")
+        assert _texts(cap, clip) == reference
+        assert len(cap.stats().failovers) == 1
+
+
+def test_the_prober_backs_off_until_the_device_answers():
+    calls: List[float] = []
+    back = threading.Event()
+
+    def probe(device: str) -> bool:
+        calls.append(time.monotonic())
+        return len(calls) == 3
+
+    prober = Prober(lambda device: back.set(), probe)
+    t0 = time.monotonic()
+    prober.watch("emu-tpu:0")
+    assert back.wait(10)
+    prober.close()
+    gaps = np.diff([t0] + calls)
+    assert len(calls) == 3 and prober.watched == []
+    # 0.25 s, then 0.5 s, then 1 s: each wait at least its backoff, and longer than the one before.
+    assert all(g >= PROBE_FIRST_S * 2 ** i - 0.02 for i, g in enumerate(gaps)), gaps
+    assert gaps[2] > gaps[1] > gaps[0]
+
+
+@pytest.mark.parametrize("action", ["abort", "segv"])
+def test_a_crash_in_an_isolated_stage_fails_over(shipped_bundle, clip, reference, action):
+    pytest.importorskip("edgecap.isolation")
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, isolate=True) as cap:
+        faults.inject(f"emu-tpu:1={action}@40")
+        assert _texts(cap, clip) == reference
+        (record,) = cap.stats().failovers
+        assert (record.device, record.kind) == ("emu-tpu:1", "crashed")
+
+
+def test_the_watchdog_fails_a_run_whose_step_outlives_its_deadline():
+    from edgecap.scheduler import Pipeline, Step
+
+    release = threading.Event()
+
+    def stuck(x):
+        if x == 3:
+            release.wait()
+        return x
+
+    pipe = Pipeline([Step("seg", "emu-tpu:0", lambda: stuck, deadline_s=0.2, first_deadline_s=1.0),
+                     Step("tail", "cpu", lambda: (lambda x: x))])
+    out = []
+    t0 = time.perf_counter()
+    with pytest.raises(DeviceFailed, match=r"emu-tpu:0: hung: seg did not return within 0.2 s \(item 3\)"):
+        for x in pipe.run(range(10)):
+            out.append(x)
+    assert out == [0, 1, 2] and time.perf_counter() - t0 < 1.0
+    assert pipe.stop()
+    release.set()
+    pipe.join()
+    assert pipe.running() == []
+
+
+@pytest.mark.parametrize("overrides", [{"deadline_factor": 0.5}, {"deadline_floor_s": 0},
+                                       {"deadline_floor_s": float("nan")}, {"deadline_factor": True}])
+def test_deadline_options_out_of_range_are_one_line(overrides):
+    from edgecap.errors import ConfigError
+    from edgecap.options import CaptionerOptions
+
+    with pytest.raises(ConfigError, match="deadline"):
+        CaptionerOptions(**overrides)
+
+
+@pytest.mark.parametrize("text", ["emu-tpu:1=explode@3", "emu-tpu:1=fail", "emu-tpu:1=fail@-1", "fail@3"])
+def test_a_malformed_fault_is_one_line(text):
+    from edgecap.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="DEVICE=ACTION@N"):
+        faults.inject(text)
+
+
+def test_a_fault_fires_once_at_its_invoke_and_the_device_answers_after_its_delay():
+    plan = faults.inject("emu-tpu:0=vanish@2+0.1s")
+    assert [plan.take("emu-tpu:0") for _ in range(2)] == [None, None]
+    assert plan.take("emu-tpu:1") is None
+    fault = plan.take("emu-tpu:0")
+    assert (fault.action, fault.at, fault.back_after_s) == ("vanish", 2, 0.1)
+    assert plan.take("emu-tpu:0") is None and not plan.answers("emu-tpu:0")
+    time.sleep(0.15)
+    assert plan.answers("emu-tpu:0")
