@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import inspect
 import logging
 import os
 import threading
@@ -22,7 +21,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, Iterable, Iterator, Lis
 
 import numpy as np
 
-from edgecap import devices, faults, stages
+from edgecap import devices, faults, isolation, stages
 from edgecap.autoplan import PlanChoice, choose_plan
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
 from edgecap.errors import BundleError, ConfigError, DeviceFailed, EdgecapError, PlanError
@@ -41,7 +40,6 @@ from edgecap.trace import Tracer
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
 _log = logging.getLogger("edgecap")
 # Whether stages can run a TPU stage in a worker process (edgecap.isolation).
-_OPEN_TAKES_ISOLATE = "isolate" in inspect.signature(stages.open_stage).parameters
 
 
 @dataclass
@@ -449,9 +447,6 @@ class EdgeCaptioner:
         self._tracer = Tracer() if opts.trace is not None else None
         self._source: Optional[FrameSource] = None
         self._closed = False
-        if opts.isolate and not _OPEN_TAKES_ISOLATE:
-            raise ConfigError("isolate=True needs edgecap.isolation, which this install lacks; "
-                              "leave isolate unset")
         # Failover state: the devices that failed, those a re-probe found back,
         # the pipelines replaced (joined on close), and this call's records.
         self._release = threading.Event()  # ends the current pipeline's emulated hangs
@@ -508,16 +503,22 @@ class EdgeCaptioner:
             # frame feeds), which _RnnStep paces on its own, step by step.
             stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - self.plan.rnn_frame_ms))
         threads = (self.options.num_threads or devices.cpu_cores()) if on_cpu else 1
-        kind = devices.parse_device(device).kind
-        isolate = self.options.isolate if self.options.isolate is not None else kind == "tpu"
-        extra = {"isolate": True} if isolate and _OPEN_TAKES_ISOLATE else {}
-        opener = functools.partial(
-            _CnnStage, stage, device, self._release, num_threads=threads,
-            timing_only=self.options.timing_only, pace=pace, **extra,
-        )
+        spec = devices.parse_device(device)
+        kind = spec.kind
+        isolate = self.options.isolate
+        if isolate is None:
+            # An injected abort or segfault must strike a worker process, not this one.
+            isolate = isolation.isolate_by_default(spec) or faults.current().crashes(device)
         deadline = None
         if kind in TPU_KINDS and stage.predicted_ms is not None:
             deadline = max(self.options.deadline_floor_s, self.options.deadline_factor * stage.predicted_ms / 1e3)
+        opener = functools.partial(
+            _CnnStage, stage, device, self._release, num_threads=threads,
+            timing_only=self.options.timing_only, pace=pace, isolate=isolate,
+            # The worker process is killed at the first invoke's (longer) deadline;
+            # the pipeline's watchdog holds later invokes to the tighter one.
+            deadline_s=None if deadline is None else deadline * FIRST_INVOKE_GRACE,
+        )
         return Step(f"stage {stage.index} ({stage.device})", device, opener, deadline_s=deadline,
                     first_deadline_s=None if deadline is None else deadline * FIRST_INVOKE_GRACE)
 

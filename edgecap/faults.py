@@ -111,6 +111,11 @@ class FaultPlan:
                     return fault
         return None
 
+    def crashes(self, device: str) -> bool:
+        """Whether a pending fault of ``device`` kills the process running its invoke (abort, segv)."""
+        with self._lock:
+            return any(f.device == device and f.action in ("abort", "segv") for f in self._pending)
+
     def answers(self, device: str) -> bool:
         """Whether an emulated ``device`` answers a probe now (False while an injected fault lasts)."""
         with self._lock:
