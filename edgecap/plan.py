@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import msgspec
 
 from edgecap import schema
-from edgecap.bundle import resolve_inside
+from edgecap.bundle import _short, resolve_inside, unusable_name
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import EdgecapError, PlanError
 from edgecap.modelfile import ModelFile, TensorSpec, open_model
@@ -307,7 +307,7 @@ def load_plan(path: "str | os.PathLike[str]") -> Plan:
         or breaks a rule of docs/plan.md. The message names the field and the fix.
     """
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and path.name != PLAN_FILE:  # a plan.json that is a directory is reported as one
         path = path / PLAN_FILE
     data = schema.read_bytes(path, what="plan", fix=_FIX, error=PlanError,
                              missing_fix="write one with `edgecap compile`")
@@ -503,6 +503,9 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
 
 
 def _inside(base: Path, name: str, where: str) -> Path:
+    why = unusable_name(name)
+    if why is not None:
+        raise PlanError(f"{where}: segment {_short(name)} is not a usable file name ({why}); {_FIX}")
     resolved = resolve_inside(base, name)
     if resolved is None:
         raise PlanError(f"{where}: {name!r} resolves outside the plan directory; keep segments beside plan.json")
@@ -564,6 +567,11 @@ def _check_segment_io(info: ModelInfo, stage: Stage, here: str, fix: str) -> Non
 def _check_tpus(stages: List[Stage], board: _BoardDoc, where: str) -> None:
     limit = MAX_TPUS if board.tpus is None else board.tpus
     for s in stages:
+        floats = [t.name for t in (*s.inputs, *s.outputs) if t.dtype == "float32"]
+        if s.spec.kind != "cpu" and not s.empty and floats:
+            raise PlanError(f"{where}: stages[{s.index}] on {s.device} has float32 tensor {floats[0]!r}: "
+                            "an EdgeTPU runs only int8-quantized segments; compile a full-integer "
+                            "(int8) model with `edgecap compile`")
         index = s.spec.index
         if s.spec.kind != "cpu" and index is not None and index >= limit:
             has = (f"board {board.name} has {limit} EdgeTPU(s)" if board.tpus is not None

@@ -134,15 +134,34 @@ def decode(
     except msgspec.ValidationError as exc:
         raise error(f"{where}: {describe(exc)}; {fix}") from None
     except msgspec.DecodeError as exc:
-        malformed = f"{where}: not valid JSON ({describe(exc)}); {fix}"
+        first = exc
     # Python's json module writes NaN and Infinity, which JSON has no words for;
     # read them so that the message names the field they are in.
     try:
         loose = json.loads(data)
     except (ValueError, RecursionError):
-        raise error(malformed) from None
+        raise error(f"{where}: not valid JSON ({describe(first)}); {fix}") from None
     convert(loose, type_, where=where, fix=fix, error=error)
-    raise error(f"{where}: not valid JSON (NaN or Infinity where a number belongs); {fix}")
+    raise error(f"{where}: not valid JSON ({_loose_problem(loose) or describe(first)}); {fix}")
+
+
+def _loose_problem(obj: Any) -> Optional[str]:
+    """What Python's json module read that JSON has no words for: NaN, Infinity, a lone surrogate."""
+    if isinstance(obj, float) and obj != obj or obj in (float("inf"), float("-inf")):
+        return "NaN or Infinity where a number belongs"
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a string escape that is not valid Unicode, such as a lone surrogate \\ud800"
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, value in items:
+        found = _loose_problem(key) if isinstance(key, str) else None
+        found = found or _loose_problem(value)
+        if found:
+            return found
+    return None
 
 
 def read_bytes(
