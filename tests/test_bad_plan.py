@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edgecap import interpreter
+from edgecap import interpreter, modelfile
 from edgecap.errors import PlanError
 from edgecap.plan import load_plan
 from runtime_plans import write_plan
@@ -27,8 +27,9 @@ def plan_dir(tmp_path: Path, monkeypatch) -> Path:
     out = tmp_path / "plan"
     write_plan(TINY, [1, 2], ["tpu:0", "tpu:1", "cpu"], out, [1.0, 1.5, 0.5])
     # No interpreter may see a segment while a plan is loaded: load_plan reads the bytes itself.
-    monkeypatch.setattr(interpreter, "make_cpu_interpreter",
-                        lambda *a, **k: pytest.fail("load_plan opened an interpreter"))
+    for module in (interpreter, modelfile):
+        monkeypatch.setattr(module, "make_cpu_interpreter",
+                            lambda *a, **k: pytest.fail("load_plan opened an interpreter"))
     return out
 
 
