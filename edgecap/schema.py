@@ -107,6 +107,8 @@ def convert(
         return msgspec.convert(obj, type_, strict=True)
     except msgspec.ValidationError as exc:
         raise error(f"{where}: {describe(exc)}; {fix}") from None
+    except UnicodeError:  # msgspec cannot encode a lone surrogate to check or quote it
+        raise error(f"{where}: {NOT_UNICODE}; {fix}") from None
 
 
 def decode(
@@ -141,11 +143,18 @@ def decode(
         loose = json.loads(data)
     except (ValueError, RecursionError):
         raise error(f"{where}: not valid JSON ({describe(first)}); {fix}") from None
-    convert(loose, type_, where=where, fix=fix, error=error)
-    raise error(f"{where}: not valid JSON ({_loose_problem(loose) or describe(first)}); {fix}")
+    problem = unrepresentable(loose)
+    if problem != NOT_UNICODE:  # a lone surrogate has no field to name: msgspec cannot quote it
+        convert(loose, type_, where=where, fix=fix, error=error)
+    raise error(f"{where}: not valid JSON ({problem or describe(first)}); {fix}")
 
 
-def _loose_problem(obj: Any) -> Optional[str]:
+# A str holding a lone surrogate: JSON's "\ud800" as Python reads it, or a
+# command-line byte that is not UTF-8 (os.fsdecode's surrogateescape).
+NOT_UNICODE = "a string that is not valid Unicode, such as a lone surrogate \\ud800"
+
+
+def unrepresentable(obj: Any) -> Optional[str]:
     """What Python's json module read that JSON has no words for: NaN, Infinity, a lone surrogate."""
     if isinstance(obj, float) and obj != obj or obj in (float("inf"), float("-inf")):
         return "NaN or Infinity where a number belongs"
@@ -153,12 +162,12 @@ def _loose_problem(obj: Any) -> Optional[str]:
         try:
             obj.encode("utf-8")
         except UnicodeEncodeError:
-            return "a string escape that is not valid Unicode, such as a lone surrogate \\ud800"
+            return NOT_UNICODE
         return None
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
     for key, value in items:
-        found = _loose_problem(key) if isinstance(key, str) else None
-        found = found or _loose_problem(value)
+        found = unrepresentable(key) if isinstance(key, str) else None
+        found = found or unrepresentable(value)
         if found:
             return found
     return None

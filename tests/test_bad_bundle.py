@@ -58,7 +58,7 @@ def test_bytes_that_are_not_utf8_in_a_key_edgecap_does_not_read(bundle_copy: Pat
     ("vocab", "../../etc/passwd", r"field 'vocab' path '../../etc/passwd' leaves the bundle directory"),
     ("encoder", "/etc/passwd", r"field 'encoder' path '/etc/passwd' leaves the bundle directory"),
     ("vocab", "a\x00b", r"field 'vocab' path 'a\\x00b' is not a usable file name"),
-    ("vocab", "\ud800", r"bundle.json: not valid JSON \(a string escape that is not valid Unicode"),
+    ("vocab", "\ud800", r"bundle.json: not valid JSON \(a string that is not valid Unicode, such as a lone surrogate"),
     ("vocab", "x" * 300, r"field 'vocab' path 'x{60}.*' is not a usable file name"),
 ])
 def test_paths_out_of_the_directory_or_unusable(bundle_copy: Path, field: str, value: str, match: str) -> None:

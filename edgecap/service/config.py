@@ -259,6 +259,10 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
     except msgspec.ValidationError as exc:
         problem, key = _problem(exc)
         raise ConfigError(_message(path, text, key, problem, applied)) from None
+    except UnicodeError:  # msgspec cannot quote a lone surrogate; TOML text never holds one
+        bad = [k for k, v in overrides.items() if schema.unrepresentable(v) == schema.NOT_UNICODE]
+        raise ConfigError(f"{path}: override {bad[0] if bad else '?'}: {schema.NOT_UNICODE} (bytes that are "
+                          "not UTF-8?); pass UTF-8 text") from None
     _check_names(path, text, config, applied)
     return _check_http(path, text, config, applied)
 
