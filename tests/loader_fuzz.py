@@ -36,7 +36,9 @@ SERVICE_TOML = REPO / "deploy" / "edgecap.toml"
 # bound, strings that are paths out of a directory, NULs, lone surrogates.
 ODD_STRINGS = ["", " ", "../../etc/passwd", "..", "/", "/etc/passwd", "a\x00b", "\ud800", "é",
                "x" * 5000, "encoder.tflite/", "./", "~", "C:\\x", "%s%n", "\n", "plans", "vocab.txt",
-               "encoder.tflite", "cpu", "tpu:0", "emu-tpu:99999999999999999999", "nan", "1e309"]
+               "encoder.tflite", "cpu", "tpu:0", "emu-tpu:99999999999999999999", "nan", "1e309",
+               "x" * 300, "a/" * 3000, "\udcff", "plan.json", "encoder_segment_0_of_2.tflite", "usb:7", ":3",
+               "../plan/encoder_segment_0_of_2.tflite", "/dev/null", "/proc/self/mem", "."]
 ODD_NUMBERS = [0, -1, 1, 2**31, 2**63, -(2**63), 10**30, -(10**30), 0.5, -0.0, 1e308, -1e308,
                float("nan"), float("inf"), float("-inf"), 5e-324, 60_000.0001, True, False]
 
@@ -74,7 +76,13 @@ def mutated_doc(draw: Callable, base: Dict[str, Any]) -> Any:
     for _ in range(draw(st.integers(1, 4))):
         paths = _paths(doc)
         path = draw(st.sampled_from(paths))
-        op = draw(st.sampled_from(["replace", "replace", "drop", "add", "dup", "scale"]))
+        op = draw(st.sampled_from(["replace", "replace", "drop", "add", "dup", "scale", "string", "number"]))
+        # Strings (file names, devices) and numbers are where loaders meet the system: aim at them.
+        kinds = {"string": str, "number": (int, float)}
+        if op in kinds:
+            leaves = [q for q in paths if q and isinstance(_get(doc, q), kinds[op])]
+            if leaves:
+                path = draw(st.sampled_from(leaves))
         if not path:
             if op == "replace":
                 doc = draw(values)
@@ -89,6 +97,11 @@ def mutated_doc(draw: Callable, base: Dict[str, Any]) -> Any:
                 parent[draw(st.sampled_from(["x", "extra", key + "_" if isinstance(key, str) else "k"]))] = draw(values)
             elif op == "dup" and isinstance(parent, list):
                 parent.insert(key, json.loads(json.dumps(parent[key])))
+            elif op == "string":
+                parent[key] = draw(st.one_of(st.sampled_from(ODD_STRINGS), st.text(max_size=300),
+                                             st.sampled_from(ODD_STRINGS).map(lambda x: parent[key] + x)))
+            elif op == "number":
+                parent[key] = draw(st.one_of(st.sampled_from(ODD_NUMBERS), st.integers(), st.floats()))
             elif op == "scale" and isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
                 parent[key] = parent[key] * draw(st.sampled_from([-1, 10**9, 1e300, 0, float("nan")]))
         except (KeyError, IndexError, TypeError):
