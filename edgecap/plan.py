@@ -522,12 +522,27 @@ def _fingerprint(path: Path) -> Tuple[str, int]:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def _check_files(raw: _StageDoc, stage: Stage, where: str) -> None:
+def check_segments(plan: Plan) -> None:
+    """Reads every segment file of a plan built in memory and checks it against its stage.
+
+    ``load_plan`` does this (and more: recorded hashes) for a plan read from a
+    file; a caller handed a ``Plan`` object calls this before any worker opens
+    a segment, so a bad file is one line there rather than a worker's failure.
+
+    Raises:
+      PlanError: If a segment is unreadable, not a whole TFLite flatbuffer, or
+        its boundary tensors are not the stage's.
+    """
+    for stage in plan.stages:
+        _check_files(None, stage, str(plan.path or "plan"))
+
+
+def _check_files(raw: Optional[_StageDoc], stage: Stage, where: str) -> None:
     """Reads a stage's segment files and checks them against plan.json, before any worker opens one."""
     here = f"{where}: stages[{stage.index}]"
     fix = "re-run `edgecap compile` to rewrite the plan's segments"
-    recorded = (raw.segment_sha256, raw.segment_bytes)
-    compiled_sha = None if raw.edgetpu is None else raw.edgetpu.compiled_sha256
+    recorded = (None, None) if raw is None else (raw.segment_sha256, raw.segment_bytes)
+    compiled_sha = None if raw is None or raw.edgetpu is None else raw.edgetpu.compiled_sha256
     for path, (sha, size) in ((stage.segment, recorded), (stage.compiled_segment, (compiled_sha, None))):
         if path is None:
             continue

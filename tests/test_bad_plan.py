@@ -231,3 +231,13 @@ def test_the_cli_prints_one_line_and_writes_nothing(plan_dir: Path, tmp_path: Pa
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "has 500 bytes, plan.json recorded" in lines[0], proc.stderr
     assert not trace.exists()
+
+
+def test_a_plan_built_in_memory_is_checked_by_check_segments(plan_dir: Path) -> None:
+    from edgecap.plan import check_segments
+
+    plan = load_plan(plan_dir)
+    check_segments(plan)  # intact: nothing to say
+    plan.stages[2].segment.write_bytes(b"\x00" * 64)
+    with pytest.raises(PlanError, match=r"not a TFLite model \(no TFL3 identifier"):
+        check_segments(plan)
