@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,24 @@ def _timed(tally: loader_fuzz.Tally, slowest: dict, target: str, fn) -> None:
     slowest[target] = max(slowest.get(target, 0.0), took)
     if took > HANG_S:
         tally.findings.append(loader_fuzz.Finding(target, f"took {took:.1f} s (hang?)", ""))
+
+
+def _commit() -> str:
+    """The commit the run tested, as `git describe` says it (``-dirty`` for uncommitted changes)."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def earlier_runs(path: Path) -> list:
+    """The runs an existing results file holds: its own run first, then its earlier ones."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [{k: v for k, v in old.items() if k != "earlier_runs"}] + old.get("earlier_runs", [])
 
 
 def main(argv=None) -> int:
@@ -117,11 +136,14 @@ def main(argv=None) -> int:
         print(f"  {f.target}: {f.error}")
     Path(args.json).write_text(json.dumps({
         "command": "python tools/fuzz_loaders.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": _commit(),
         "seed": args.seed, "cases": total, "seconds": round(elapsed, 1),
         "host": f"{platform.machine()} Python {platform.python_version()} (measured)",
         "per_target": {t: {"cases": tally.cases[t], **tally.outcomes[t],
                            "slowest_s": round(slowest.get(t, 0.0), 3) or None} for t in sorted(tally.cases)},
         "findings": [f.__dict__ for f in tally.findings],
+        # Runs before this one (their findings fixed since, or not), newest first.
+        "earlier_runs": earlier_runs(Path(args.json)),
     }, indent=2) + "\n")
     return 1 if tally.findings else 0
 
