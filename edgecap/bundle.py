@@ -60,7 +60,7 @@ def unusable_name(name: str) -> Optional[str]:
     return None
 
 
-def _short(name: str) -> str:
+def quote_name(name: str) -> str:
     """``name`` quoted for a message, cut to 80 characters."""
     return repr(name if len(name) <= 80 else name[:77] + "...")
 
@@ -210,7 +210,7 @@ def _file(json_path: Path, field: str, rel: Optional[str]) -> Optional[Path]:
     root = json_path.parent.resolve()
     why = unusable_name(rel)
     if why is not None:
-        raise BundleError(f"{json_path}: field '{field}' path {_short(rel)} is not a usable file name "
+        raise BundleError(f"{json_path}: field '{field}' path {quote_name(rel)} is not a usable file name "
                           f"({why}): name a file inside the bundle")
     target = resolve_inside(root, rel)
     if target is None:
@@ -294,7 +294,7 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     data = schema.read_bytes(json_path, what="bundle.json", fix=_FIX, error=BundleError)
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).schema_version
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         version = SCHEMA_VERSION  # not a JSON object: the full decode below says what is wrong
     if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
         raise BundleError(f"{json_path}: field 'schema_version' is {version}, this edgecap reads "

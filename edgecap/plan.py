@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import msgspec
 
 from edgecap import schema
-from edgecap.bundle import _short, resolve_inside, unusable_name
+from edgecap.bundle import quote_name, resolve_inside, unusable_name
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import EdgecapError, PlanError
 from edgecap.modelfile import ModelFile, TensorSpec, open_model
@@ -314,7 +314,7 @@ def load_plan(path: "str | os.PathLike[str]") -> Plan:
     where = str(path)
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).plan_version
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         version = PLAN_VERSION  # not a JSON object: the full decode below says what is wrong
     if isinstance(version, bool) or version != PLAN_VERSION:
         raise PlanError(f"{where}: plan_version is {version!r}, this runtime reads "
@@ -505,7 +505,7 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
 def _inside(base: Path, name: str, where: str) -> Path:
     why = unusable_name(name)
     if why is not None:
-        raise PlanError(f"{where}: segment {_short(name)} is not a usable file name ({why}); {_FIX}")
+        raise PlanError(f"{where}: segment {quote_name(name)} is not a usable file name ({why}); {_FIX}")
     resolved = resolve_inside(base, name)
     if resolved is None:
         raise PlanError(f"{where}: {name!r} resolves outside the plan directory; keep segments beside plan.json")

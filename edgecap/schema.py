@@ -109,6 +109,8 @@ def convert(
         raise error(f"{where}: {describe(exc)}; {fix}") from None
     except UnicodeError:  # msgspec cannot encode a lone surrogate to check or quote it
         raise error(f"{where}: {NOT_UNICODE}; {fix}") from None
+    except RecursionError:
+        raise error(f"{where}: {TOO_DEEP}; {fix}") from None
 
 
 def decode(
@@ -137,18 +139,24 @@ def decode(
         raise error(f"{where}: {describe(exc)}; {fix}") from None
     except msgspec.DecodeError as exc:
         first = exc
+    except RecursionError:  # msgspec's parser recurses once per nesting level
+        raise error(f"{where}: not valid JSON ({TOO_DEEP}); {fix}") from None
     # Python's json module writes NaN and Infinity, which JSON has no words for;
     # read them so that the message names the field they are in.
     try:
         loose = json.loads(data)
     except (ValueError, RecursionError):
         raise error(f"{where}: not valid JSON ({describe(first)}); {fix}") from None
-    problem = unrepresentable(loose)
+    try:
+        problem = unrepresentable(loose)
+    except RecursionError:
+        raise error(f"{where}: not valid JSON ({TOO_DEEP}); {fix}") from None
     if problem != NOT_UNICODE:  # a lone surrogate has no field to name: msgspec cannot quote it
         convert(loose, type_, where=where, fix=fix, error=error)
     raise error(f"{where}: not valid JSON ({problem or describe(first)}); {fix}")
 
 
+TOO_DEEP = "arrays or objects nested too deeply"
 # A str holding a lone surrogate: JSON's "\ud800" as Python reads it, or a
 # command-line byte that is not UTF-8 (os.fsdecode's surrogateescape).
 NOT_UNICODE = "a string that is not valid Unicode, such as a lone surrogate \\ud800"

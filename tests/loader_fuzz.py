@@ -38,7 +38,9 @@ ODD_STRINGS = ["", " ", "../../etc/passwd", "..", "/", "/etc/passwd", "a\x00b", 
                "x" * 5000, "encoder.tflite/", "./", "~", "C:\\x", "%s%n", "\n", "plans", "vocab.txt",
                "encoder.tflite", "cpu", "tpu:0", "emu-tpu:99999999999999999999", "nan", "1e309",
                "x" * 300, "a/" * 3000, "\udcff", "plan.json", "encoder_segment_0_of_2.tflite", "usb:7", ":3",
-               "../plan/encoder_segment_0_of_2.tflite", "/dev/null", "/proc/self/mem", "."]
+               "../plan/encoder_segment_0_of_2.tflite", "/dev/null", "/proc/self/mem", ".", "<<deep>>"]
+# "<<deep>>" is written as arrays nested past any parser's recursion (json_bytes, toml_bytes).
+DEEP = b"[" * 5000 + b"1" + b"]" * 5000
 ODD_NUMBERS = [0, -1, 1, 2**31, 2**63, -(2**63), 10**30, -(10**30), 0.5, -0.0, 1e308, -1e308,
                float("nan"), float("inf"), float("-inf"), 5e-324, 60_000.0001, True, False]
 
@@ -124,7 +126,7 @@ def mutated_text(draw: Callable, text: bytes) -> bytes:
             data[pos] = draw(st.integers(0, 255))
         elif op == "insert":
             data[pos:pos] = draw(st.sampled_from([b"\x00", b"\xff", b"[", b"]]", b"\"", b"=", b"\n[x]\n",
-                                                  b"NaN", b"1e999", b"-", b"{"]))
+                                                  b"NaN", b"1e999", b"-", b"{", b"[" * 3000]))
         else:
             lines = bytes(data).split(b"\n")
             i = draw(st.integers(0, len(lines) - 1))
@@ -138,7 +140,7 @@ def mutated_text(draw: Callable, text: bytes) -> bytes:
 
 def json_bytes(doc: Any) -> bytes:
     """The document as Python's json writes it (NaN and Infinity included; lone surrogates escaped)."""
-    return json.dumps(doc, allow_nan=True).encode()
+    return json.dumps(doc, allow_nan=True).encode().replace(b'"<<deep>>"', DEEP)
 
 
 def _toml_value(v: Any) -> str:
@@ -163,9 +165,9 @@ def toml_bytes(doc: Any) -> bytes:
     if doc is None:
         return b""
     if not isinstance(doc, dict):
-        return _toml_value(doc).encode("utf-8", "surrogatepass")
+        return _toml_value(doc).encode("utf-8", "surrogatepass").replace(b'"<<deep>>"', DEEP)
     lines = [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in doc.items() if v is not None]
-    return "\n".join(lines).encode("utf-8", "surrogatepass") + b"\n"
+    return "\n".join(lines).encode("utf-8", "surrogatepass").replace(b'"<<deep>>"', DEEP) + b"\n"
 
 
 @dataclass

@@ -98,6 +98,10 @@ def test_what_the_long_run_found_stays_fixed(ws) -> None:
         ("bundle.json", _with(ws.bundle_doc, lambda d: d.update(vocab="x" * 300)), "over 255 bytes"),
         ("plan.json", loader_fuzz.json_bytes(lone), "not valid Unicode"),
         ("plan.json", _with(ws.plan_doc, lambda d: d["stages"][0].update(segment="s\x00")), "contains a NUL byte"),
+        ("bundle.json", _with(ws.bundle_doc, lambda d: d.update(provenance="<<deep>>")), "nested too deeply"),
+        # plan_version is read untyped first: the recursion that escaped as RecursionError.
+        ("plan.json", _with(ws.plan_doc, lambda d: d.update(plan_version="<<deep>>")),
+         "field 'plan_version' must be int, got array"),
     ]
     for target, blob, match in cases:
         (ws.bundle / "bundle.json" if target == "bundle.json" else ws.plan / "plan.json").write_bytes(blob)
@@ -106,3 +110,6 @@ def test_what_the_long_run_found_stays_fixed(ws) -> None:
     ws.config.write_bytes(ws.config_text)
     with pytest.raises(EdgecapError, match=r"override http: a string that is not valid Unicode"):
         loader_fuzz.load_config(ws.config, {"http": lone})
+    ws.config.write_bytes(loader_fuzz.toml_bytes({"board": "<<deep>>"}))
+    with pytest.raises(EdgecapError, match=r"malformed TOML \(arrays or tables nested too deeply\)"):
+        loader_fuzz.load_config(ws.config)
