@@ -47,10 +47,12 @@ DEMO_DIR = demo_dir(Path(__file__).resolve().parent)
 
 
 def unusable_name(name: str) -> Optional[str]:
-    """Says why ``name`` cannot name a file on this system (a NUL, an unencodable
-    character, a part over 255 bytes), or returns None; ``resolve_inside`` needs a usable one."""
+    """Says why ``name`` cannot name a file of a bundle or plan (a NUL or other control
+    character, an unencodable character, a part over 255 bytes), or returns None."""
     if "\0" in name:
         return "it contains a NUL byte"
+    if any(ord(c) < 0x20 or c == "\x7f" for c in name):  # legal on Linux, but no bundle's or plan's name
+        return "it contains a control character"
     try:
         parts = [os.fsencode(part) for part in Path(name).parts]
     except UnicodeError:

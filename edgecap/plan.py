@@ -575,7 +575,7 @@ def _check_segment_io(info: ModelInfo, stage: Stage, here: str, fix: str) -> Non
     computed = {t.name for t in info.outputs} | {t.name for t in stage.inputs}
     missing = [t.name for t in stage.outputs if t.name not in computed]
     if missing:
-        raise PlanError(f"{here}: {name} does not output {', '.join(missing)}: the segment does not "
+        raise PlanError(f"{here}: {name} does not output {', '.join(map(repr, missing))}: the segment does not "
                         f"match plan.json; {fix}")
 
 
@@ -589,7 +589,7 @@ def _check_tpus(stages: List[Stage], board: _BoardDoc, where: str) -> None:
                             "(int8) model with `edgecap compile`")
         index = s.spec.index
         if s.spec.kind != "cpu" and index is not None and index >= limit:
-            has = (f"board {board.name} has {limit} EdgeTPU(s)" if board.tpus is not None
+            has = (f"board {board.name!r} has {limit} EdgeTPU(s)" if board.tpus is not None
                    else f"no board has more than {MAX_TPUS} EdgeTPUs")
             raise PlanError(f"{where}: stages[{s.index}] runs on {s.device}, but {has}; "
                             f"name a device the board has, or {_FIX}")
@@ -623,6 +623,6 @@ def _check_chain(stages: List[Stage], where: str) -> None:
         missing = [t.name for t in cur.inputs if t.name not in available]
         if missing:
             raise PlanError(
-                f"{where}: stages[{cur.index}] reads {', '.join(missing)} which stages[{prev.index}] "
+                f"{where}: stages[{cur.index}] reads {', '.join(map(repr, missing))} which stages[{prev.index}] "
                 "does not output; boundary tensors must keep their names"
             )

@@ -212,6 +212,8 @@ def read_bytes(
         raise error(f"{path}: permission denied; make the {what} readable by this user") from None
     except OSError as exc:
         raise error(f"{path}: cannot read ({exc.strerror or exc}); {fix}") from None
+    except ValueError:  # a NUL in the name, which no system call takes
+        raise error(f"{str(path)!r}: not a usable file name (it contains a NUL byte); {fix}") from None
 
 
 def read_file(

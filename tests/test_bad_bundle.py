@@ -60,9 +60,16 @@ def test_bytes_that_are_not_utf8_in_a_key_edgecap_does_not_read(bundle_copy: Pat
     ("vocab", "a\x00b", r"field 'vocab' path 'a\\x00b' is not a usable file name"),
     ("vocab", "\ud800", r"bundle.json: not valid JSON \(a string that is not valid Unicode, such as a lone surrogate"),
     ("vocab", "x" * 300, r"field 'vocab' path 'x{60}.*' is not a usable file name"),
+    ("rnn.decoder_step", "step\n.tflite", r"field 'rnn.decoder_step' path 'step\\n.tflite' is not a usable file "
+                                          r"name \(it contains a control character\)"),
 ])
 def test_paths_out_of_the_directory_or_unusable(bundle_copy: Path, field: str, value: str, match: str) -> None:
-    _edit(bundle_copy, lambda d: d.update({field: value}))
+    def edit(doc):
+        *parents, key = field.split(".")
+        for p in parents:
+            doc = doc[p]
+        doc[key] = value
+    _edit(bundle_copy, edit)
     _refused(bundle_copy, match)
 
 

@@ -158,7 +158,7 @@ def test_two_stages_on_one_tpu(plan_dir: Path) -> None:
 
 def test_a_tpu_index_the_board_lacks(plan_dir: Path) -> None:
     _edit(plan_dir, lambda d: (d["board"].update(tpus=2), d["stages"][1].update(device="emu-tpu:2")))
-    _refused(plan_dir, r"stages\[1\] runs on emu-tpu:2, but board test has 2 EdgeTPU\(s\); name a device")
+    _refused(plan_dir, r"stages\[1\] runs on emu-tpu:2, but board 'test' has 2 EdgeTPU\(s\); name a device")
 
 
 def test_a_tpu_index_no_board_has(plan_dir: Path) -> None:
@@ -241,3 +241,9 @@ def test_a_plan_built_in_memory_is_checked_by_check_segments(plan_dir: Path) -> 
     plan.stages[2].segment.write_bytes(b"\x00" * 64)
     with pytest.raises(PlanError, match=r"not a TFLite model \(no TFL3 identifier"):
         check_segments(plan)
+
+
+def test_a_plan_path_no_system_call_takes(tmp_path: Path) -> None:
+    # The service's `plan` key may hold any string; a NUL in it reached open() before.
+    with pytest.raises(PlanError, match=r"not a usable file name \(it contains a NUL byte\)"):
+        load_plan(str(tmp_path / "p\x00lan.json"))

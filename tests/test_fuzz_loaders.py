@@ -110,6 +110,13 @@ def test_what_the_long_run_found_stays_fixed(ws) -> None:
     ws.config.write_bytes(ws.config_text)
     with pytest.raises(EdgecapError, match=r"override http: a string that is not valid Unicode"):
         loader_fuzz.load_config(ws.config, {"http": lone})
+    # The seed-2 long run: a token file named with a NUL reached os.stat.
+    config = loader_fuzz.json.loads(loader_fuzz.json.dumps(ws.config_doc))
+    config["http"]["token_file"] = "t\x00"
+    ws.config.write_bytes(loader_fuzz.toml_bytes(config))
+    with pytest.raises(EdgecapError, match=r"'.*t\\x00' is not a usable file name \(it contains a NUL byte\)"):
+        loader_fuzz.load_config(ws.config)
+    ws.bundle_json(_with(ws.bundle_doc, lambda d: d["rnn"].update(decoder_step="\n")))  # one line, or it fails
     ws.config.write_bytes(loader_fuzz.toml_bytes({"board": "<<deep>>"}))
     with pytest.raises(EdgecapError, match=r"malformed TOML \(arrays or tables nested too deeply\)"):
         loader_fuzz.load_config(ws.config)

@@ -84,7 +84,7 @@ def test_single_cpu_plan_of_a_non_model(tmp_path: Path) -> None:
     (lambda d: d["stages"][1].update(segment="missing.tflite"), "'missing.tflite' not found"),
     (lambda d: d["stages"][1].update(segment="../../etc/passwd"), "outside the plan directory"),
     (lambda d: d["stages"][1].update(ops=[1, 1]), "must have segment null"),
-    (lambda d: d["stages"][2]["inputs"][0].update(name="renamed"), "reads renamed which stages"),
+    (lambda d: d["stages"][2]["inputs"][0].update(name="renamed"), "reads 'renamed' which stages"),
     (lambda d: d["stages"][0]["inputs"][0].update(dtype="bfloat16"), "dtype': invalid enum value 'bfloat16'"),
     (lambda d: d["stages"][0].update(predicted_ms=-1), "predicted_ms' must be float >= 0"),
     (lambda d: d["stages"][0].update(predicted_ms=float("nan")), "predicted_ms' must be float >= 0"),

@@ -557,6 +557,9 @@ def _read_token(path: Path, text: str, token_file: Path, applied: Sequence[Key])
     except OSError as exc:
         raise ConfigError(_message(path, text, key, f"cannot read {token_file} "
                                    f"({exc.strerror or exc})", applied, unreadable)) from None
+    except ValueError:  # a NUL in the name, which no system call takes
+        raise ConfigError(_message(path, text, key, f"{str(token_file)!r} is not a usable file name "
+                                   "(it contains a NUL byte)", applied, "give the token file's path")) from None
     if mode & stat.S_IROTH:
         raise ConfigError(_message(path, text, key, f"{token_file} is readable by every user", applied,
                                    f"run `chmod 600 {token_file}`"))
