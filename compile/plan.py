@@ -126,6 +126,7 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
         rnn_ms=round(float(model.rnn_ms), 6),
         rnn_steps_per_frame=float(model.rnn_steps_per_frame),
         board_version=board.version,
+        board_tpus=len(board.tpus),
         model_ops=len(graph.ops),
         sram_bytes=min((t.sram_bytes for t in board.tpus), default=None),
         predicted=Prediction(

@@ -13,6 +13,7 @@ import numpy as np
 from edgecap import schema
 from edgecap.errors import BundleError
 from edgecap.modelfile import ModelFile, open_model
+from edgecap.tflite_verify import verify_tflite
 
 try:
     from typing import Annotated, Literal
@@ -43,6 +44,27 @@ def demo_dir(package: Path) -> Path:
 
 
 DEMO_DIR = demo_dir(Path(__file__).resolve().parent)
+
+
+def unusable_name(name: str) -> Optional[str]:
+    """Says why ``name`` cannot name a file of a bundle or plan (a NUL or other control
+    character, an unencodable character, a part over 255 bytes), or returns None."""
+    if "\0" in name:
+        return "it contains a NUL byte"
+    if any(ord(c) < 0x20 or c == "\x7f" for c in name):  # legal on Linux, but no bundle's or plan's name
+        return "it contains a control character"
+    try:
+        parts = [os.fsencode(part) for part in Path(name).parts]
+    except UnicodeError:
+        return "it has characters no file name can hold"
+    if any(len(part) > 255 for part in parts):
+        return "a part of it is over 255 bytes"
+    return None
+
+
+def quote_name(name: str) -> str:
+    """``name`` quoted for a message, cut to 80 characters."""
+    return repr(name if len(name) <= 80 else name[:77] + "...")
 
 
 def resolve_inside(root: Path, name: str) -> Optional[Path]:
@@ -194,6 +216,10 @@ def _file(json_path: Path, field: str, rel: Optional[str]) -> Optional[Path]:
     if rel is None:
         return None
     root = json_path.parent.resolve()
+    why = unusable_name(rel)
+    if why is not None:
+        raise BundleError(f"{json_path}: field '{field}' path {quote_name(rel)} is not a usable file name "
+                          f"({why}): name a file inside the bundle")
     target = resolve_inside(root, rel)
     if target is None:
         raise BundleError(f"{json_path}: field '{field}' path '{rel}' leaves the bundle "
@@ -271,21 +297,19 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     if not root.is_dir():
         raise BundleError(f"{root}: bundle directory not found: pass the directory "
                           "that holds bundle.json")
-    if not json_path.is_file():
+    if not json_path.exists():
         raise BundleError(f"{json_path}: missing: a bundle directory needs a bundle.json")
-    try:
-        data = json_path.read_bytes()
-    except PermissionError:
-        raise BundleError(f"{json_path}: permission denied: make it readable by this user") from None
+    data = schema.read_bytes(json_path, what="bundle.json", fix=_FIX, error=BundleError)
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).schema_version
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         version = SCHEMA_VERSION  # not a JSON object: the full decode below says what is wrong
     if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
         raise BundleError(f"{json_path}: field 'schema_version' is {version}, this edgecap reads "
                           f"version {SCHEMA_VERSION}: re-export the bundle or upgrade edgecap")
     doc = schema.decode(data, _BundleDoc, where=str(json_path), fix=_FIX, error=BundleError)
-    raw = msgspec.json.decode(data)
+    # Whole document, unknown keys included (meta): they too must be valid JSON text.
+    raw = schema.decode(data, Dict[str, Any], where=str(json_path), fix=_FIX, error=BundleError)
 
     d = doc.input
     for name, values in (("mean", d.mean), ("std", d.std)):
@@ -317,6 +341,12 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
                               f"{len(vocab)} tokens of {vocab_path.name}: fix the id or the vocabulary")
 
     enc, _ = _open_model(encoder)
+    if reference is not None:
+        # Opened only when asked for (--reference-encoder), but checked now: a
+        # bad file must fail here, not after a run has started.
+        data = schema.read_bytes(reference, what="reference encoder", fix="restore it or re-export the bundle",
+                                 error=BundleError)
+        verify_tflite(data, str(reference), error=BundleError, fix="re-export the bundle")
     if len(enc.inputs) != 1 or len(enc.outputs) != 1:
         raise BundleError(f"{encoder}: encoder must have one input and one output, "
                           f"has {len(enc.inputs)} and {len(enc.outputs)}")

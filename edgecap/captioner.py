@@ -29,7 +29,7 @@ from edgecap.failover import TPU_KINDS, Prober, Replan, describe, replan, tpu_wo
 from edgecap.modelfile import open_model
 from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
 from edgecap.placement import CPU_WORKER, DECODE_WORKER, Placement, place
-from edgecap.plan import Plan, Stage, load_plan, single_cpu_plan
+from edgecap.plan import Plan, Stage, check_segments, load_plan, single_cpu_plan
 from edgecap.preprocess import Preprocessor
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
 from edgecap.scheduler import Pipeline, Step
@@ -799,6 +799,7 @@ def _resolve_plan(bundle: Bundle, opts: CaptionerOptions) -> Plan:
         return single_cpu_plan(model)
     if isinstance(opts.plan, Plan):
         resolved = opts.plan
+        check_segments(resolved)  # load_plan checks a plan read from a file; this one was built in memory
     elif opts.plan is not None:
         resolved = load_plan(opts.plan)
     else:

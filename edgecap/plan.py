@@ -11,6 +11,7 @@ Each device string is parsed once, when the plan is built or loaded: a
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +20,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import msgspec
 
 from edgecap import schema
-from edgecap.bundle import resolve_inside
+from edgecap.bundle import quote_name, resolve_inside, unusable_name
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import EdgecapError, PlanError
 from edgecap.modelfile import ModelFile, TensorSpec, open_model
+from edgecap.tflite_verify import ModelInfo, verify_tflite
 
 try:
     from typing import Annotated, Literal
@@ -32,6 +34,12 @@ except ImportError:  # pragma: no cover - Python < 3.9 is not supported
 PLAN_VERSION = 1
 PLAN_FILE = "plan.json"
 _FIX = "re-run `edgecap compile`"
+# One invoke of one stage (or one RNN step): a minute is far past any real
+# model on any board (ResNet-50 on a Dev Board's CPU takes under 2 s), and an
+# emulated stage sleeps this long, so a typo must not make a run sleep for days.
+MAX_INVOKE_MS = 60_000.0
+# No board carries more EdgeTPUs than this; a device index past it is a typo.
+MAX_TPUS = 64
 
 # ---------------------------------------------------------------------------
 # The file format (docs/plan.md).
@@ -42,6 +50,7 @@ _ZeroPoint = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 _Macs = Annotated[int, msgspec.Meta(ge=0, le=10**16)]
 _Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 _PlanFps = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+_InvokeMs = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_INVOKE_MS)]
 
 
 class _TensorDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -72,7 +81,9 @@ class _EdgeTpuDoc(msgspec.Struct, forbid_unknown_fields=True):
     off_chip_bytes: Optional[schema.Bytes] = None
     cpu_ops: List[_CpuOpDoc] = []
     log: Optional[str] = None
-    cpu_ops_ms: Optional[schema.Millis] = None
+    cpu_ops_ms: Optional[_InvokeMs] = None
+    # The compiled file's SHA-256 when plan.json was written (absent in older plans).
+    compiled_sha256: Optional[_Sha256] = None
 
 
 class _StageDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -84,8 +95,12 @@ class _StageDoc(msgspec.Struct, forbid_unknown_fields=True):
     outputs: Tuple[_TensorDoc, ...]
     param_bytes: _ParamBytesDoc = _ParamBytesDoc()
     macs: _Macs = 0
-    predicted_ms: Optional[schema.Millis] = None
+    predicted_ms: Optional[_InvokeMs] = None
     edgetpu: Optional[_EdgeTpuDoc] = None
+    # The segment file as write_plan found it (absent in older plans): a
+    # segment swapped or rewritten since is refused at load_plan.
+    segment_sha256: Optional[_Sha256] = None
+    segment_bytes: Optional[schema.Bytes] = None
 
 
 class _ModelDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -94,9 +109,11 @@ class _ModelDoc(msgspec.Struct, forbid_unknown_fields=True):
     ops: schema.Count
 
 
-class _BoardDoc(msgspec.Struct, forbid_unknown_fields=True):
+class _BoardDoc(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     name: schema.Name
     version: schema.Count
+    # EdgeTPUs the plan was made for (absent in older plans): TPU device indices stay below it.
+    tpus: Optional[Annotated[int, msgspec.Meta(ge=0, le=MAX_TPUS)]] = None
 
 
 class _PredictedDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -112,7 +129,7 @@ class _PlanDoc(msgspec.Struct, forbid_unknown_fields=True):
     board: _BoardDoc
     stages: Tuple[_StageDoc, ...]
     sram_bytes: Optional[schema.Bytes] = None
-    rnn_ms: Optional[schema.Millis] = None
+    rnn_ms: Optional[_InvokeMs] = None
     rnn_steps_per_frame: Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)] = 1.0
     predicted: Optional[_PredictedDoc] = None
 
@@ -228,6 +245,8 @@ class Plan:
       model_ops: Operators of the source model.
       sram_bytes: The SRAM budget per TPU the split was made for.
       predicted: The cost model's pipeline figures, or None.
+      board_tpus: EdgeTPUs of the board the plan was made for, or None
+        (unknown: older plans); stage device indices stay below it.
     """
 
     path: Optional[Path]
@@ -241,6 +260,7 @@ class Plan:
     model_ops: int = 0
     sram_bytes: Optional[int] = None
     predicted: Optional[Prediction] = None
+    board_tpus: Optional[int] = None
 
     @property
     def rnn_frame_ms(self) -> float:
@@ -273,22 +293,28 @@ def load_plan(path: "str | os.PathLike[str]") -> Plan:
     Args:
       path: The plan.json file, or the directory holding it.
 
+    Every segment file is read and checked here, before any worker opens
+    one: it must be a whole TFLite flatbuffer (``tflite_verify``), the file
+    plan.json recorded (SHA-256 and size, where recorded), and its tensors
+    must be those the stage names.
+
     Returns:
       The validated ``Plan``; segment paths are resolved against its directory.
 
     Raises:
-      PlanError: If the file is missing, unreadable, is not plan version 1, or
-        breaks a rule of docs/plan.md. The message names the field and the fix.
+      PlanError: If the file or a segment is missing, unreadable, a directory,
+        corrupt or not the one the plan was written with, is not plan version 1,
+        or breaks a rule of docs/plan.md. The message names the field and the fix.
     """
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and path.name != PLAN_FILE:  # a plan.json that is a directory is reported as one
         path = path / PLAN_FILE
     data = schema.read_bytes(path, what="plan", fix=_FIX, error=PlanError,
                              missing_fix="write one with `edgecap compile`")
     where = str(path)
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).plan_version
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         version = PLAN_VERSION  # not a JSON object: the full decode below says what is wrong
     if isinstance(version, bool) or version != PLAN_VERSION:
         raise PlanError(f"{where}: plan_version is {version!r}, this runtime reads "
@@ -368,7 +394,10 @@ def _from_doc(doc: _PlanDoc, path: Path) -> Plan:
         raise PlanError(f"{where}: stages is empty; a plan needs at least one stage")
     stages = [_stage(raw, i, path.parent, where) for i, raw in enumerate(doc.stages)]
     _check_order(stages, where)
+    _check_tpus(stages, doc.board, where)
     _check_chain(stages, where)
+    for raw, stage in zip(doc.stages, stages):
+        _check_files(raw, stage, where)
     if stages[-1].ops[1] > doc.model.ops:
         raise PlanError(f"{where}: stages end at op {stages[-1].ops[1]} but the model has "
                         f"{doc.model.ops} ops; {_FIX}")
@@ -386,6 +415,7 @@ def _from_doc(doc: _PlanDoc, path: Path) -> Plan:
         sram_bytes=doc.sram_bytes,
         predicted=None if p is None else Prediction(p.fps, p.latency_ms, p.bottleneck_ms,
                                                     p.bottleneck_stage),
+        board_tpus=doc.board.tpus,
     )
 
 
@@ -443,6 +473,8 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
     stages = []
     for s in plan.stages:
         e = s.edgetpu
+        segment = None if s.segment is None else _fingerprint(s.segment)
+        compiled = None if s.compiled_segment is None else _fingerprint(s.compiled_segment)
         stages.append(_StageDoc(
             index=s.index, device=s.device, segment=name(s.segment), ops=s.ops,
             inputs=tuple(_tensor_doc(t) for t in s.inputs),
@@ -451,13 +483,16 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
             macs=s.macs, predicted_ms=s.predicted_ms,
             edgetpu=None if e is None else _EdgeTpuDoc(
                 e.compiled, e.compiled_segment, e.reason, e.on_chip_bytes, e.off_chip_bytes,
-                [_CpuOpDoc(**o) for o in e.cpu_ops], e.log, e.cpu_ops_ms),
+                [_CpuOpDoc(**o) for o in e.cpu_ops], e.log, e.cpu_ops_ms,
+                None if compiled is None else compiled[0]),
+            segment_sha256=None if segment is None else segment[0],
+            segment_bytes=None if segment is None else segment[1],
         ))
     p = plan.predicted
     return _PlanDoc(
         plan_version=PLAN_VERSION,
         model=_ModelDoc(plan.model_file, plan.model_sha256, plan.model_ops),
-        board=_BoardDoc(plan.board, plan.board_version),
+        board=_BoardDoc(plan.board, plan.board_version, plan.board_tpus),
         stages=tuple(stages),
         sram_bytes=plan.sram_bytes,
         rnn_ms=plan.rnn_ms,
@@ -468,12 +503,96 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
 
 
 def _inside(base: Path, name: str, where: str) -> Path:
+    why = unusable_name(name)
+    if why is not None:
+        raise PlanError(f"{where}: segment {quote_name(name)} is not a usable file name ({why}); {_FIX}")
     resolved = resolve_inside(base, name)
     if resolved is None:
         raise PlanError(f"{where}: {name!r} resolves outside the plan directory; keep segments beside plan.json")
+    if resolved.is_dir():
+        raise PlanError(f"{where}: segment {name!r} is a directory, not a .tflite file; {_FIX}")
     if not resolved.is_file():
         raise PlanError(f"{where}: segment {name!r} not found beside plan.json; {_FIX}")
     return resolved
+
+
+def _fingerprint(path: Path) -> Tuple[str, int]:
+    """``(sha256, size)`` of a segment file, for plan.json (write_plan)."""
+    data = schema.read_bytes(path, what="segment", fix=_FIX, error=PlanError)
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def check_segments(plan: Plan) -> None:
+    """Reads every segment file of a plan built in memory and checks it against its stage.
+
+    ``load_plan`` does this (and more: recorded hashes) for a plan read from a
+    file; a caller handed a ``Plan`` object calls this before any worker opens
+    a segment, so a bad file is one line there rather than a worker's failure.
+
+    Raises:
+      PlanError: If a segment is unreadable, not a whole TFLite flatbuffer, or
+        its boundary tensors are not the stage's.
+    """
+    for stage in plan.stages:
+        _check_files(None, stage, str(plan.path or "plan"))
+
+
+def _check_files(raw: Optional[_StageDoc], stage: Stage, where: str) -> None:
+    """Reads a stage's segment files and checks them against plan.json, before any worker opens one."""
+    here = f"{where}: stages[{stage.index}]"
+    fix = "re-run `edgecap compile` to rewrite the plan's segments"
+    recorded = (None, None) if raw is None else (raw.segment_sha256, raw.segment_bytes)
+    compiled_sha = None if raw is None or raw.edgetpu is None else raw.edgetpu.compiled_sha256
+    for path, (sha, size) in ((stage.segment, recorded), (stage.compiled_segment, (compiled_sha, None))):
+        if path is None:
+            continue
+        data = schema.read_bytes(path, what="segment", fix=fix, error=PlanError)
+        if size is not None and len(data) != size:
+            raise PlanError(f"{here}: {path.name} has {len(data)} bytes, plan.json recorded {size}: "
+                            f"the file changed since the plan was written; {fix}")
+        if sha is not None and hashlib.sha256(data).hexdigest() != sha:
+            raise PlanError(f"{here}: {path.name} is not the file plan.json was written with "
+                            f"(sha256 differs); {fix}")
+        info = verify_tflite(data, str(path), error=PlanError, fix=fix)
+        if path == stage.segment:
+            _check_segment_io(info, stage, here, fix)
+
+
+def _check_segment_io(info: ModelInfo, stage: Stage, here: str, fix: str) -> None:
+    # The rule edgecap.stages applies to the interpreter's tensors, read here
+    # from the flatbuffer, so a segment that does not fit fails before any work.
+    name = stage.segment.name if stage.segment else "segment"
+    for kind, tensors, specs in (("input", info.inputs, stage.inputs), ("output", info.outputs, stage.outputs)):
+        by_name = {t.name: t for t in specs}
+        for t in tensors:
+            spec = by_name.get(t.name)
+            if spec is None and kind == "input":
+                raise PlanError(f"{here}: {name} reads {t.name!r}, which the stage's inputs do not "
+                                f"list: the segment does not match plan.json; {fix}")
+            if spec is not None and (t.shape, t.dtype) != (spec.shape, spec.dtype):
+                raise PlanError(f"{here}: {name} {kind} {t.name!r} is {t.dtype}{list(t.shape)}, "
+                                f"plan.json says {spec.dtype}{list(spec.shape)}; {fix}")
+    computed = {t.name for t in info.outputs} | {t.name for t in stage.inputs}
+    missing = [t.name for t in stage.outputs if t.name not in computed]
+    if missing:
+        raise PlanError(f"{here}: {name} does not output {', '.join(map(repr, missing))}: the segment does not "
+                        f"match plan.json; {fix}")
+
+
+def _check_tpus(stages: List[Stage], board: _BoardDoc, where: str) -> None:
+    limit = MAX_TPUS if board.tpus is None else board.tpus
+    for s in stages:
+        floats = [t.name for t in (*s.inputs, *s.outputs) if t.dtype == "float32"]
+        if s.spec.kind != "cpu" and not s.empty and floats:
+            raise PlanError(f"{where}: stages[{s.index}] on {s.device} has float32 tensor {floats[0]!r}: "
+                            "an EdgeTPU runs only int8-quantized segments; compile a full-integer "
+                            "(int8) model with `edgecap compile`")
+        index = s.spec.index
+        if s.spec.kind != "cpu" and index is not None and index >= limit:
+            has = (f"board {board.name!r} has {limit} EdgeTPU(s)" if board.tpus is not None
+                   else f"no board has more than {MAX_TPUS} EdgeTPUs")
+            raise PlanError(f"{where}: stages[{s.index}] runs on {s.device}, but {has}; "
+                            f"name a device the board has, or {_FIX}")
 
 
 def _check_order(stages: List[Stage], where: str) -> None:
@@ -504,6 +623,6 @@ def _check_chain(stages: List[Stage], where: str) -> None:
         missing = [t.name for t in cur.inputs if t.name not in available]
         if missing:
             raise PlanError(
-                f"{where}: stages[{cur.index}] reads {', '.join(missing)} which stages[{prev.index}] "
+                f"{where}: stages[{cur.index}] reads {', '.join(map(repr, missing))} which stages[{prev.index}] "
                 "does not output; boundary tensors must keep their names"
             )

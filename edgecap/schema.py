@@ -107,6 +107,10 @@ def convert(
         return msgspec.convert(obj, type_, strict=True)
     except msgspec.ValidationError as exc:
         raise error(f"{where}: {describe(exc)}; {fix}") from None
+    except UnicodeError:  # msgspec cannot encode a lone surrogate to check or quote it
+        raise error(f"{where}: {NOT_UNICODE}; {fix}") from None
+    except RecursionError:
+        raise error(f"{where}: {TOO_DEEP}; {fix}") from None
 
 
 def decode(
@@ -134,15 +138,47 @@ def decode(
     except msgspec.ValidationError as exc:
         raise error(f"{where}: {describe(exc)}; {fix}") from None
     except msgspec.DecodeError as exc:
-        malformed = f"{where}: not valid JSON ({describe(exc)}); {fix}"
+        first = exc
+    except RecursionError:  # msgspec's parser recurses once per nesting level
+        raise error(f"{where}: not valid JSON ({TOO_DEEP}); {fix}") from None
     # Python's json module writes NaN and Infinity, which JSON has no words for;
     # read them so that the message names the field they are in.
     try:
         loose = json.loads(data)
     except (ValueError, RecursionError):
-        raise error(malformed) from None
-    convert(loose, type_, where=where, fix=fix, error=error)
-    raise error(f"{where}: not valid JSON (NaN or Infinity where a number belongs); {fix}")
+        raise error(f"{where}: not valid JSON ({describe(first)}); {fix}") from None
+    try:
+        problem = unrepresentable(loose)
+    except RecursionError:
+        raise error(f"{where}: not valid JSON ({TOO_DEEP}); {fix}") from None
+    if problem != NOT_UNICODE:  # a lone surrogate has no field to name: msgspec cannot quote it
+        convert(loose, type_, where=where, fix=fix, error=error)
+    raise error(f"{where}: not valid JSON ({problem or describe(first)}); {fix}")
+
+
+TOO_DEEP = "arrays or objects nested too deeply"
+# A str holding a lone surrogate: JSON's "\ud800" as Python reads it, or a
+# command-line byte that is not UTF-8 (os.fsdecode's surrogateescape).
+NOT_UNICODE = "a string that is not valid Unicode, such as a lone surrogate \\ud800"
+
+
+def unrepresentable(obj: Any) -> Optional[str]:
+    """What Python's json module read that JSON has no words for: NaN, Infinity, a lone surrogate."""
+    if isinstance(obj, float) and obj != obj or obj in (float("inf"), float("-inf")):
+        return "NaN or Infinity where a number belongs"
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return NOT_UNICODE
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, value in items:
+        found = unrepresentable(key) if isinstance(key, str) else None
+        found = found or unrepresentable(value)
+        if found:
+            return found
+    return None
 
 
 def read_bytes(
@@ -176,6 +212,8 @@ def read_bytes(
         raise error(f"{path}: permission denied; make the {what} readable by this user") from None
     except OSError as exc:
         raise error(f"{path}: cannot read ({exc.strerror or exc}); {fix}") from None
+    except ValueError:  # a NUL in the name, which no system call takes
+        raise error(f"{str(path)!r}: not a usable file name (it contains a NUL byte); {fix}") from None
 
 
 def read_file(

@@ -45,6 +45,29 @@ _ITEMSIZE = {0: 4, 1: 2, 2: 4, 3: 1, 4: 8, 6: 1, 7: 2, 8: 8, 9: 1, 10: 8, 11: 16
              12: 8, 15: 4, 16: 2, 18: 2, 21: 1, 22: 1}
 
 
+# TensorType -> numpy dtype name, as interpreters report a tensor's dtype.
+_DTYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 5: "object", 6: "bool",
+           7: "int16", 8: "complex64", 9: "int8", 10: "float64", 11: "complex128", 12: "uint64",
+           15: "uint32", 16: "uint16"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor as the flatbuffer declares it (name, shape, numpy dtype name)."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The main subgraph's boundary, as the flatbuffer declares it."""
+
+    inputs: Tuple[TensorInfo, ...]
+    outputs: Tuple[TensorInfo, ...]
+
+
 class _Corrupt(Exception):
     """What is wrong, without the file name (added once, at the top)."""
 
@@ -171,7 +194,7 @@ class _Walker:
 
 
 def verify_tflite(data: bytes, where: str, *, error: Type[EdgecapError] = BundleError,
-                  fix: str = "re-export it") -> None:
+                  fix: str = "re-export it") -> ModelInfo:
     """Checks that ``data`` is a whole, self-consistent TFLite flatbuffer.
 
     Args:
@@ -180,18 +203,22 @@ def verify_tflite(data: bytes, where: str, *, error: Type[EdgecapError] = Bundle
       error: The error class to raise (the caller's: ``BundleError``, ``PlanError``).
       fix: What the user should do, ending the message.
 
+    Returns:
+      The main subgraph's inputs and outputs, read without an interpreter
+      (what a plan checks its segments against before any worker opens them).
+
     Raises:
       EdgecapError: ``error``, with one line naming the file and what is wrong.
     """
     if len(data) < 8 or bytes(data[4:8]) != IDENTIFIER:
         raise error(f"{where}: not a TFLite model (no TFL3 identifier at bytes 4..8); {fix}")
     try:
-        _verify(_Walker(bytes(data)))
+        return _verify(_Walker(bytes(data)))
     except _Corrupt as exc:
         raise error(f"{where}: corrupt or truncated TFLite model ({exc}); {fix}") from None
 
 
-def _verify(w: _Walker) -> None:
+def _verify(w: _Walker) -> ModelInfo:
     model = w.table(w.offset(0, "root offset"), "model")
     codes = w.tables(model, _MODEL_OPCODES, "operator_codes")
     for i, code in enumerate(codes):
@@ -207,9 +234,13 @@ def _verify(w: _Walker) -> None:
     if not subgraphs:
         raise _Corrupt("the model has no subgraph")
     n_tensors = []
+    main: Optional[ModelInfo] = None
     for i, g in enumerate(subgraphs):
         try:
-            n_tensors.append(_verify_subgraph(w, g, len(codes), buffer_sizes))
+            n, info = _verify_subgraph(w, g, len(codes), buffer_sizes)
+            n_tensors.append(n)
+            if main is None:
+                main = info
         except _Corrupt as exc:
             raise _Corrupt(f"subgraphs[{i}].{exc}") from None
     for b in w.ints(model, _MODEL_METADATA_BUFFER, "metadata_buffer"):
@@ -231,6 +262,7 @@ def _verify(w: _Walker) -> None:
     # Newer layouts' external buffer tables: checked as tables only.
     w.tables(model, _MODEL_EXTERNAL_GROUPS, "external_buffer_groups")
     w.tables(model, _MODEL_EXTERNAL_BUFFERS, "external_buffers")
+    return main  # type: ignore[return-value]  # there is a subgraph (checked above)
 
 
 def _buffer_size(w: _Walker, b: _Table) -> int:
@@ -246,24 +278,29 @@ def _buffer_size(w: _Walker, b: _Table) -> int:
     return length
 
 
-def _verify_subgraph(w: _Walker, g: _Table, n_codes: int, buffer_sizes: List[int]) -> int:
+def _verify_subgraph(w: _Walker, g: _Table, n_codes: int,
+                     buffer_sizes: List[int]) -> Tuple[int, ModelInfo]:
     tensors = w.tables(g, _SUBGRAPH_TENSORS, "tensors")
     n = len(tensors)
+    infos = []
     for i, t in enumerate(tensors):
         try:
-            _verify_tensor(w, t, buffer_sizes)
+            infos.append(_verify_tensor(w, t, buffer_sizes))
         except _Corrupt as exc:
             raise _Corrupt(f"tensors[{i}]{exc}") from None
+    boundary = []
     for slot, kind in ((_SUBGRAPH_INPUTS, "inputs"), (_SUBGRAPH_OUTPUTS, "outputs")):
-        for index in w.ints(g, slot, kind):
+        indices = w.ints(g, slot, kind)
+        for index in indices:
             _in_range(index, n, kind, "tensors")
+        boundary.append(tuple(infos[i] for i in indices))
     w.string(g, _SUBGRAPH_NAME, "name")
     for i, op in enumerate(w.tables(g, _SUBGRAPH_OPERATORS, "operators")):
         try:
             _verify_operator(w, op, n_codes, n)
         except _Corrupt as exc:
             raise _Corrupt(f"operators[{i}].{exc}") from None
-    return n
+    return n, ModelInfo(boundary[0], boundary[1])
 
 
 def _verify_operator(w: _Walker, op: _Table, n_codes: int, n_tensors: int) -> None:
@@ -284,7 +321,7 @@ def _verify_operator(w: _Walker, op: _Table, n_codes: int, n_tensors: int) -> No
         raise _Corrupt(f"custom options: bytes {offset}..{offset + size} are past the end of the {w.n}-byte file")
 
 
-def _verify_tensor(w: _Walker, t: _Table, buffer_sizes: List[int]) -> None:
+def _verify_tensor(w: _Walker, t: _Table, buffer_sizes: List[int]) -> TensorInfo:
     """Checks one tensor; its messages start with " (NAME)." or ".", to follow "tensors[i]"."""
     try:
         name = w.string(t, _TENSOR_NAME, "name")
@@ -316,6 +353,7 @@ def _verify_tensor(w: _Walker, t: _Table, buffer_sizes: List[int]) -> None:
                                f"{list(shape)} needs {want}")
     except _Corrupt as exc:
         raise _Corrupt(f" ({name}).{exc}" if name else f".{exc}") from None
+    return TensorInfo(name or "", tuple(shape), _DTYPES.get(dtype, f"type{dtype}"))
 
 
 def _in_range(index: int, count: int, what: str, of: str) -> None:

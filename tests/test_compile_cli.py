@@ -52,7 +52,7 @@ def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path
     plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "-o", out)
     assert plan["plan_version"] == 1
     assert plan["model"]["file"] == MODEL.name and plan["model"]["ops"] == 21
-    assert plan["board"] == {"name": "devboard-usb", "version": load_board("devboard-usb").version}
+    assert plan["board"] == {"name": "devboard-usb", "version": load_board("devboard-usb").version, "tpus": 2}
     assert plan["sram_bytes"] == 20000
     # devboard-usb: the PCIe TPU, then the USB Accelerator, named by bus.
     assert [s["device"] for s in plan["stages"]] == ["pci:0", "usb:0", "cpu"]

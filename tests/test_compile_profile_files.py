@@ -87,7 +87,7 @@ def test_a_board_profile_from_a_file_compiles(tmp_path):
     assert main(["compile", str(DATA / "tiny_mobilenet.tflite"), "--board", str(path),
                  "-o", str(tmp_path / "plan")]) == 0
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
-    assert plan["board"] == {"name": "my-board", "version": 3}
+    assert plan["board"] == {"name": "my-board", "version": 3, "tpus": 2}
 
 
 def _calibration(tmp_path: Path, **changes) -> Path:

@@ -252,6 +252,9 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(_toml_message(path, text, exc)) from None
+    except RecursionError:  # tomllib recurses once per nesting level
+        raise ConfigError(f"{path}: malformed TOML ({schema.TOO_DEEP.replace('objects', 'tables')}); "
+                          "fix the TOML syntax") from None
     _resolve_paths(raw, path.absolute().parent)
     applied = _apply_overrides(raw, overrides, path)
     try:
@@ -259,6 +262,12 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
     except msgspec.ValidationError as exc:
         problem, key = _problem(exc)
         raise ConfigError(_message(path, text, key, problem, applied)) from None
+    except RecursionError:  # an override nested deeper than msgspec recurses
+        raise ConfigError(f"{path}: an override has {schema.TOO_DEEP}; pass a plain value") from None
+    except UnicodeError:  # msgspec cannot quote a lone surrogate; TOML text never holds one
+        bad = [k for k, v in overrides.items() if schema.unrepresentable(v) == schema.NOT_UNICODE]
+        raise ConfigError(f"{path}: override {bad[0] if bad else '?'}: {schema.NOT_UNICODE} (bytes that are "
+                          "not UTF-8?); pass UTF-8 text") from None
     _check_names(path, text, config, applied)
     return _check_http(path, text, config, applied)
 
@@ -548,6 +557,9 @@ def _read_token(path: Path, text: str, token_file: Path, applied: Sequence[Key])
     except OSError as exc:
         raise ConfigError(_message(path, text, key, f"cannot read {token_file} "
                                    f"({exc.strerror or exc})", applied, unreadable)) from None
+    except ValueError:  # a NUL in the name, which no system call takes
+        raise ConfigError(_message(path, text, key, f"{str(token_file)!r} is not a usable file name "
+                                   "(it contains a NUL byte)", applied, "give the token file's path")) from None
     if mode & stat.S_IROTH:
         raise ConfigError(_message(path, text, key, f"{token_file} is readable by every user", applied,
                                    f"run `chmod 600 {token_file}`"))
