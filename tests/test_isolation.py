@@ -115,22 +115,23 @@ def test_a_captioner_on_isolated_stages_captions_as_in_process(shipped_bundle, t
     plan = write_plan(encoder, [8, 9], ["tpu:0", "tpu:1", "cpu"], tmp_path, [0.3] * 3)
     clip = np.random.default_rng(5).integers(0, 255, (16, 72, 88, 3), dtype=np.uint8)
 
-    def captions() -> list:
-        with EdgeCaptioner(shipped_bundle, plan=plan, num_threads=1, frames=4, stride=2) as cap:
+    def captions(isolate: bool) -> list:
+        with EdgeCaptioner(shipped_bundle, plan=plan, num_threads=1, frames=4, stride=2,
+                           isolate=isolate) as cap:
             assert any({t.name for t in s.inputs} & {t.name for t in s.outputs} for s in cap.plan.active_stages)
             return [(c.window, c.tokens) for c in cap.caption_frames(clip)]
 
-    reference = captions()
+    reference = captions(False)
     assert len(reference) >= 3
     real_open = stages.open_stage
     opened = []
 
-    def isolated_open(*args, **kwargs):
-        opened.append(real_open(*args, isolate=True, **kwargs))
+    def recording_open(*args, **kwargs):
+        opened.append(real_open(*args, **kwargs))
         return opened[-1]
 
-    monkeypatch.setattr(stages, "open_stage", isolated_open)
-    assert captions() == reference
+    monkeypatch.setattr(stages, "open_stage", recording_open)
+    assert captions(True) == reference
     assert len(opened) == 3 and all(s.isolated for s in opened)
     del opened[:]  # the pipeline's threads are gone: these were the last references
 
