@@ -156,7 +156,7 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
 
     Args:
       frames: Sampled frames to caption.
-      every: Invokes of a device between two of its faults.
+      every: Frames between two faults (a fault may wait longer, see ``_Injector``).
       back_s: Seconds after a fault when its device answers probes again.
       warmup: Frames before the first memory reading.
       bundle: The bundle (default: the shipped demo).
@@ -297,7 +297,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the soak from the command line; returns 0 when every goal is met, else 1."""
     p = argparse.ArgumentParser(prog="python -m edgecap.soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--frames", type=int, default=50_000, help="sampled frames to caption")
-    p.add_argument("--fault-every", type=int, default=4_000, help="invokes of a device between its faults")
+    p.add_argument("--fault-every", type=int, default=4_000, help="frames between two faults")
     p.add_argument("--back", type=float, default=2.0, help="seconds until a failed device answers again")
     p.add_argument("--warmup", type=int, default=5_000, help="frames before the first memory reading")
     p.add_argument("--bundle", help="bundle directory (default: the shipped demo)")
