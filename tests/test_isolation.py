@@ -75,6 +75,9 @@ def no_leaks(monkeypatch):
     # Only this test's blocks are checked: other processes on the host may create their own.
     monkeypatch.setattr(isolation, "SharedMemory", recorded)
     resource_tracker.ensure_running()  # once per process, with a file descriptor of its own
+    # An earlier test's failed invokes may leave cycles holding segment files open: collect them
+    # now, or the collection below closes them and the count drops.
+    gc.collect()
     before = (_children(), psutil.Process().num_fds())
     yield
     gc.collect()
