@@ -50,8 +50,9 @@ def two_tpu_board(tmp_path_factory) -> str:
 
     Under the shipped profiles the tiny demo CNN fits one EdgeTPU, so tests of
     what happens when one of two TPUs fails need this one. Returned as a path
-    (``EdgeCaptioner(board=...)`` and the compiler accept one); its plan is
-    ``tpu:0`` ops [0,8), ``tpu:1`` ops [8,16), the CPU the rest.
+    (``EdgeCaptioner(board=...)`` and the compiler accept one); the demo's plan
+    on it puts a segment on each TPU (``pci:0`` ops [0,9), ``usb:0`` [9,20),
+    the CPU the rest, when written).
     """
     doc = json.loads((REPO / "compile" / "boards" / "devboard-usb.json").read_text())
     doc["name"] = "test-devboard-usb-slow-tpus"
