@@ -5,12 +5,15 @@
     python -m edgecap.soak --frames 50000 --json docs/soak.json --md docs/soak.md
 
 It captions ``--frames`` sampled frames (the demo clip, repeated) through the
-pipelined runtime on the emulated ``devboard-usb`` (two emulated EdgeTPUs,
-real compute, paced to the board's plan), injecting a fault every
-``--fault-every`` invokes of a device: ``fail``, ``hang`` and ``vanish`` in
-turn, on each TPU in turn, each device answering probes again ``--back`` s
-later, so the runtime fails over and takes the device back again and again.
-It measures:
+pipelined runtime on the emulated ``devboard-usb`` (emulated EdgeTPUs, real
+compute, paced to the board's plan), injecting a fault every
+``--fault-every`` frames: ``fail``, ``hang`` and ``vanish`` in turn, each on
+an EdgeTPU the running plan uses (its TPU workers in turn: the plan changes
+as devices fail and return, and a fault on a device the plan leaves idle
+would never fire), each device answering probes again ``--back`` s later, so
+the runtime fails over and takes the device back again and again. A fault
+waits, if it must, until the one before has fired, its device answers again
+and the running plan has an EdgeTPU. It measures:
 
 * resident memory (psutil) after ``--warmup`` frames and at the end: growth
   goal under 5 %;
@@ -20,6 +23,7 @@ It measures:
   0..n-1 once each, and each equal to the fault-free caption of the same
   frames (the clip repeats whole windows, so a fault-free run of a few
   repeats is the reference; the soak checks that it does repeat);
+* every fault fired: each one injected was taken by its device's invoke;
 * each failover's time, from the runtime learning of the fault to the first
   frame out of the new plan's pipeline (host-measured, under the host's load).
 
@@ -38,7 +42,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,11 +50,11 @@ from edgecap import faults
 from edgecap.bundle import default_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError
+from edgecap.failover import tpu_workers
 from edgecap.sources import open_source
 from edgecap.stats import summarize
 
 ACTIONS = ("fail", "hang", "vanish")
-DEVICES = ("emu-tpu:0", "emu-tpu:1")
 RSS_GOAL = 0.05
 
 
@@ -64,9 +68,12 @@ class SoakResult:
     windows_in_order: bool
     captions_match_fault_free: bool
     mismatches: int
+    faults_planned: int
     faults_injected: List[str]
+    faults_fired: int
     failovers: List[Dict[str, Any]]
     failover_ms: Dict[str, float]
+    return_ms: Dict[str, float]
     rss_mb: Dict[str, float]
     rss_growth: float
     threads: Dict[str, int]
@@ -82,24 +89,64 @@ class SoakResult:
         """Whether every goal is met."""
         return (self.captions == self.windows_expected and self.windows_in_order
                 and self.captions_match_fault_free and self.rss_growth < RSS_GOAL
+                and self.faults_fired == len(self.faults_injected) == self.faults_planned
                 and self.threads["after"] <= self.threads["before"]
                 and self.fds["after"] <= self.fds["before"])
 
 
-def fault_plan(frames: int, every: int, back_s: float) -> List[str]:
-    """The faults of a soak: one every ``every`` invokes, fail/hang/vanish and TPU 0/1 in turn.
+def fault_schedule(frames: int, every: int) -> List[Tuple[int, str]]:
+    """The faults of a soak: ``(frame, action)``, one every ``every`` frames, fail/hang/vanish in turn."""
+    return [((i + 1) * every, ACTIONS[i % len(ACTIONS)]) for i in range(frames // every - 1)]
 
-    A device counts its own invokes, which run one per frame while it is
-    healthy, so the faults fall about ``every`` frames apart (further apart
-    by the frames a device misses while it is away).
+
+class _Injector:
+    """Injects a soak's faults one at a time, each on an EdgeTPU the running plan uses.
+
+    Fed by the frame iterator (on the pipeline's feeder thread): at a fault's
+    frame it picks the running plan's TPU workers in turn and injects the
+    fault at that device's next invoke. A fault waits until the one before
+    has fired and its device answers probes again (injecting replaces the
+    fault plan, and with it the old device's absence), and until the plan
+    has an EdgeTPU (after a failover onto the CPU alone, until one returns).
+
+    Args:
+      cap: The captioner (its ``placement`` is the running plan's).
+      schedule: ``fault_schedule``'s list.
+      back_s: Seconds after a fault when its device answers again.
     """
-    return [f"{DEVICES[i % len(DEVICES)]}={ACTIONS[i % len(ACTIONS)]}@{(i + 1) * every}+{back_s:g}s"
-            for i in range(frames // every - 1)]
 
+    def __init__(self, cap: EdgeCaptioner, schedule: List[Tuple[int, str]], back_s: float) -> None:
+        self._cap = cap
+        self._schedule = schedule
+        self._back_s = back_s
+        self.injected: List[str] = []
+        self._plans: List[Tuple[faults.FaultPlan, str]] = []  # each injected plan and its device
 
-def _frames(images: Sequence[np.ndarray], n: int) -> Iterator[np.ndarray]:
-    for i in range(n):
-        yield images[i % len(images)]
+    @property
+    def fired(self) -> int:
+        """How many of the injected faults fired."""
+        return sum(1 for plan, _ in self._plans if not plan)
+
+    def frames(self, images: Sequence[np.ndarray], n: int) -> Iterator[np.ndarray]:
+        """Yields ``n`` frames (``images`` repeated), injecting each fault when its time comes."""
+        for i in range(n):
+            k = len(self.injected)
+            if k < len(self._schedule) and i >= self._schedule[k][0]:
+                self._inject(k, i)
+            yield images[i % len(images)]
+
+    def _inject(self, k: int, frame: int) -> None:
+        if self._plans:
+            plan, device = self._plans[-1]
+            if plan or not plan.answers(device):
+                return  # the fault before has not fired, or its device is still away
+        tpus = tpu_workers(self._cap.placement)
+        if not tpus:
+            return
+        device = tpus[k % len(tpus)]
+        entry = f"{device}={self._schedule[k][1]}@0+{self._back_s:g}s"  # @0: its next invoke
+        self._plans.append((faults.inject(entry), device))
+        self.injected.append(f"{entry} (frame {frame})")
 
 
 def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warmup: int = 5_000,
@@ -109,7 +156,7 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
 
     Args:
       frames: Sampled frames to caption.
-      every: Invokes of a device between two of its faults.
+      every: Frames between two faults (a fault may wait longer, see ``_Injector``).
       back_s: Seconds after a fault when its device answers probes again.
       warmup: Frames before the first memory reading.
       bundle: The bundle (default: the shipped demo).
@@ -141,22 +188,22 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
         if not period:
             raise ConfigError(f"soak: the clip's {len(images)} frames are not whole strides of "
                               f"{spec.stride}; use a clip that repeats whole windows")
-        reference = [c.text for c in cap.caption_frames(list(_frames(images, len(images) * 3)))]
+        reference = [c.text for c in cap.caption_frames(list(images) * 3)]
         if reference[:period] * (len(reference) // period) != reference:
             raise ConfigError("soak: the fault-free captions of the repeated clip do not repeat")
     time.sleep(0.5)  # the reference's threads end
     gc.collect()
     before = {"threads": proc.num_threads(), "fds": proc.num_fds()}
-    entries = fault_plan(frames, every, back_s)
-    faults.inject(",".join(entries))
-    say(f"soak: {frames} frames, {len(entries)} faults: {', '.join(entries[:4])}{' ...' if len(entries) > 4 else ''}")
+    schedule = fault_schedule(frames, every)
+    say(f"soak: {frames} frames, {len(schedule)} faults, one every {every} frames on the plan's TPUs in turn")
     rss: Dict[str, float] = {}
     during: Dict[str, int] = {}
     captions = []
     t0 = time.perf_counter()
     windows_expected = (frames - spec.frames) // spec.stride + 1 if frames >= spec.frames else 0
     with EdgeCaptioner(root, **opts) as cap:
-        for c in cap.stream(_frames(images, frames), fps=0):
+        injector = _Injector(cap, schedule, back_s)
+        for c in cap.stream(injector.frames(images, frames), fps=0):
             captions.append((c.window, c.text))
             done = c.end_frame + 1
             if "warmup" not in rss and done >= warmup:
@@ -177,7 +224,11 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
     after = {"threads": proc.num_threads(), "fds": proc.num_fds()}
     numbers = [w for w, _ in captions]
     mismatches = sum(1 for w, text in captions if text != reference[w % period])
-    took = [1e3 * r.took_s for r in stats.failovers if r.took_s is not None]
+    def ms(returns: bool) -> Dict[str, float]:
+        took = [1e3 * r.took_s for r in stats.failovers
+                if r.took_s is not None and (r.kind == "returned") == returns]
+        return {k: round(v, 1) for k, v in summarize(took).items()} | ({"max": round(max(took), 1)} if took else {})
+
     return SoakResult(
         frames=frames,
         windows_expected=windows_expected,
@@ -185,9 +236,12 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
         windows_in_order=numbers == list(range(len(numbers))),
         captions_match_fault_free=mismatches == 0,
         mismatches=mismatches,
-        faults_injected=entries,
+        faults_planned=len(schedule),
+        faults_injected=injector.injected,
+        faults_fired=injector.fired,
         failovers=[{k: v for k, v in asdict(r).items() if k != "detail"} for r in stats.failovers],
-        failover_ms={k: round(v, 1) for k, v in summarize(took).items()} | ({"max": round(max(took), 1)} if took else {}),
+        failover_ms=ms(returns=False),
+        return_ms=ms(returns=True),
         rss_mb={k: round(v, 1) for k, v in rss.items()},
         rss_growth=round((rss["end"] - rss["warmup"]) / rss["warmup"], 4) if "warmup" in rss else float("nan"),
         threads={"before": before["threads"], "warmup": during.get("threads_warmup", -1),
@@ -207,15 +261,22 @@ def table(r: SoakResult) -> str:
     kinds: Dict[str, int] = {}
     for f in r.failovers:
         kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    struck: Dict[str, int] = {}
+    for entry in r.faults_injected:
+        device = entry.split("=")[0]
+        struck[device] = struck.get(device, 0) + 1
+    devices = ", ".join(f"{d} x{n}" for d, n in sorted(struck.items())) or "none"
     rows = [
         ("frames (sampled, demo clip repeated)", f"{r.frames}"),
         ("windows expected / captioned", f"{r.windows_expected} / {r.captions}"),
         ("window numbers 0..n-1, once each", "yes" if r.windows_in_order else "NO"),
         ("captions equal to the fault-free run's", "yes" if r.captions_match_fault_free
          else f"NO ({r.mismatches} differ)"),
-        ("faults injected", f"{len(r.faults_injected)} (fail, hang, vanish in turn; back after a few s)"),
+        ("faults planned / injected / fired", f"{r.faults_planned} / {len(r.faults_injected)} / {r.faults_fired} "
+         f"(fail, hang, vanish in turn, on the running plan's TPUs: {devices})"),
         ("plan changes (failovers + returns)", f"{len(r.failovers)}: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))),
-        ("failover time, ms (measured): p50 / p99 / max", " / ".join(f"{r.failover_ms.get(k, float('nan')):.0f}" for k in ("p50", "p99", "max"))),
+        ("failover time, ms (measured): p50 / p99 / max", _ms(r.failover_ms)),
+        ("taking a device back, ms (measured): p50 / p99 / max", _ms(r.return_ms)),
         ("frames replayed (file mode: no window lost)", f"{r.replayed}"),
         ("RSS after warm-up -> end, MiB (measured)", f"{r.rss_mb.get('warmup', float('nan')):.1f} -> {r.rss_mb['end']:.1f} ({100 * r.rss_growth:+.2f} %, goal < {100 * RSS_GOAL:.0f} %)"),
         ("threads before / warm-up / end / after close", f"{r.threads['before']} / {r.threads['warmup']} / {r.threads['end']} / {r.threads['after']}"),
@@ -228,11 +289,15 @@ def table(r: SoakResult) -> str:
     return "\n".join(out)
 
 
+def _ms(figures: Dict[str, float]) -> str:
+    return " / ".join(f"{figures.get(k, float('nan')):.0f}" for k in ("p50", "p99", "max"))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the soak from the command line; returns 0 when every goal is met, else 1."""
     p = argparse.ArgumentParser(prog="python -m edgecap.soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--frames", type=int, default=50_000, help="sampled frames to caption")
-    p.add_argument("--fault-every", type=int, default=4_000, help="invokes of a device between its faults")
+    p.add_argument("--fault-every", type=int, default=4_000, help="frames between two faults")
     p.add_argument("--back", type=float, default=2.0, help="seconds until a failed device answers again")
     p.add_argument("--warmup", type=int, default=5_000, help="frames before the first memory reading")
     p.add_argument("--bundle", help="bundle directory (default: the shipped demo)")

@@ -44,6 +44,26 @@ def shipped_bundle() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def two_tpu_board(tmp_path_factory) -> str:
+    """A board profile on which the demo CNN's plan uses both TPUs: devboard-usb with slower TPUs.
+
+    Under the shipped profiles the tiny demo CNN fits one EdgeTPU, so tests of
+    what happens when one of two TPUs fails need this one. Returned as a path
+    (``EdgeCaptioner(board=...)`` and the compiler accept one); the demo's plan
+    on it puts a segment on each TPU (``pci:0`` ops [0,9), ``usb:0`` [9,20),
+    the CPU the rest, when written).
+    """
+    doc = json.loads((REPO / "compile" / "boards" / "devboard-usb.json").read_text())
+    doc["name"] = "test-devboard-usb-slow-tpus"
+    doc["description"] = "test only: devboard-usb with TPUs slowed to 4 G op/s, so the demo CNN spans both"
+    for tpu in doc["tpus"]:
+        tpu["macs_per_s"] = tpu["elements_per_s"] = 4e9
+    path = tmp_path_factory.mktemp("boards") / "test-devboard-usb-slow-tpus.json"
+    path.write_text(json.dumps(doc, indent=2))
+    return str(path)
+
+
 @pytest.fixture
 def bundle_copy(shipped_bundle: Path, tmp_path: Path) -> Path:
     """A private copy of the shipped bundle that a test may break."""

@@ -7,23 +7,31 @@ import json
 import pytest
 
 from edgecap.errors import ConfigError
-from edgecap.soak import fault_plan, main, run_soak
+from edgecap.soak import fault_schedule, main, run_soak
 
 
 def test_a_short_soak_accounts_for_every_window_and_leaks_nothing(shipped_bundle):
-    r = run_soak(frames=480, every=100, back_s=0.2, warmup=100, bundle=str(shipped_bundle),
+    # The refit devboard-usb's demo plan runs on emu-tpu:0 alone: every fault must strike it.
+    # 500 frames apart (about 1 s here): time for a hang to be noticed (0.3 s) and the device to
+    # come back (0.2 s, found by the 0.25 s probe) before the next fault is due.
+    r = run_soak(frames=2000, every=500, back_s=0.2, warmup=200, bundle=str(shipped_bundle),
                  deadline_floor_s=0.3)
-    assert r.captions == r.windows_expected == 60
+    assert r.captions == r.windows_expected == 250
     assert r.windows_in_order and r.captions_match_fault_free, r
-    kinds = {f["kind"] for f in r.failovers}
-    assert {"error", "hung"} <= kinds, r.failovers
+    assert r.faults_fired == len(r.faults_injected) == r.faults_planned == 3, r.faults_injected
+    assert {e.split("=")[0] for e in r.faults_injected} == {"emu-tpu:0"}
+    failures = [(f["device"], f["kind"]) for f in r.failovers if f["kind"] != "returned"]
+    assert failures == [("emu-tpu:0", "error"), ("emu-tpu:0", "hung"), ("emu-tpu:0", "vanished")], r.failovers
     assert all(f["took_s"] is not None and f["took_s"] < 1.0 for f in r.failovers), r.failovers
     assert r.threads["after"] <= r.threads["before"] and r.fds["after"] <= r.fds["before"], r
 
 
-def test_the_fault_plan_rotates_actions_and_devices():
-    assert fault_plan(1000, 250, 2) == ["emu-tpu:0=fail@250+2s", "emu-tpu:1=hang@500+2s",
-                                        "emu-tpu:0=vanish@750+2s"]
+def test_the_faults_rotate_actions_and_strike_each_tpu_of_the_plan(shipped_bundle, two_tpu_board):
+    assert fault_schedule(1000, 250) == [(250, "fail"), (500, "hang"), (750, "vanish")]
+    r = run_soak(frames=800, every=200, back_s=0.2, warmup=100, bundle=str(shipped_bundle),
+                 board=two_tpu_board, deadline_floor_s=0.3)
+    assert r.faults_fired == len(r.faults_injected) == 3 and r.captions_match_fault_free, r
+    assert {e.split("=")[0] for e in r.faults_injected} == {"emu-tpu:0", "emu-tpu:1"}
 
 
 def test_the_command_refuses_a_soak_shorter_than_its_warm_up(tmp_path, capsys):
