@@ -18,7 +18,11 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +32,8 @@ import cv2
 import keras
 import numpy as np
 
+from edgecap.errors import ConfigError, EdgecapError
+from edgecap.outputs import check_output
 from models.architectures import ModelConfig, build_rnn
 from models.bundle_meta import WEIGHTS, InputNorm, weights_note
 from models.dataset import read_video
@@ -255,6 +261,38 @@ def build_bundle(
                         extra=meta_extra)
 
 
+@contextlib.contextmanager
+def staged_dir(final: Path) -> Iterator[Path]:
+    """Yields a new folder beside ``final`` and puts it in ``final``'s place if the block succeeds.
+
+    A bundle is built in the folder and moved in whole, so a reader never sees
+    half of one: if the block raises, the folder is removed and ``final`` (an
+    earlier bundle, or nothing) is left as it was.
+
+    Args:
+      final: Where the folder goes; its parent must exist.
+
+    Yields:
+      The temporary folder.
+    """
+    final = Path(os.path.abspath(final))  # "." or "out/" has a name and a parent too
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the bundle from other users
+        if final.exists():
+            # Set aside, not deleted first: a failed rename leaves the old bundle in reach.
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}-old-", dir=final.parent))
+            final.rename(old / final.name)
+            tmp.rename(final)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
 def demo_vocab() -> List[str]:
     """Returns the shipped demo bundle's vocabulary, id order."""
     return (DEMO / "bundle" / "vocab.txt").read_text(encoding="utf-8").splitlines()
@@ -265,7 +303,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                                 description="Turn a Keras image backbone (+ an S2VT RNN) into a bundle.")
     p.add_argument("--keras", type=Path, required=True,
                    help="saved Keras backbone (.keras): one square RGB input, pooled or map output")
-    p.add_argument("--out", type=Path, required=True, help="bundle directory to write")
+    p.add_argument("--out", type=Path, required=True,
+                   help="bundle directory to write (a bundle already there is replaced whole)")
     p.add_argument("--rnn", type=Path, help="saved Keras RNN from models.architectures.build_rnn "
                    "(default: a random one; captions are then meaningless)")
     p.add_argument("--vocab", type=Path, help="vocabulary, one token a line (default: the demo's)")
@@ -292,8 +331,14 @@ def _check(args: argparse.Namespace) -> Optional[str]:
         return f"--std {' '.join(map(str, args.std))}: every std must be > 0"
     if args.calibration_frames < 1 or args.hidden < 1:
         return "--calibration-frames and --hidden must be at least 1"
-    if args.out.exists() and not args.out.is_dir():
-        return f"{args.out}: exists and is not a directory: choose another --out"
+    try:
+        check_output(args.out, "--out", directory=True)
+    except ConfigError as e:
+        return str(e)
+    # The bundle replaces --out whole: never a folder that holds something else.
+    if args.out.is_dir() and any(args.out.iterdir()) and not (args.out / "bundle.json").is_file():
+        return (f"--out {args.out}: a folder that is not a bundle and is not empty: "
+                "choose a new folder (a bundle there is replaced whole)")
     return None
 
 
@@ -317,10 +362,15 @@ def _main(argv: Sequence[str]) -> int:
     except (ValueError, OSError) as e:
         print(f"python -m models.backbones: error: {e}", file=sys.stderr)
         return 2
-    path = build_bundle(args.out, args.name or args.out.name, source, rnn, vocab, weights, frames,
-                        {"recipe": "python -m models.backbones " + " ".join(argv),
-                         "calibration": f"{len(frames)} frames of {args.calibration.name}"})
-    print(f"{path} ({time.monotonic() - start:.0f} s)")
+    try:
+        with staged_dir(args.out) as tmp:
+            build_bundle(tmp, args.name or args.out.name, source, rnn, vocab, weights, frames,
+                         {"recipe": "python -m models.backbones " + " ".join(argv),
+                          "calibration": f"{len(frames)} frames of {args.calibration.name}"})
+    except (ValueError, OSError, EdgecapError) as e:  # e.g. the disk filled: nothing was written
+        print(f"python -m models.backbones: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.out / 'bundle.json'} ({time.monotonic() - start:.0f} s)")
     return 0
 
 

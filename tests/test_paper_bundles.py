@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from edgecap.bundle import load_bundle
 from edgecap.errors import BundleError
+from models import paper_bundles
 from models.bundle_meta import CAFFE_NORM, TF_NORM, WEIGHTS, weights_note
 from models.paper_specs import EDGETPU_SRAM, PAPER_BACKBONES, default_cache, inspect_built
 
@@ -78,6 +80,103 @@ def test_inspect_built_counts_the_demo_encoder_params(shipped_bundle: Path) -> N
     # The demo fits one EdgeTPU: the gap the paper-scale bundles exist to close.
     assert 0.5 * encoder_file < built.encoder_param_bytes < min(encoder_file, EDGETPU_SRAM)
     assert (built.hidden_size, built.feature_size, built.weights) == (128, 128, "trained")
+
+
+@pytest.fixture
+def no_build(monkeypatch):
+    """Fails the test if the recipe gets as far as building a model (TensorFlow)."""
+    def build(*args, **kwargs):
+        pytest.fail(f"the build started before the arguments were refused: {args}")
+    monkeypatch.setattr(paper_bundles, "build", build)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hidden", "0"], "--hidden 0: the RNN needs at least 1 unit"),
+    (["--calibration-frames", "1"], "--calibration-frames 1: give at least 2"),
+    (["--seed", "-1"], "--seed -1: give a seed from 0"),
+    (["--into", "{tmp}/file"], "is a file, not a folder"),
+    (["--into", "{tmp}/missing/bundles"], "no directory"),
+])
+def test_paper_bundles_refuse_bad_arguments_before_building(
+        no_build, tmp_path: Path, capsys, args, message) -> None:
+    (tmp_path / "file").write_text("x")
+    argv = [a.format(tmp=tmp_path) for a in args]
+    if "--into" not in argv:
+        argv += ["--into", str(tmp_path / "cache")]
+    assert paper_bundles._main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m models.paper_bundles: error: ")
+    assert message in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing created
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only directory")
+def test_paper_bundles_refuse_a_read_only_cache(no_build, tmp_path: Path, capsys) -> None:
+    (tmp_path / "ro").mkdir(mode=0o555)
+    assert paper_bundles._main(["--into", str(tmp_path / "ro" / "bundles")]) == 2
+    assert "cannot write in" in capsys.readouterr().err
+
+
+def test_paper_bundles_build_into_the_checked_cache(monkeypatch, tmp_path: Path) -> None:
+    calls = []
+    monkeypatch.setattr(paper_bundles, "build", lambda *a: calls.append(a) or a[1] / a[0])
+    monkeypatch.setattr(paper_bundles, "describe", lambda path: "described")
+    monkeypatch.setenv("EDGECAP_CACHE", str(tmp_path / "fresh" / "edgecap"))
+    # The default cache's parents are edgecap's own and are made; the bundles folder is build's.
+    assert paper_bundles._main(["--only", "mobilenetv2-224", "--calibration-frames", "2"]) == 0
+    assert calls == [("mobilenetv2-224", tmp_path / "fresh" / "edgecap" / "bundles", 512, 2, 0)]
+    assert (tmp_path / "fresh" / "edgecap").is_dir()
+
+
+@pytest.mark.parametrize("failure, message", [
+    (BundleError("resnet50-224: the int8 encoder gives one feature vector"), "one feature vector"),
+    (ModuleNotFoundError("no keras", name="keras"), "keras is not installed: pip install -e .[train]"),
+    (OSError(28, "No space left on device"), "No space left on device"),
+])
+def test_paper_bundles_known_build_failures_are_one_line_exit_2(
+        monkeypatch, tmp_path: Path, capsys, failure, message) -> None:
+    def build(*args):
+        raise failure
+    monkeypatch.setattr(paper_bundles, "build", build)
+    assert paper_bundles._main(["--into", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.tf
+def test_staged_bundle_replaces_the_old_whole_or_not_at_all(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    from models import backbones
+
+    final = tmp_path / "b"
+    with backbones.staged_dir(final) as tmp:
+        (tmp / "bundle.json").write_text("old")
+    with pytest.raises(OSError):
+        with backbones.staged_dir(final) as tmp:
+            (tmp / "bundle.json").write_text("half")
+            raise OSError(28, "No space left on device")
+    assert [p.name for p in tmp_path.iterdir()] == ["b"] and (final / "bundle.json").read_text() == "old"
+    with backbones.staged_dir(final) as tmp:
+        (tmp / "encoder.tflite").write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]
+    assert sorted(p.name for p in final.iterdir()) == ["encoder.tflite"]
+
+
+@pytest.mark.tf
+def test_backbone_out_is_checked_before_the_model_is_loaded(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("tensorflow")
+    from models import backbones
+
+    (tmp_path / "cnn.keras").write_text("not loaded: the check comes first")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    for out, message in ((tmp_path / "missing" / "b", "no directory"),
+                         (tmp_path / "cnn.keras", "is a file, not a folder"),
+                         (tmp_path / "notes", "not a bundle and is not empty")):
+        assert backbones._main(["--keras", str(tmp_path / "cnn.keras"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn.keras", "notes"]
 
 
 @pytest.mark.tf
