@@ -71,6 +71,7 @@ SCHEDULES = {
     "d": "full pipeline",
 }
 PROFILES = ("board", "host", "startup")
+HOST_ROUNDS = 3  # each host row runs this often, interleaved with the others
 # The headline's published figures, each with its source.
 PUBLISHED = Path(__file__).parent / "data" / "published.json"
 
@@ -101,6 +102,7 @@ class Row:
     same_captions: Optional[bool] = None
     same_features: Optional[bool] = None
     checked_frames: int = 0
+    fps_rounds: List[float] = field(default_factory=list)
     placement: Dict[str, str] = field(default_factory=dict)
     plan_board: str = ""
 
@@ -147,8 +149,8 @@ class Startup:
     """``edgecap caption`` of one clip in a child process (measured).
 
     Attributes:
-      command: The child's command line.
-      peak_rss_mb: Peak resident memory of the child (``wait4``'s ``ru_maxrss``).
+      command: The ``edgecap`` command line the child ran.
+      peak_rss_mb: Peak resident memory of the child (its ``VmHWM``).
       first_caption_s: From starting the child to its first caption line.
       total_s: Until the child exited.
       captions: Caption lines it printed.
@@ -254,9 +256,9 @@ def run_bench(
       strides: Window strides to run the board's rows at (default: the bundle's).
       trace: Write the Chrome trace of the (first board's) pipelined run here.
       progress: Called with the frames each run got through, as it goes.
-      row_seconds: A row whose bound (board) or first measured rate (host)
-        would take longer than this for ``frames`` runs fewer frames, at
-        least two windows.
+      row_seconds: A row whose bound (board) or one encoder thread's rate
+        (host, all its rounds) would take longer than this for ``frames`` runs
+        fewer frames, at least two windows.
       check_windows: Windows of frames the output check computes.
 
     Returns:
@@ -313,7 +315,7 @@ def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1, boards: i
     """
     per_board = strides * (len(SCHEDULES) + (0 if timing_only else 1))
     board = boards * per_board if "board" in profiles else 0
-    return board + (len(_host_configs(1, 1)) if "host" in profiles else 0)
+    return board + (HOST_ROUNDS * len(_host_configs(1, 1)) if "host" in profiles else 0)
 
 
 def _load_frames(clips: Sequence[str], count: int) -> List[np.ndarray]:
@@ -543,7 +545,8 @@ def goals(rows: Sequence[Row], fps: float = 59.0, speedup: float = 55.0, over_eq
 
 def bench_host(bundle: Bundle, frames: List[np.ndarray], batch: int = 8,
                progress: Optional[Progress] = None, row_seconds: float = float("inf"),
-               cores: Optional[int] = None) -> "tuple[List[Row], HostSchedule]":
+               cores: Optional[int] = None, rounds: int = HOST_ROUNDS
+               ) -> "tuple[List[Row], HostSchedule]":
     """Runs the CNN and the RNN computed on this machine's CPU, unpaced (measured).
 
     The plan is the compiler's for the ``host`` profile, which has no TPU: the
@@ -557,23 +560,37 @@ def bench_host(bundle: Bundle, frames: List[np.ndarray], batch: int = 8,
       preprocessing and decoding), "d one CNN worker" (the CNN on ``cpu:1``
       with a core fewer, the RNN on ``cpu``), both again with ``batch`` frames
       per hand-off, and "edgecap host plan" (what ``host_schedule`` chose, run
-      again in the same run). Speedups are over "a 1 thread".
+      again in the same run). Each row runs ``rounds`` times, the rows
+      interleaved, in about ``row_seconds`` all told; a row is its median round
+      (``fps_rounds`` holds every round's). Speedups are over "a 1 thread".
     """
     plan = plan_for_board(bundle, "host")
     cores = cores or devices.cpu_cores()
     choice = host_schedule(plan, cores)
     base = CaptionerOptions(plan=plan, emulate=False, sample_fps=0)
-    # Every row runs the same frames: as many as the plan's predicted
-    # sequential rate gets through in about row_seconds.
-    run = _row_frames(frames, _bound_fps(plan, False, base.window(bundle.window)), row_seconds,
+    # Every row runs the same frames: as many as one encoder thread gets
+    # through in about row_seconds here (the host profile's predictions come
+    # from another machine).
+    run = _row_frames(frames, 1.0 / _invoke_s(bundle.encoder), row_seconds / rounds,
                       base.window(bundle.window))
-    rows: List[Row] = []
+    configs = _host_configs(cores, batch, choice)
+    measured: Dict[str, List[Row]] = {name: [] for name, _ in configs}
+    same: Dict[str, bool] = {}
     reference: Optional[List[List[int]]] = None
-    for schedule, changes in _host_configs(cores, batch, choice):
-        with EdgeCaptioner(bundle, base.with_overrides(**changes)) as cap:
-            row, captions = _measure("host", schedule, "", cap, run, progress)
-        reference = captions if reference is None else reference
-        row.same_captions = captions == reference
+    # Rounds interleave the rows, so that load from elsewhere falls on all of them alike.
+    for _ in range(rounds):
+        for schedule, changes in configs:
+            with EdgeCaptioner(bundle, base.with_overrides(**changes)) as cap:
+                row, captions = _measure("host", schedule, "", cap, run, progress)
+            reference = captions if reference is None else reference
+            same[schedule] = same.get(schedule, True) and captions == reference
+            measured[schedule].append(row)
+    rows: List[Row] = []
+    for schedule, _ in configs:
+        by_fps = sorted(measured[schedule], key=lambda r: r.fps)
+        row = by_fps[len(by_fps) // 2]  # the median round
+        row.fps_rounds = [round(r.fps, 2) for r in measured[schedule]]
+        row.same_captions = same[schedule]
         rows.append(row)
     _speedups(rows)
     return rows, choice
@@ -605,7 +622,19 @@ def _speedups(rows: List[Row]) -> None:
         row.speedup = row.fps / base if base else 0.0
 
 
-_EDGECAP = "import sys; from edgecap.cli import main; sys.exit(main())"
+# The child reports its own peak: VmHWM is its address space's high-water mark.
+# (ru_maxrss would not do: Linux carries the forking parent's peak into it at exec.)
+_EDGECAP = """\
+import sys
+from edgecap.cli import main
+try:
+    code = main()
+finally:
+    with open("/proc/self/status") as status:
+        peak = [line.split()[1] for line in status if line.startswith("VmHWM:")]
+    print("EDGECAP_PEAK_KB", *peak, file=sys.stderr)
+sys.exit(code)
+"""
 
 
 def bench_startup(bundle: "str | os.PathLike[str]", clip: str,
@@ -613,10 +642,10 @@ def bench_startup(bundle: "str | os.PathLike[str]", clip: str,
     """Measures ``edgecap caption`` in a child process: peak memory and time to the first caption.
 
     The child runs what the ``edgecap`` script runs (``edgecap.cli.main``),
-    ``caption --json`` of ``clip``, in this Python; its peak
-    resident memory is the kernel's ``ru_maxrss`` for that child alone
-    (``os.wait4``), which counts every page it touched, interpreters,
-    XNNPACK's packed weights and the RNN models included.
+    ``caption --json`` of ``clip``, in this Python; its peak resident memory
+    is its own ``VmHWM`` (``/proc/self/status``, read as it exits: Linux), which
+    counts every page it touched, interpreters, XNNPACK's packed weights
+    and the RNN models included.
 
     Args:
       bundle: The bundle directory.
@@ -627,10 +656,10 @@ def bench_startup(bundle: "str | os.PathLike[str]", clip: str,
       The ``Startup``.
 
     Raises:
-      EdgecapError: If the child fails.
+      EdgecapError: If the child fails (or cannot read its peak: not Linux).
     """
-    command = [sys.executable, "-c", _EDGECAP, "caption", "--json", "--bundle", os.fspath(bundle),
-               *extra, clip]
+    args = ["caption", "--json", "--bundle", os.fspath(bundle), *extra, clip]
+    command = [sys.executable, "-c", _EDGECAP, *args]
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = None
@@ -641,14 +670,13 @@ def bench_startup(bundle: "str | os.PathLike[str]", clip: str,
             lines += 1
             first = first if first is not None else time.perf_counter() - start
     err = child.stderr.read() if child.stderr else ""
-    _, status, usage = os.wait4(child.pid, 0)
+    child.wait()
     total = time.perf_counter() - start
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0 or first is None:
+    peak = [line.split()[1:] for line in err.splitlines() if line.startswith("EDGECAP_PEAK_KB")]
+    if child.returncode != 0 or first is None or not peak or not peak[-1]:
         last = (err.strip().splitlines() or ["no caption"])[-1]
-        raise EdgecapError(f"{' '.join(command)}: exited {child.returncode} ({last})")
-    # ru_maxrss is in KiB on Linux.
-    return Startup(command, usage.ru_maxrss / 1024.0, first, total, lines)
+        raise EdgecapError(f"edgecap {' '.join(args)}: exited {child.returncode} ({last})")
+    return Startup(["edgecap", *args], int(peak[-1][0]) / 1024.0, first, total, lines)
 
 
 def bench_overhead(stages: int = 4, frames: int = 4000) -> Overhead:
@@ -677,6 +705,17 @@ def bench_overhead(stages: int = 4, frames: int = 4000) -> Overhead:
     return Overhead(stages, frames, wall * per, cpu * per, inline * per)
 
 
+def _invoke_s(model: Path) -> float:
+    """Seconds of one invoke of ``model`` on one CPU thread (after a warm-up invoke)."""
+    from edgecap.interpreter import make_cpu_interpreter
+
+    probe = make_cpu_interpreter(model, 1)
+    probe.invoke()
+    t0 = time.perf_counter()
+    probe.invoke()
+    return time.perf_counter() - t0
+
+
 def bench_scaling(bundle: Bundle, counts: Sequence[int] = (1, 4, 16), frames: int = 400,
                   seconds: float = 20.0) -> List[Scaling]:
     """Measures how pipelining two CPU stages pays off as the work per stage grows.
@@ -689,12 +728,7 @@ def bench_scaling(bundle: Bundle, counts: Sequence[int] = (1, 4, 16), frames: in
     """
     from edgecap.interpreter import make_cpu_interpreter
 
-    probe = make_cpu_interpreter(bundle.encoder, 1)
-    probe.invoke()
-    t0 = time.perf_counter()
-    probe.invoke()
-    invoke_s = time.perf_counter() - t0
-    del probe
+    invoke_s = _invoke_s(bundle.encoder)
 
     def heavy_stage(count: int) -> Any:
         interp = make_cpu_interpreter(bundle.encoder, 1)
@@ -785,8 +819,9 @@ def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scal
         bound = f"{r.of_bound:.1%}" if r.of_bound is not None else "-"
         same = {True: "yes", False: "NO", None: "-"}[r.same]
         name = f"{r.schedule} {r.label}".strip()
+        rounds = f"  rounds {'/'.join(f'{x:.1f}' for x in r.fps_rounds)} fps" if r.fps_rounds else ""
         lines.append(f"{name:<44}{r.fps:>8.1f}{r.latency_p50_ms:>9.2f}"
-                     f"{r.latency_p99_ms:>9.2f}{r.speedup:>8.2f}x{bound:>9}  {same:<4}  {util}")
+                     f"{r.latency_p99_ms:>9.2f}{r.speedup:>8.2f}x{bound:>9}  {same:<4}  {util}{rounds}")
     if result is not None:
         lines += _summary_lines(result)
     lines += ["", f"scheduler overhead ({overhead.stages} null stages, {overhead.frames} frames): "
