@@ -72,8 +72,9 @@ def plan_for_board(
     # A plan made without edgetpu_compiler, or by another compiler or plan
     # version, must not be reused once that changes (edgecap_compile ships in
     # the edgecap distribution, so its version is edgecap's).
-    key.update(repr((chosen, bundle.window, whole_on_tpu, equal_param, edgecap_compile.find_compiler(),
-                     PLAN_VERSION, metadata.version("edgecap"))).encode())
+    key.update(repr((chosen, bundle.window, whole_on_tpu, equal_param,
+                     edgecap_compile.find_compiler(), PLAN_VERSION,
+                     metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
     if not (out / PLAN_FILE).is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -139,17 +140,16 @@ def host_schedule(plan: Plan, cores: int) -> HostSchedule:
       The ``HostSchedule``.
     """
     cores = max(1, cores)
-    cpu = [s for s in plan.active_stages if s.spec.kind == "cpu"]
-    threads = HostSchedule("threads", cores)
-    if len(cpu) != 1 or len(plan.active_stages) != 1 or cpu[0].predicted_ms is None:
+    stages = plan.active_stages
+    if len(stages) != 1 or stages[0].spec.kind != "cpu" or stages[0].predicted_ms is None:
         return HostSchedule("threads", cores, reason="no predicted CPU stage: every core to the CNN")
-    r = plan.rnn_frame_ms
-    t = max(0.0, cpu[0].predicted_ms - r)
     if cores == 1:
         return HostSchedule("threads", 1, reason="one core: nothing to pipeline onto")
+    r = plan.rnn_frame_ms
+    t = max(0.0, stages[0].predicted_ms - r)
     pipelined = max(t * cores / (cores - 1), r)
     compared = (f"CNN {t:.2f} ms on {cores} cores, RNN {r:.2f} ms a frame: threads {t + r:.2f} ms, "
                 f"pipeline {pipelined:.2f} ms a frame")
     if r > t / (cores - 1):
         return HostSchedule("pipeline", cores - 1, {"cpu": "cpu:1"}, compared)
-    return HostSchedule(threads.kind, threads.num_threads, reason=compared)
+    return HostSchedule("threads", cores, reason=compared)
