@@ -34,4 +34,31 @@ except ImportError:
 from edgecap_compile.compiler import CompileResult, compile_model, make_board  # noqa: E402
 from edgecap_compile.edgetpu import find_compiler  # noqa: E402
 
-__all__ = ["CompileError", "CompileResult", "compile_model", "find_compiler", "make_board"]
+
+def equal_param_ranges(model, n_tpus: int):
+    """Returns the op ranges of the split ``edgetpu_compiler --num_segments N`` makes.
+
+    N TPU segments of about equal parameter bytes over the whole model and an
+    empty CPU stage: the baseline ``edgecap bench`` runs (``compile_model``'s
+    ``ranges``).
+
+    Args:
+      model: A .tflite path or bytes.
+      n_tpus: Number of TPU segments.
+
+    Returns:
+      ``((start, end), ...)``: one op range per TPU, then the CPU's.
+    """
+    import numpy as np
+
+    from edgecap_compile.graph import read_graph
+    from edgecap_compile.partitioner import equal_param_split
+
+    ops = read_graph(model).ops
+    prefix = np.concatenate([[0], np.cumsum([op.param_bytes for op in ops], dtype=np.int64)])
+    unused = [np.zeros((len(ops) + 1, len(ops) + 1))] * (n_tpus + 1)  # only the cuts are wanted
+    return equal_param_split(unused, prefix, n_tpus).ranges
+
+
+__all__ = ["CompileError", "CompileResult", "compile_model", "equal_param_ranges", "find_compiler",
+           "make_board"]

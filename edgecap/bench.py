@@ -1,25 +1,36 @@
-"""``edgecap bench``: four schedules of the same bundle and clips, on an emulated board and on this host.
+"""``edgecap bench``: five schedules of the same bundle and clips, on emulated boards and on this host.
 
 Schedules:
   a  CPU only, sequential: the whole encoder and the RNN on the CPU, one frame at a time.
-  b  CNN on one TPU, then the RNN, no overlap (Coral's default: one model per TPU).
+  b  CNN on one TPU, then the RNN, no overlap (Coral's default: one model per TPU;
+     what does not fit its parameter cache streams over the link).
+  e  The equal-parameter split over the board's TPUs (``edgetpu_compiler
+     --num_segments N``), the CPU left with the RNN, pipelined.
   c  The plan's fine-grained placement (TPU segments + CPU tail), no pipelining.
   d  The full pipeline: the plan's placement, every device busy on a different frame.
 
 Profiles:
-  <board> (default devboard-usb): TPU stages on emulated EdgeTPUs and the CPU
-    stage paced to the board's predicted times (``--timing-only``: emulated
-    stages compute nothing). A row "d timing-only" checks the pipeline against
-    its bound 1/max(stage time).
-  host: every stage computed on this machine's CPU, unpaced, on the compiler's
-    plan for the ``host`` profile (the whole CNN on the CPU); "one TPU" becomes
-    one CPU worker thread (``cpu:1``) for the whole CNN.
+  <board> (default devboard-usb; a comma list runs several): TPU stages on
+    emulated EdgeTPUs and the CPU stage paced to the board's predicted times
+    (*modelled*). With ``--timing-only`` emulated stages compute nothing, so
+    the fps rows pace the board even where this host computes slower than it;
+    the column ``same`` then comes from a check with real compute on a few
+    frames (``check_outputs``): each schedule's segments chained on this
+    host's CPU give the CPU path's features bit for bit, and its pipeline run
+    unpaced gives the same captions. Without it every row computes, a row
+    "d timing-only" checks the pipeline against its bound 1/max(stage time).
+  host: every stage computed on this machine's CPU, unpaced (*measured*), on
+    the compiler's plan for the ``host`` profile (the whole CNN on the CPU):
+    sequential on one interpreter thread and on every core, the pipelines
+    ``planning.host_schedule`` chooses between, and that choice.
 
 Every decoded frame of the clips is a sampled frame; clips are repeated up to
-``--frames``. ``strides`` repeats the board's rows with other window strides:
-the runtime steps the RNN encoder once per open window, so the bound charges
-that step ``frames / stride`` times a frame. The scheduler's own cost is
-measured with null stages.
+``--frames`` (a row whose bound is slow runs fewer: about ``row_seconds``).
+``strides`` repeats the board's rows with other window strides: the runtime
+steps the RNN encoder once per open window, so the bound charges that step
+``frames / stride`` times a frame. The scheduler's own cost is measured with
+null stages. ``bench_startup`` measures ``edgecap caption`` in a child
+process: peak resident memory and time to the first caption.
 
 The command line (``edgecap bench``) is in ``edgecap.cli``; ``run_bench`` is
 what it calls.
@@ -30,20 +41,24 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import msgspec
 import numpy as np
 
+from edgecap import devices, schema, stages
 from edgecap.bundle import DEMO_DIR, Bundle, WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
-from edgecap.errors import ConfigError
+from edgecap.errors import ConfigError, EdgecapError
 from edgecap.options import CaptionerOptions
 from edgecap.plan import Plan
-from edgecap.planning import plan_for_board
+from edgecap.planning import HostSchedule, host_schedule, plan_for_board
+from edgecap.preprocess import Preprocessor
 from edgecap.scheduler import Pipeline, Step
 from edgecap.sources import open_source
 from edgecap.windows import windows_per_frame
@@ -51,9 +66,14 @@ from edgecap.windows import windows_per_frame
 SCHEDULES = {
     "a": "CPU only, sequential",
     "b": "CNN on one TPU, then RNN, no overlap",
+    "e": "equal-parameter TPU split, pipelined",
     "c": "plan placement, no pipelining",
     "d": "full pipeline",
 }
+PROFILES = ("board", "host", "startup")
+HOST_ROUNDS = 3  # each host row runs this often, interleaved with the others
+# The headline's published figures, each with its source.
+PUBLISHED = Path(__file__).parent / "data" / "published.json"
 
 # Called with the number of frames a run got through since the last call.
 Progress = Callable[[int], object]
@@ -61,7 +81,12 @@ Progress = Callable[[int], object]
 
 @dataclass
 class Row:
-    """One measured schedule."""
+    """One measured schedule.
+
+    ``same_captions`` compares the captions with row a's; ``same_features``
+    the encoder's output of a few frames through the schedule's segments with
+    row a's, bit for bit (None where not checked).
+    """
 
     profile: str
     schedule: str
@@ -75,6 +100,9 @@ class Row:
     speedup: float = 1.0
     bound_fps: Optional[float] = None
     same_captions: Optional[bool] = None
+    same_features: Optional[bool] = None
+    checked_frames: int = 0
+    fps_rounds: List[float] = field(default_factory=list)
     placement: Dict[str, str] = field(default_factory=dict)
     plan_board: str = ""
 
@@ -82,6 +110,12 @@ class Row:
     def of_bound(self) -> Optional[float]:
         """Measured fps as a fraction of the bound, where there is one."""
         return self.fps / self.bound_fps if self.bound_fps else None
+
+    @property
+    def same(self) -> Optional[bool]:
+        """Whether every checked output equals the CPU path's (None: nothing checked)."""
+        checked = [x for x in (self.same_captions, self.same_features) if x is not None]
+        return all(checked) if checked else None
 
 
 @dataclass
@@ -111,6 +145,42 @@ class Overhead:
 
 
 @dataclass
+class Startup:
+    """``edgecap caption`` of one clip in a child process (measured).
+
+    Attributes:
+      command: The ``edgecap`` command line the child ran.
+      peak_rss_mb: Peak resident memory of the child (its ``VmHWM``).
+      first_caption_s: From starting the child to its first caption line.
+      total_s: Until the child exited.
+      captions: Caption lines it printed.
+    """
+
+    command: List[str]
+    peak_rss_mb: float
+    first_caption_s: float
+    total_s: float
+    captions: int
+
+
+class Published(msgspec.Struct, forbid_unknown_fields=True):
+    """One published figure of ``data/published.json``."""
+
+    label: str
+    fps: schema.Fps
+    speedup: float
+    hardware: str
+    source: str
+
+
+class PublishedDoc(msgspec.Struct, forbid_unknown_fields=True):
+    """``data/published.json``."""
+
+    about: str
+    rows: List[Published]
+
+
+@dataclass
 class BenchResult:
     """Everything one ``edgecap bench`` measured."""
 
@@ -120,6 +190,9 @@ class BenchResult:
     rows: List[Row]
     overhead: Overhead
     scaling: List[Scaling]
+    published: List[Published] = field(default_factory=list)
+    host_choice: Optional[HostSchedule] = None
+    startup: List[Startup] = field(default_factory=list)
 
     def to_json(self) -> Dict[str, Any]:
         """Returns the results as JSON-ready plain types (what ``--json`` writes)."""
@@ -130,10 +203,24 @@ class BenchResult:
             "bundle": self.bundle,
             "clips": self.clips,
             "frames": self.frames,
-            "rows": [dict(asdict(r), of_bound=r.of_bound) for r in self.rows],
+            "rows": [dict(asdict(r), of_bound=r.of_bound, same=r.same) for r in self.rows],
+            "published": [msgspec.to_builtins(p) for p in self.published],
+            "goals": goals(self.rows),
+            "host_choice": asdict(self.host_choice) if self.host_choice else None,
+            "startup": [asdict(x) for x in self.startup],
             "overhead": asdict(self.overhead),
             "host_scaling": [dict(asdict(x), speedup=x.speedup) for x in self.scaling],
         }
+
+
+def load_published(path: Path = PUBLISHED) -> List[Published]:
+    """Reads the published figures the headline table stands beside.
+
+    Raises:
+      ConfigError: If the file is missing or malformed.
+    """
+    return schema.read_file(path, PublishedDoc, what="published figures", fix="reinstall edgecap",
+                            error=ConfigError).rows
 
 
 def run_bench(
@@ -148,6 +235,8 @@ def run_bench(
     strides: Optional[Sequence[int]] = None,
     trace: Optional[Path] = None,
     progress: Optional[Progress] = None,
+    row_seconds: float = 20.0,
+    check_windows: int = 2,
 ) -> BenchResult:
     """Runs the benchmark.
 
@@ -155,14 +244,22 @@ def run_bench(
       bundle: Bundle directory or loaded ``Bundle`` (default: the shipped demo).
       clips: Video files (default: the shipped sample clip).
       frames: Frames per run; the clips repeat.
-      board: Board profile to emulate.
-      profiles: ``board`` (the emulated board) and/or ``host``.
-      timing_only: Emulated stages compute nothing (every board row).
-      threads: Threads of each CPU encoder interpreter.
+      board: Board profile to emulate, or a comma list of them.
+      profiles: Any of ``board`` (the emulated boards), ``host`` and
+        ``startup`` (``edgecap caption`` of the first clip in a child process,
+        ``bench_startup``: on the CPU, and on the first board with its plan
+        cached).
+      timing_only: Emulated stages compute nothing (every board row); the
+        outputs are then checked on ``check_windows`` windows of real compute.
+      threads: Threads of each CPU encoder interpreter of the board rows.
       batch: Frames per hand-off in the host's batched pipeline rows.
       strides: Window strides to run the board's rows at (default: the bundle's).
-      trace: Write the Chrome trace of the pipelined board run here.
+      trace: Write the Chrome trace of the (first board's) pipelined run here.
       progress: Called with the frames each run got through, as it goes.
+      row_seconds: A row whose bound (board) or one encoder thread's rate
+        (host, all its rounds) would take longer than this for ``frames`` runs
+        fewer frames, at least two windows.
+      check_windows: Windows of frames the output check computes.
 
     Returns:
       The ``BenchResult``.
@@ -174,33 +271,51 @@ def run_bench(
     for flag, value in (("--threads", threads), ("--frames", frames), ("--batch", batch)):
         if value < 1:
             raise ConfigError(f"{flag} {value}: use 1 or more")
-    unknown = set(profiles) - {"board", "host"}
+    unknown = set(profiles) - set(PROFILES)
     if unknown:
-        raise ConfigError(f"--profiles {','.join(sorted(unknown))}: use board and/or host")
+        raise ConfigError(f"--profiles {','.join(sorted(unknown))}: use {', '.join(PROFILES)}")
     for stride in strides or ():
         if stride < 1:
             raise ConfigError(f"--strides {stride}: use 1 or more")
+    boards = [b.strip() for b in board.split(",") if b.strip()]
+    if "board" in profiles and not boards:
+        raise ConfigError(f"--board {board!r}: name a board profile, e.g. devboard-usb")
+    published = load_published()
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle or default_bundle())
     clips = list(clips or [str(DEMO_DIR / "sample.mp4")])
     images = _load_frames(clips, frames)
     rows: List[Row] = []
     if "board" in profiles:
-        rows += bench_board(b, images, board, timing_only, threads, trace, strides, progress)
+        for name in boards:
+            rows += bench_board(b, images, name, timing_only, threads, trace, strides, progress,
+                                row_seconds, check_windows)
+            trace = None  # one pipelined run is traced: the first board's
+    choice = None
     if "host" in profiles:
-        rows += bench_host(b, images, threads, batch, progress)
+        host_rows, choice = bench_host(b, images, batch, progress, row_seconds)
+        rows += host_rows
     overhead = bench_overhead()
-    scaling = bench_scaling(b) if "host" in profiles else []
-    return BenchResult(str(b.root), [str(c) for c in clips], len(images), rows, overhead, scaling)
+    scaling = bench_scaling(b, seconds=row_seconds / 2) if "host" in profiles else []
+    started = []
+    if "startup" in profiles:
+        started.append(bench_startup(b.root, clips[0]))
+        if boards:
+            plan_for_board(b, boards[0])  # cached: the child plans nothing
+            started.append(bench_startup(b.root, clips[0], ["--board", boards[0]]))
+    return BenchResult(str(b.root), [str(c) for c in clips], len(images), rows, overhead, scaling,
+                       published, choice, started)
 
 
-def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1) -> int:
+def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1, boards: int = 1) -> int:
     """Number of measured runs ``run_bench`` makes (to size a progress bar).
 
     Args:
       strides: How many window strides the board's rows run at.
+      boards: How many boards.
     """
-    board = strides * (len(SCHEDULES) + (0 if timing_only else 1)) if "board" in profiles else 0
-    return board + (len(_host_configs(CaptionerOptions(), 1)) if "host" in profiles else 0)
+    per_board = strides * (len(SCHEDULES) + (0 if timing_only else 1))
+    board = boards * per_board if "board" in profiles else 0
+    return board + (HOST_ROUNDS * len(_host_configs(1, 1)) if "host" in profiles else 0)
 
 
 def _load_frames(clips: Sequence[str], count: int) -> List[np.ndarray]:
@@ -213,12 +328,19 @@ def _load_frames(clips: Sequence[str], count: int) -> List[np.ndarray]:
     return [decoded[i % len(decoded)] for i in range(max(count, 1))]
 
 
+def _row_frames(frames: List[np.ndarray], fps: float, seconds: float, window: WindowSpec
+                ) -> List[np.ndarray]:
+    # At least two windows, so the caption stream has a steady state to measure.
+    wanted = max(2 * window.frames, int(fps * seconds)) if fps > 0 else len(frames)
+    return frames[: min(len(frames), wanted)]
+
+
 def _measure(
     profile: str, schedule: str, label: str, cap: EdgeCaptioner, frames: List[np.ndarray],
     progress: Optional[Progress] = None,
 ) -> "tuple[Row, List[List[int]]]":
-    # Warm up interpreters, caches and threads on two windows, then measure one run.
-    cap.caption_frames(frames[: 2 * cap.window.frames])
+    # Warm up interpreters, caches and threads on a window, then measure one run.
+    cap.caption_frames(frames[: cap.window.frames])
     captions = []
     done = 0
     for c in cap.stream(frames, fps=0):
@@ -260,6 +382,18 @@ def _bound_fps(plan: Plan, pipelined: bool, window: WindowSpec) -> float:
     return 1000.0 / period if period > 0 else float("inf")
 
 
+def board_plans(bundle: Bundle, board: str) -> Dict[str, Plan]:
+    """Returns the plan of each schedule on ``board`` (compiled on the fly, cached)."""
+    plans = {
+        "a": plan_for_board(bundle, board, tpus=0),
+        "b": plan_for_board(bundle, board, whole_on_tpu=True),
+        "e": plan_for_board(bundle, board, equal_param=True),
+        "c": plan_for_board(bundle, board),
+    }
+    plans["d"] = plans["c"]
+    return plans
+
+
 def bench_board(
     bundle: Bundle,
     frames: List[np.ndarray],
@@ -269,39 +403,48 @@ def bench_board(
     trace: Optional[Path],
     strides: Optional[Sequence[int]] = None,
     progress: Optional[Progress] = None,
+    row_seconds: float = float("inf"),
+    check_windows: int = 2,
 ) -> List[Row]:
-    """Runs the four schedules on the emulated ``board``, at each window stride.
+    """Runs the five schedules on the emulated ``board``, at each window stride.
 
     Args:
       strides: Window strides (default: the bundle's); each repeats every row.
+      row_seconds: Cap on a row's run time at its bound (see ``run_bench``).
+      check_windows: Windows the output check computes (timing-only rows).
 
     Returns:
-      Rows a-d, plus "d timing-only" (the bound check) unless every row is
-      timing-only, per stride. Speedups are against row a of the same stride.
+      Rows a, b, e, c, d, plus "d timing-only" (the bound check) unless every
+      row is timing-only, per stride. Speedups are against row a of the same
+      stride. Every row's ``same_features`` is checked; with ``timing_only``
+      ``same_captions`` comes from ``check_outputs`` too.
     """
-    plans = {
-        "a": plan_for_board(bundle, board, tpus=0),
-        "b": plan_for_board(bundle, board, whole_on_tpu=True),
-        "c": plan_for_board(bundle, board),
-        "d": plan_for_board(bundle, board),
-    }
+    plans = board_plans(bundle, board)
+    pipelined = {"a": False, "b": False, "e": True, "c": False, "d": True}
     name = f"{board} (emulated)"
     rows: List[Row] = []
     for stride in strides or [bundle.window.stride]:
+        window = CaptionerOptions(stride=stride).window(bundle.window)
+        checks = check_outputs(bundle, plans, pipelined, frames[: check_windows * window.frames],
+                               window, threads, with_captions=timing_only)
         reference: Optional[List[List[int]]] = None
-        runs = [(s, plans[s], s == "d", timing_only) for s in SCHEDULES]
+        runs = [(s, plans[s], pipelined[s], timing_only) for s in SCHEDULES]
         if not timing_only:
             runs.append(("d timing-only", plans["d"], True, True))
         at_stride: List[Row] = []
-        for schedule, plan, pipelined, zero in runs:
-            options = CaptionerOptions(plan=plan, emulate=True, timing_only=zero, pipelined=pipelined,
+        for schedule, plan, pipe, zero in runs:
+            options = CaptionerOptions(plan=plan, emulate=True, timing_only=zero, pipelined=pipe,
                                        num_threads=threads, sample_fps=0, stride=stride,
                                        trace=trace if schedule == "d" else None)
+            bound = _bound_fps(plan, pipe, window)
             with EdgeCaptioner(bundle, options) as cap:
-                row, captions = _measure(name, schedule, SCHEDULES[schedule[0]], cap, frames,
-                                         progress)
-                row.bound_fps = _bound_fps(plan, pipelined, cap.window)
-            if not zero:
+                row, captions = _measure(name, schedule, SCHEDULES[schedule[0]], cap,
+                                         _row_frames(frames, bound, row_seconds, window), progress)
+                row.bound_fps = bound
+            row.same_features, checked_captions, row.checked_frames = checks[schedule.split()[0]]
+            if zero:
+                row.same_captions = checked_captions
+            else:
                 reference = captions if reference is None else reference
                 row.same_captions = captions == reference
             at_stride.append(row)
@@ -311,51 +454,229 @@ def bench_board(
     return rows
 
 
-def bench_host(bundle: Bundle, frames: List[np.ndarray], threads: int, batch: int = 8,
-               progress: Optional[Progress] = None) -> List[Row]:
-    """Runs the schedules with every stage computed on this machine's CPU (measured).
+def check_outputs(
+    bundle: Bundle, plans: Dict[str, Plan], pipelined: Dict[str, bool], frames: List[np.ndarray],
+    window: WindowSpec, threads: int = 1, with_captions: bool = True,
+) -> Dict[str, "tuple[bool, Optional[bool], int]"]:
+    """Checks each schedule's outputs against the CPU path's (row a's) with real compute.
 
-    The plan is the compiler's for the ``host`` profile, which has no TPU: the
-    whole CNN as one CPU stage. So b and c would be a again (sequential, nothing
-    to place) and are not run; "d one CNN worker" puts the CNN on a CPU worker
-    of its own (``cpu:1``), where a board has its TPU.
+    Features: every frame through the plan's segments chained on this host's
+    CPU (the kernels an emulated TPU runs), compared with plan a's whole
+    encoder bit for bit. Captions: the schedule's plan and pipelining run
+    unpaced, every TPU stage on a CPU worker of its own, compared token for
+    token.
+
+    Args:
+      plans: Schedule -> plan; ``a`` is the reference.
+      pipelined: Schedule -> whether it runs pipelined.
+      frames: The frames to check (whole windows caption).
+      window: The window the captions run at.
+      threads: Threads of each CPU interpreter.
+      with_captions: Also compare captions (else None).
 
     Returns:
-      Rows a and d, "d one CNN worker" (the CNN on ``cpu:1``, the RNN on
-      ``cpu``), both pipelines again with ``batch`` frames per hand-off, and
-      "a 2 threads" (the sequential path with XNNPACK on every core).
+      Schedule -> ``(same features, same captions, frames checked)``.
     """
-    base = CaptionerOptions(plan=plan_for_board(bundle, "host"), emulate=False, sample_fps=0,
-                            num_threads=threads)
-    rows: List[Row] = []
-    reference: Optional[List[List[int]]] = None
-    for schedule, options in _host_configs(base, batch):
+    features = {name: _features(bundle, plan, frames, threads) for name, plan in plans.items()}
+    captions: Dict[str, Optional[List[List[int]]]] = {}
+    for name, plan in plans.items():
+        if not with_captions:
+            captions[name] = None
+            continue
+        to_cpu = {str(s.spec): f"cpu:{i + 1}" for i, s in enumerate(plan.active_stages)
+                  if s.spec.kind == "tpu"}
+        options = CaptionerOptions(plan=plan, emulate=False, devices_map=to_cpu, num_threads=threads,
+                                   pipelined=pipelined[name], sample_fps=0, frames=window.frames,
+                                   stride=window.stride)
         with EdgeCaptioner(bundle, options) as cap:
-            row, captions = _measure("host", schedule, SCHEDULES[schedule[0]], cap, frames,
-                                     progress)
-        reference = captions if reference is None else reference
-        row.same_captions = captions == reference
+            captions[name] = [c.tokens for c in cap.stream(frames, fps=0)]
+    return {name: (all(np.array_equal(x, y) for x, y in zip(features[name], features["a"])),
+                   None if captions[name] is None else captions[name] == captions["a"],
+                   len(frames))
+            for name in plans}
+
+
+def _features(bundle: Bundle, plan: Plan, frames: List[np.ndarray], threads: int) -> List[np.ndarray]:
+    model_in, model_out = plan.inputs[0], plan.outputs[0]
+    prep = Preprocessor(bundle.input, {"dtype": np.dtype(model_in.dtype),
+                                       "quantization": model_in.quantization})
+    runners = [stages.open_stage(s, "cpu", num_threads=threads) for s in plan.active_stages]
+    out = []
+    for image in frames:
+        tensors = {model_in.name: prep(image)}
+        for run in runners:
+            tensors = run(tensors)
+        out.append(np.array(tensors[model_out.name], copy=True))
+    return out
+
+
+def goals(rows: Sequence[Row], fps: float = 59.0, speedup: float = 55.0, over_equal: float = 1.3
+          ) -> List[Dict[str, Any]]:
+    """Checks the headline's goals on each emulated board at each stride (issue #11).
+
+    Returns:
+      One record per board and stride: row d's fps and speedup over a, d over
+      e, and whether each goal is met.
+    """
+    out = []
+    groups: Dict[Any, Dict[str, Row]] = {}
+    for r in rows:
+        if r.profile != "host":
+            groups.setdefault((r.profile, r.stride), {})[r.schedule] = r
+    for (profile, stride), by in groups.items():
+        d, e = by.get("d"), by.get("e")
+        if d is None:
+            continue
+        ratio = d.fps / e.fps if e is not None and e.fps else None
+        out.append({"profile": profile, "stride": stride, "fps": d.fps, "speedup": d.speedup,
+                    "d_over_e": ratio, "fps_met": d.fps >= fps, "speedup_met": d.speedup >= speedup,
+                    "d_over_e_met": ratio is not None and ratio >= over_equal})
+    for r in rows:
+        if r.profile == "host" and r.schedule.startswith("edgecap"):
+            by = {x.schedule: x for x in rows if x.profile == "host"}
+            one, cores = by.get("a 1 thread"), by.get("a all cores")
+            if one and cores and one.fps and cores.fps:
+                out.append({"profile": "host", "stride": r.stride, "fps": r.fps,
+                            "over_one_thread": r.fps / one.fps, "over_all_cores": r.fps / cores.fps,
+                            "one_thread_met": r.fps / one.fps >= 1.6,
+                            "all_cores_met": r.fps / cores.fps >= 1.0})
+    return out
+
+
+def bench_host(bundle: Bundle, frames: List[np.ndarray], batch: int = 8,
+               progress: Optional[Progress] = None, row_seconds: float = float("inf"),
+               cores: Optional[int] = None, rounds: int = HOST_ROUNDS
+               ) -> "tuple[List[Row], HostSchedule]":
+    """Runs the CNN and the RNN computed on this machine's CPU, unpaced (measured).
+
+    The plan is the compiler's for the ``host`` profile, which has no TPU: the
+    whole CNN as one CPU stage.
+
+    Returns:
+      The rows and ``planning.host_schedule``'s choice. Rows: "a 1 thread"
+      (sequential, one interpreter thread), "a all cores" (sequential, XNNPACK
+      on every core: what a user does without edgecap), "d threads" (the CNN
+      and the RNN on one worker with every core, pipelined against
+      preprocessing and decoding), "d one CNN worker" (the CNN on ``cpu:1``
+      with a core fewer, the RNN on ``cpu``), both again with ``batch`` frames
+      per hand-off, and "edgecap host plan" (what ``host_schedule`` chose, run
+      again in the same run). Each row runs ``rounds`` times, the rows
+      interleaved, in about ``row_seconds`` all told; a row is its median round
+      (``fps_rounds`` holds every round's). Speedups are over "a 1 thread".
+    """
+    plan = plan_for_board(bundle, "host")
+    cores = cores or devices.cpu_cores()
+    choice = host_schedule(plan, cores)
+    base = CaptionerOptions(plan=plan, emulate=False, sample_fps=0)
+    # Every row runs the same frames: as many as one encoder thread gets
+    # through in about row_seconds here (the host profile's predictions come
+    # from another machine).
+    run = _row_frames(frames, 1.0 / _invoke_s(bundle.encoder), row_seconds / rounds,
+                      base.window(bundle.window))
+    configs = _host_configs(cores, batch, choice)
+    measured: Dict[str, List[Row]] = {name: [] for name, _ in configs}
+    same: Dict[str, bool] = {}
+    reference: Optional[List[List[int]]] = None
+    # Rounds interleave the rows, so that load from elsewhere falls on all of them alike.
+    for _ in range(rounds):
+        for schedule, changes in configs:
+            with EdgeCaptioner(bundle, base.with_overrides(**changes)) as cap:
+                row, captions = _measure("host", schedule, "", cap, run, progress)
+            reference = captions if reference is None else reference
+            same[schedule] = same.get(schedule, True) and captions == reference
+            measured[schedule].append(row)
+    rows: List[Row] = []
+    for schedule, _ in configs:
+        by_fps = sorted(measured[schedule], key=lambda r: r.fps)
+        row = by_fps[len(by_fps) // 2]  # the median round
+        row.fps_rounds = [round(r.fps, 2) for r in measured[schedule]]
+        row.same_captions = same[schedule]
         rows.append(row)
     _speedups(rows)
-    return rows
+    return rows, choice
 
 
-def _host_configs(base: CaptionerOptions, batch: int) -> List["tuple[str, CaptionerOptions]"]:
-    worker = {"cpu": "cpu:1"}  # where a board has its TPU
-    return [(name, base.with_overrides(**changes)) for name, changes in [
-        ("a", dict(pipelined=False)),
-        ("d", dict(pipelined=True)),
-        ("d one CNN worker", dict(devices_map=worker, pipelined=True)),
-        (f"d batched {batch}", dict(batch=batch)),
-        (f"d one CNN worker, batched {batch}", dict(devices_map=worker, batch=batch)),
-        ("a 2 threads", dict(pipelined=False, num_threads=os.cpu_count() or 1)),
-    ]]
+def _host_configs(cores: int, batch: int, choice: Optional[HostSchedule] = None
+                  ) -> List["tuple[str, Dict[str, Any]]"]:
+    worker = {"cpu": "cpu:1"}
+    fewer = max(1, cores - 1)
+    configs: List["tuple[str, Dict[str, Any]]"] = [
+        ("a 1 thread", dict(pipelined=False, num_threads=1)),
+        ("a all cores", dict(pipelined=False, num_threads=cores)),
+        ("d threads", dict(pipelined=True, num_threads=cores)),
+        ("d one CNN worker", dict(devices_map=worker, pipelined=True, num_threads=fewer)),
+        (f"d threads, batched {batch}", dict(num_threads=cores, batch=batch)),
+        (f"d one CNN worker, batched {batch}", dict(devices_map=worker, num_threads=fewer,
+                                                    batch=batch)),
+    ]
+    if choice is not None:
+        configs.append((f"edgecap host plan ({choice.kind})", choice.overrides()))
+    else:
+        configs.append(("edgecap host plan", {}))
+    return configs
 
 
 def _speedups(rows: List[Row]) -> None:
     base = rows[0].fps
     for row in rows:
         row.speedup = row.fps / base if base else 0.0
+
+
+# The child reports its own peak: VmHWM is its address space's high-water mark.
+# (ru_maxrss would not do: Linux carries the forking parent's peak into it at exec.)
+_EDGECAP = """\
+import sys
+from edgecap.cli import main
+try:
+    code = main()
+finally:
+    with open("/proc/self/status") as status:
+        peak = [line.split()[1] for line in status if line.startswith("VmHWM:")]
+    print("EDGECAP_PEAK_KB", *peak, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def bench_startup(bundle: "str | os.PathLike[str]", clip: str,
+                  extra: Sequence[str] = ()) -> Startup:
+    """Measures ``edgecap caption`` in a child process: peak memory and time to the first caption.
+
+    The child runs what the ``edgecap`` script runs (``edgecap.cli.main``),
+    ``caption --json`` of ``clip``, in this Python; its peak resident memory
+    is its own ``VmHWM`` (``/proc/self/status``, read as it exits: Linux), which
+    counts every page it touched, interpreters, XNNPACK's packed weights
+    and the RNN models included.
+
+    Args:
+      bundle: The bundle directory.
+      clip: The video file.
+      extra: More ``edgecap caption`` arguments (e.g. ``--plan``).
+
+    Returns:
+      The ``Startup``.
+
+    Raises:
+      EdgecapError: If the child fails (or cannot read its peak: not Linux).
+    """
+    args = ["caption", "--json", "--bundle", os.fspath(bundle), *extra, clip]
+    command = [sys.executable, "-c", _EDGECAP, *args]
+    start = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = None
+    lines = 0
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith("{"):
+            lines += 1
+            first = first if first is not None else time.perf_counter() - start
+    err = child.stderr.read() if child.stderr else ""
+    child.wait()
+    total = time.perf_counter() - start
+    peak = [line.split()[1:] for line in err.splitlines() if line.startswith("EDGECAP_PEAK_KB")]
+    if child.returncode != 0 or first is None or not peak or not peak[-1]:
+        last = (err.strip().splitlines() or ["no caption"])[-1]
+        raise EdgecapError(f"edgecap {' '.join(args)}: exited {child.returncode} ({last})")
+    return Startup(["edgecap", *args], int(peak[-1][0]) / 1024.0, first, total, lines)
 
 
 def bench_overhead(stages: int = 4, frames: int = 4000) -> Overhead:
@@ -384,15 +705,30 @@ def bench_overhead(stages: int = 4, frames: int = 4000) -> Overhead:
     return Overhead(stages, frames, wall * per, cpu * per, inline * per)
 
 
-def bench_scaling(bundle: Bundle, counts: Sequence[int] = (1, 4, 16), frames: int = 400) -> List[Scaling]:
+def _invoke_s(model: Path) -> float:
+    """Seconds of one invoke of ``model`` on one CPU thread (after a warm-up invoke)."""
+    from edgecap.interpreter import make_cpu_interpreter
+
+    probe = make_cpu_interpreter(model, 1)
+    probe.invoke()
+    t0 = time.perf_counter()
+    probe.invoke()
+    return time.perf_counter() - t0
+
+
+def bench_scaling(bundle: Bundle, counts: Sequence[int] = (1, 4, 16), frames: int = 400,
+                  seconds: float = 20.0) -> List[Scaling]:
     """Measures how pipelining two CPU stages pays off as the work per stage grows.
 
     Each stage invokes the bundle's encoder ``count`` times per frame (a CNN
     ``count`` times heavier), on its own worker; the sequential schedule runs
     both in one thread. Shows the stage size at which the scheduler's cost per
-    hop stops mattering on this host.
+    hop stops mattering on this host. A large encoder runs fewer frames: about
+    ``seconds`` of sequential work per count, at least 10.
     """
     from edgecap.interpreter import make_cpu_interpreter
+
+    invoke_s = _invoke_s(bundle.encoder)
 
     def heavy_stage(count: int) -> Any:
         interp = make_cpu_interpreter(bundle.encoder, 1)
@@ -406,13 +742,14 @@ def bench_scaling(bundle: Bundle, counts: Sequence[int] = (1, 4, 16), frames: in
 
     results = []
     for count in counts:
+        n = max(10, min(max(frames // count, 40), int(seconds / (2 * count * invoke_s))))
         steps = [Step(f"cnn-{w}", w, functools.partial(heavy_stage, count)) for w in ("cpu:1", "cpu")]
         fps = {}
         for pipelined in (False, True):
             with Pipeline(steps, pipelined=pipelined) as pipe:
-                for _ in pipe.run(range(20)):  # warm-up
+                for _ in pipe.run(range(min(20, n))):  # warm-up
                     pass
-                for _ in pipe.run(range(max(frames // count, 40))):
+                for _ in pipe.run(range(n)):
                     pass
                 stats = pipe.stats()
             fps[pipelined] = stats.fps_out
@@ -422,21 +759,71 @@ def bench_scaling(bundle: Bundle, counts: Sequence[int] = (1, 4, 16), frames: in
     return results
 
 
-def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scaling] = ()) -> str:
-    """Formats the results as the table ``edgecap bench`` prints."""
+def _summary_lines(result: BenchResult) -> List[str]:
+    lines: List[str] = []
+    if result.published and any(r.profile != "host" for r in result.rows):
+        lines += ["", "== published (not measured here)"]
+        lines += [f"{p.label:<44}{p.fps:>8.1f}{'':>18}{p.speedup:>8.1f}x  {p.hardware}; {p.source}"
+                  for p in result.published]
+    checked = {r.checked_frames for r in result.rows if r.checked_frames}
+    if checked:
+        lines += ["", f"same: features bit for bit and captions token for token against the CPU "
+                  f"path, on {max(checked)} frames computed per schedule (timing-only rows compute "
+                  "nothing)"]
+    for g in goals(result.rows):
+        if g["profile"] == "host":
+            lines.append(f"goals, host (measured): edgecap's host plan {g['over_one_thread']:.2f}x "
+                         f"the one-thread run (>= 1.6: {_met(g['one_thread_met'])}), "
+                         f"{g['over_all_cores']:.2f}x the all-cores run (>= 1.0: "
+                         f"{_met(g['all_cores_met'])})")
+        else:
+            ratio = f"{g['d_over_e']:.2f}x" if g["d_over_e"] is not None else "-"
+            lines.append(f"goals, {g['profile']} stride {g['stride']} (modelled): full pipeline "
+                         f"{g['fps']:.1f} fps (>= 59: {_met(g['fps_met'])}), {g['speedup']:.1f}x CPU "
+                         f"only (>= 55: {_met(g['speedup_met'])}), {ratio} the equal-parameter "
+                         f"split (>= 1.3: {_met(g['d_over_e_met'])})")
+    if result.host_choice is not None:
+        c = result.host_choice
+        lines.append(f"host plan: {c.kind}, {c.num_threads} CNN thread(s) ({c.reason})")
+    for st in result.startup:
+        how = " ".join(st.command[st.command.index("caption"):])
+        lines.append(f"`edgecap {how}` (measured, child process): peak RSS {st.peak_rss_mb:.0f} MB "
+                     f"(goal <= 300: {_met(st.peak_rss_mb <= 300)}), first caption "
+                     f"{st.first_caption_s:.2f} s (goal <= 3: {_met(st.first_caption_s <= 3)}), "
+                     f"{st.captions} captions in {st.total_s:.2f} s")
+    return lines
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scaling] = (),
+                 result: Optional[BenchResult] = None) -> str:
+    """Formats the results as the table ``edgecap bench`` prints.
+
+    Args:
+      result: The whole result, for the published figures, the goals, the
+        host's choice and start-up (optional).
+    """
     lines: List[str] = []
     group = None
     for r in rows:
         if (r.profile, r.stride) != group:
             group = (r.profile, r.stride)
-            lines += ["", f"== {r.profile}, {r.plan_board} plan, window stride {r.stride}",
-                      f"{'schedule':<42}{'fps':>8}{'p50 ms':>9}{'p99 ms':>9}"
+            kind = "measured" if r.profile == "host" else "modelled"
+            lines += ["", f"== {r.profile}, {r.plan_board} plan, window stride {r.stride} ({kind})",
+                      f"{'schedule':<44}{'fps':>8}{'p50 ms':>9}{'p99 ms':>9}"
                       f"{'speedup':>9}{'of bound':>9}  same  utilization"]
         util = " ".join(f"{k}={v:.0%}" for k, v in sorted(r.utilization.items()))
         bound = f"{r.of_bound:.1%}" if r.of_bound is not None else "-"
-        same = {True: "yes", False: "NO", None: "-"}[r.same_captions]
-        lines.append(f"{r.schedule + ' ' + r.label:<42}{r.fps:>8.1f}{r.latency_p50_ms:>9.2f}"
-                     f"{r.latency_p99_ms:>9.2f}{r.speedup:>8.2f}x{bound:>9}  {same:<4}  {util}")
+        same = {True: "yes", False: "NO", None: "-"}[r.same]
+        name = f"{r.schedule} {r.label}".strip()
+        rounds = f"  rounds {'/'.join(f'{x:.1f}' for x in r.fps_rounds)} fps" if r.fps_rounds else ""
+        lines.append(f"{name:<44}{r.fps:>8.1f}{r.latency_p50_ms:>9.2f}"
+                     f"{r.latency_p99_ms:>9.2f}{r.speedup:>8.2f}x{bound:>9}  {same:<4}  {util}{rounds}")
+    if result is not None:
+        lines += _summary_lines(result)
     lines += ["", f"scheduler overhead ({overhead.stages} null stages, {overhead.frames} frames): "
               f"{overhead.wall_ms_per_frame_stage:.4f} ms wall, {overhead.cpu_ms_per_frame_stage:.4f} ms CPU "
               f"per frame per stage (sequential: {overhead.inline_wall_ms_per_frame_stage:.4f} ms)"]

@@ -259,12 +259,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot is not None and trace is None:
         trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
     strides = args.strides or None
-    runs = bench.runs(profiles, args.timing_only, len(strides or [None]))
+    runs = bench.runs(profiles, args.timing_only, len(strides or [None]), len(args.board.split(",")))
     with _progress(runs * max(args.frames, 1), "bench", "frame") as bar:
         result = bench.run_bench(
             args.bundle, args.clips, args.frames, args.board, profiles, args.timing_only,
             args.threads, args.batch, strides, trace, progress=_updater(bar))
-    print(bench.format_table(result.rows, result.overhead, result.scaling))
+    print(bench.format_table(result.rows, result.overhead, result.scaling, result))
     doc = result.to_json()
     if args.json is not None:
         write_text(args.json, json.dumps(doc, indent=2) + "\n")
@@ -303,9 +303,11 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", type=Path, help="bundle directory (default: the shipped demo)")
     p.add_argument("--clips", nargs="+", help="video files (default: the shipped sample clip)")
     p.add_argument("--frames", type=int, default=480, help="frames per run (clips repeat)")
-    p.add_argument("--board", default="devboard-usb", help="board profile to emulate")
+    p.add_argument("--board", default="devboard-usb",
+                   help="board profile to emulate, or a comma list of them")
     p.add_argument("--profiles", default="board,host",
-                   help="comma list of: board (the emulated --board), host")
+                   help="comma list of: board (the emulated --board), host, startup (memory and "
+                        "time to first caption of `edgecap caption`)")
     p.add_argument("--timing-only", action="store_true",
                    help="emulated stages compute nothing (all board rows)")
     p.add_argument("--strides", type=_int_list,

@@ -63,7 +63,10 @@ def _save(fig: Any, path: "str | os.PathLike[str]", dpi: int) -> None:
 
 
 def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:
-    """Draws frames/s of every schedule, one panel per profile, speedups over (a) on the bars.
+    """Draws frames/s of every schedule, one panel per profile, speedups over the first row on the bars.
+
+    Board panels (modelled) also draw the published figures of ``result["published"]``
+    as lines; a panel whose rates span more than 20x has a log axis.
 
     Args:
       result: The JSON document ``edgecap bench --json`` writes.
@@ -71,24 +74,39 @@ def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:
     """
     plt = pyplot()
     profiles = list(dict.fromkeys(r["profile"] for r in result["rows"]))
-    fig, axes = plt.subplots(1, len(profiles), figsize=(6 * len(profiles), 4), squeeze=False)
-    for ax, profile in zip(axes[0], profiles):
+    cols = min(3, len(profiles))
+    grid = -(-len(profiles) // cols)
+    fig, axes = plt.subplots(grid, cols, figsize=(5.5 * cols, 4.4 * grid), squeeze=False)
+    for ax in axes.flat[len(profiles):]:
+        ax.set_visible(False)
+    for ax, profile in zip(axes.flat, profiles):
         rows = [r for r in result["rows"] if r["profile"] == profile]
         names = [r["schedule"] for r in rows]
-        bars = ax.bar(range(len(rows)), [r["fps"] for r in rows], color="#4c72b0")
+        fps = [r["fps"] for r in rows]
+        bars = ax.bar(range(len(rows)), fps, color="#4c72b0")
         for bar, r in zip(bars, rows):
             ax.annotate(f"{r['speedup']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=9)
+                        ha="center", va="bottom", fontsize=8)
         bounds = [r["bound_fps"] for r in rows if r["schedule"].startswith("d") and r["bound_fps"]]
-        if bounds:
-            ax.axhline(bounds[0], color="#c44e52", linestyle="--", linewidth=1,
-                       label=f"pipeline bound {bounds[0]:.0f} fps")
-            ax.legend(loc="upper left", fontsize=8)
-        ax.set_ylim(0, 1.15 * max([r["fps"] for r in rows] + bounds))
-        ax.set_xticks(range(len(rows)), names, rotation=20, fontsize=8)
+        lines = [(bounds[0], f"pipeline bound {bounds[0]:.0f} fps", "#c44e52", "--")] if bounds else []
+        if profile != "host":
+            lines += [(p["fps"], f"{p['label']}: {p['fps']:g} fps, {p['speedup']:g}x", "#55a868", ":")
+                      for p in result.get("published", [])]
+        for y, label, color, style in lines:
+            ax.axhline(y, color=color, linestyle=style, linewidth=1, label=label)
+        if lines:
+            ax.legend(loc="upper left", fontsize=7)
+        top = max(fps + [y for y, *_ in lines])
+        if min(fps) > 0 and top / min(fps) > 20:
+            ax.set_yscale("log")
+            ax.set_ylim(min(fps) / 2, top * 4)
+        else:
+            ax.set_ylim(0, 1.25 * top)
+        ax.set_xticks(range(len(rows)), names, rotation=25, fontsize=7, ha="right")
         ax.set_ylabel("frames/s")
-        ax.set_title(profile)
-    fig.suptitle("edgecap bench: a CPU only | b CNN on one TPU | c placement | d pipeline")
+        ax.set_title(f"{profile} ({'measured' if profile == 'host' else 'modelled'})", fontsize=9)
+    fig.suptitle("edgecap bench: a CPU only | b one TPU | e equal-parameter split, pipelined | "
+                 "c placement | d pipeline", fontsize=9)
     fig.tight_layout()
     _save(fig, path, 120)
     plt.close(fig)

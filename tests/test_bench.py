@@ -41,12 +41,18 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     result = json.loads(out.read_text())
     rows = {(r["profile"], r["schedule"]): r for r in result["rows"]}
     board = "devboard-usb (emulated)"
-    assert {s for p, s in rows if p == board} == {"a", "b", "c", "d", "d timing-only"}
-    # On the host plan (one CPU stage) b and c would be a again: sequential, nothing to place.
-    assert {s for p, s in rows if p == "host"} == {"a", "d", "d one CNN worker", "a 2 threads",
-                                                  "d batched 8", "d one CNN worker, batched 8"}
+    assert {s for p, s in rows if p == board} == {"a", "b", "e", "c", "d", "d timing-only"}
+    # On the host plan (one CPU stage) b, c and e would be a again: sequential, nothing to place.
+    assert {s for p, s in rows if p == "host"} == {
+        "a 1 thread", "a all cores", "d threads", "d one CNN worker", "d threads, batched 8",
+        "d one CNN worker, batched 8", f"edgecap host plan ({result['host_choice']['kind']})"}
     assert rows[(board, "a")]["speedup"] == 1.0
     assert all(r["same_captions"] for r in result["rows"] if "timing-only" not in r["schedule"])
+    # Every board row's segments were chained on the CPU and gave its features bit for bit.
+    assert all(r["same_features"] for r in result["rows"] if r["profile"] == board)
+    # The equal-parameter split leaves the CPU only the RNN: its CNN is all on the TPUs.
+    assert set(rows[(board, "e")]["placement"]) == {"pci:0", "usb:0"}
+    assert "paper" in table and "54.9x" in table and "goals, devboard-usb" in table
     placement = rows[(board, "d")]["placement"]
     # The devboard-usb plan names its TPUs by bus (pci:0 on PCIe, usb:0 on USB), one emulated
     # TPU each; on the v2 profiles the demo encoder's plan leaves the USB TPU empty.
@@ -54,8 +60,9 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     # Host rows run the compiler's plan for the host (no TPU: the CNN on the CPU),
     # not the board's, cut for TPU invoke overhead (issue #7).
     assert {r["plan_board"] for r in result["rows"] if r["profile"] == "host"} == {"host"}
-    assert rows[("host", "d")]["placement"] == {"cpu": "cpu"}
+    assert rows[("host", "d threads")]["placement"] == {"cpu": "cpu"}
     assert rows[("host", "d one CNN worker")]["placement"] == {"cpu": "cpu:1"}
+    assert [p["fps"] for p in result["published"]] == [59.0]
     # Emulation paces to the board's predictions: never faster than the bound.
     for r in result["rows"]:
         if r["profile"] == board:
@@ -96,7 +103,7 @@ def test_fraction_of_the_bound_holds_at_every_stride(shipped_bundle):
     result = run_bench(shipped_bundle, frames=240, profiles=["board"], timing_only=True,
                        strides=[8, 4, 2])
     fractions = {(r.stride, r.schedule): r.of_bound for r in result.rows}
-    assert set(fractions) == {(s, x) for s in (8, 4, 2) for x in "abcd"}
+    assert set(fractions) == {(s, x) for s in (8, 4, 2) for x in "abcde"}
     for (stride, schedule), fraction in fractions.items():
         assert fraction <= 1.02, (stride, schedule, fraction)
         assert fraction >= 0.9 * fractions[(8, schedule)], (stride, schedule, fraction)
