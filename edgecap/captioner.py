@@ -199,8 +199,10 @@ class _RnnStep:
     """
 
     def __init__(self, bundle: Bundle, spec: WindowSpec, pace_ms: float, feature: str,
-                 quantization: Tuple[float, int]) -> None:
-        self._rnn = RnnEncoder(bundle.encoder_step, 1)
+                 quantization: Tuple[float, int], compute: bool = True) -> None:
+        # A timing-only board run paces the step and computes nothing, as its
+        # emulated TPUs do: the host's LSTM may be slower than the board's model.
+        self._rnn = RnnEncoder(bundle.encoder_step, 1) if compute else None
         self._hidden = bundle.hidden_size
         self._spec = spec
         self._feature = feature
@@ -235,7 +237,8 @@ class _RnnStep:
             if win is None:
                 win = stream.open[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
             ts = time.perf_counter()
-            win.state = self._rnn.step(feature, win.state)
+            if self._rnn is not None:
+                win.state = self._rnn.step(feature, win.state)
             if self._pacer is not None:
                 self._pacer.wait_until(ts + self._pace_s)
             win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
@@ -487,7 +490,8 @@ class EdgeCaptioner:
         steps = [self._cnn_step(s) for s in self.plan.active_stages]
         rnn_ms = (self.plan.rnn_ms or 0.0) if self.placement.pace_cpu else 0.0
         rnn = functools.partial(_RnnStep, self.bundle, self.window, rnn_ms,
-                                self._output_name, self._output_quantization)
+                                self._output_name, self._output_quantization,
+                                compute=not (self.options.timing_only and rnn_ms > 0))
         steps.append(Step("rnn_step", CPU_WORKER, rnn))
         # The decoder sees only frames that end a window: the others pass its worker by.
         steps.append(Step("decode", DECODE_WORKER, functools.partial(_Decode, self.bundle),

@@ -245,3 +245,16 @@ def test_sample_clip_through_two_emulated_tpus_equals_the_cpu_path(plans, shippe
     assert got == expected and len(got) >= 2
     truth = json.loads(clip.with_suffix(".json").read_text())["windows"]
     assert [(c[1], c[2]) for c in got] == [(w["start_frame"], w["caption"]) for w in truth]
+
+
+def test_a_timing_only_board_run_paces_the_lstm_step_without_computing_it(shipped_bundle, monkeypatch):
+    from edgecap import rnn
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a timing-only board run computed an LSTM step")
+
+    monkeypatch.setattr(rnn.RnnEncoder, "step", refuse)
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", timing_only=True, num_threads=1) as cap:
+        assert cap.plan.rnn_ms > 0  # so the step is paced, and needs no compute
+        caps = cap.caption_frames(_clip(16, 9))
+    assert [c.window for c in caps] == [0, 1]
