@@ -1,10 +1,12 @@
 """Device failover: a new plan for the devices left, and re-probing the failed ones.
 
 When an EdgeTPU fails mid-stream the captioner asks ``replan`` for the plan
-to go on with on the TPUs that still answer, trying in turn:
+to go on with on the board's TPUs that still answer (``board_tpus``: those
+the plan left idle included), trying in turn:
 
-1. the best plan the bundle carries (``plans/<board>/``) that needs no more
-   TPUs than are left (most TPUs, then the fastest predicted bottleneck);
+1. the best plan the bundle carries for the running plan's board
+   (``plans/<board>/``) that needs no more TPUs than are left (most TPUs,
+   then the fastest predicted bottleneck);
 2. re-partitioning in-process for the board with the TPUs left, when the
    compiler is installed (``edgecap.planning``, the runtime's one door to it);
 3. the plan as it was, with each failed device's stage on a CPU worker of
@@ -62,7 +64,7 @@ def tpu_workers(placement: Placement) -> List[str]:
     return [w for w in placement.workers.values() if devices.parse_device(w).kind in TPU_KINDS]
 
 
-def board_tpus(plan: Plan, placement: Placement) -> List[str]:
+def board_tpus(plan: Plan, placement: Placement, profile: bool = True) -> List[str]:
     """The EdgeTPUs a failover may move onto: the placement's, then the board's others.
 
     A plan need not use every TPU of its board (the demo's ``devboard-usb``
@@ -72,6 +74,8 @@ def board_tpus(plan: Plan, placement: Placement) -> List[str]:
     Args:
       plan: The running plan (``board_tpus``: the TPUs of its board).
       placement: Its placement.
+      profile: Look the board's profile up (imports the compiler: the
+        captioner does so only once a device failed).
 
     Returns:
       Device strings, the placement's TPU workers first: for real EdgeTPUs,
@@ -88,15 +92,15 @@ def board_tpus(plan: Plan, placement: Placement) -> List[str]:
             if info.kind not in ("pci", "usb"):
                 continue
             i = per_bus[info.kind] = per_bus.get(info.kind, -1) + 1
-            n = devices.parse_device(info.device).index
             # The same device by either name: tpu:N in enumeration order, or its bus and index there.
             names = {devices.parse_device(info.device), devices.DeviceSpec("tpu", i, info.kind)}
-            if n == 0:
-                names.add(devices.DeviceSpec("tpu"))
+            if i == 0:
+                names.add(devices.DeviceSpec("tpu", None, info.kind))  # "pci": the first on that bus
             if not names & taken:
                 extra.append(info.device)
         return used + extra
-    others = [f"emu-tpu:{i}" for i in range(max(plan.board_tpus or 0, _profile_tpus(plan.board)))]
+    count = max(plan.board_tpus or 0, _profile_tpus(plan.board) if profile else 0)
+    others = [f"emu-tpu:{i}" for i in range(count)]
     return used + [d for d in others if d not in used]
 
 

@@ -413,3 +413,21 @@ def test_a_stopped_run_in_a_tpu_stage_is_no_device_failure(monkeypatch, shipped_
     job = _FrameJob((None, None), Frame(0, 0.0, None), {}, 0.0, {"cnn": 0.0})
     with pytest.raises(RunCancelled):
         stage(job)
+
+
+def test_the_tpus_left_are_the_boards_not_only_the_plans(monkeypatch, shipped_bundle):
+    from edgecap import devices
+    from edgecap.devices import DeviceInfo
+    from edgecap.failover import board_tpus
+    from edgecap.placement import Placement
+    from edgecap.planning import plan_for_board
+    from edgecap.bundle import load_bundle
+
+    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb")  # one of its two TPUs used
+    emulated = Placement({"pci:0": "emu-tpu:0", "cpu": "cpu"}, True, True)
+    assert board_tpus(plan, emulated) == ["emu-tpu:0", "emu-tpu:1"]
+    attached = [DeviceInfo("cpu", "cpu", "", ""), DeviceInfo("tpu:0", "pci", "/dev/apex_0", ""),
+                DeviceInfo("tpu:1", "usb", "usb", "")]
+    monkeypatch.setattr(devices, "list_devices", lambda root="/": attached)
+    real = Placement({"pci:0": "pci:0", "cpu": "cpu"}, False, False)
+    assert board_tpus(plan, real) == ["pci:0", "tpu:1"]  # pci:0 is tpu:0 by another name
