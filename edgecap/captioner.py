@@ -492,9 +492,8 @@ class EdgeCaptioner:
             self.devices = self.placement.workers
             self._pipeline = self._start()
         self._original = (self.plan, self.placement)
-        # Failover may move onto any TPU of the board, not only those the plan uses;
-        # the board's profile is looked up at the first failure (it imports the compiler).
-        self._tpus = board_tpus(self.plan, self.placement, profile=False)
+        # Failover may move onto any TPU of the board, not only those the plan uses.
+        self._tpus = board_tpus(self.plan, self.placement)
         self._candidates: Optional[List[Plan]] = None  # the bundle's plans for the board, loaded once
 
     def _start(self) -> Pipeline:
@@ -731,8 +730,7 @@ class EdgeCaptioner:
         plan, placement = self._original
         if not self._failed:
             return Replan(plan, placement, "original")
-        if self._candidates is None:  # the first failure: the board's profile and bundled plans
-            self._tpus = board_tpus(plan, placement)
+        if self._candidates is None:  # at the first failure
             self._candidates = bundle_plans(self.bundle, plan)
         left = [d for d in self._tpus if d not in self._failed]
         board = self.options.board if self.options.board != "auto" else (

@@ -64,7 +64,7 @@ def tpu_workers(placement: Placement) -> List[str]:
     return [w for w in placement.workers.values() if devices.parse_device(w).kind in TPU_KINDS]
 
 
-def board_tpus(plan: Plan, placement: Placement, profile: bool = True) -> List[str]:
+def board_tpus(plan: Plan, placement: Placement) -> List[str]:
     """The EdgeTPUs a failover may move onto: the placement's, then the board's others.
 
     A plan need not use every TPU of its board (the demo's ``devboard-usb``
@@ -74,15 +74,14 @@ def board_tpus(plan: Plan, placement: Placement, profile: bool = True) -> List[s
     Args:
       plan: The running plan (``board_tpus``: the TPUs of its board).
       placement: Its placement.
-      profile: Look the board's profile up (imports the compiler: the
-        captioner does so only once a device failed).
 
     Returns:
       Device strings, the placement's TPU workers first: for real EdgeTPUs,
       then the other attached ones (``tpu:N``); for emulated ones, then
-      ``emu-tpu:N`` up to the board's TPU count (its profile's, when the
-      compiler is installed, else the plan's ``board_tpus``: a plan made
-      for fewer TPUs records that many).
+      ``emu-tpu:N`` up to the plan's ``board_tpus`` (a plan compiled with
+      ``--tpus`` below the board's records that many: its board's other TPUs
+      are not known here, and the runtime does not open the compiler's
+      board profiles outside ``edgecap.planning``).
     """
     used = tpu_workers(placement)
     if any(devices.parse_device(w).kind == "tpu" for w in used):
@@ -99,21 +98,8 @@ def board_tpus(plan: Plan, placement: Placement, profile: bool = True) -> List[s
             if not names & taken:
                 extra.append(info.device)
         return used + extra
-    count = max(plan.board_tpus or 0, _profile_tpus(plan.board) if profile else 0)
-    others = [f"emu-tpu:{i}" for i in range(count)]
+    others = [f"emu-tpu:{i}" for i in range(plan.board_tpus or 0)]
     return used + [d for d in others if d not in used]
-
-
-def _profile_tpus(board: str) -> int:
-    """The TPUs of the named board profile; 0 without the compiler (which ships the profiles)."""
-    if not board:
-        return 0
-    try:
-        import edgecap_compile  # the profiles ship with the compiler
-
-        return len(edgecap_compile.make_board(board).tpus)
-    except (ImportError, EdgecapError):  # not installed, or a board only the plan knows
-        return 0
 
 
 def replan(bundle: Bundle, plan: Plan, placement: Placement, left: Sequence[str],

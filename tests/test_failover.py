@@ -105,11 +105,15 @@ def test_without_a_compiler_the_failed_stage_runs_on_a_cpu_worker(shipped_bundle
 
 
 def test_a_plan_the_bundle_carries_comes_first(shipped_bundle, clip, tmp_path):
-    from test_autoplan import _compiled_plan
+    from edgecap.bundle import load_bundle
+    from edgecap_compile import compile_model
 
     bundle = tmp_path / "bundle"
     shutil.copytree(shipped_bundle, bundle)
-    _compiled_plan(bundle, "devboard-usb", 1)  # one of the board's two TPUs: the other is spare
+    # One of the board's two TPUs (the second stage is empty): the other is spare.
+    n = load_bundle(bundle).encoder_model.ops
+    compile_model(bundle, "devboard-usb", bundle / "plans" / "devboard-usb",
+                  ranges=[(0, n // 2), (n // 2, n // 2), (n // 2, n)])
     with EdgeCaptioner(bundle, plan=bundle / "plans" / "devboard-usb", emulate=True, num_threads=1) as cap:
         expected = _texts(cap, clip)
         assert list(cap.devices.values()) == ["emu-tpu:0", "cpu"]
