@@ -24,8 +24,8 @@ import numpy as np
 from edgecap import devices, faults, isolation, stages
 from edgecap.autoplan import PlanChoice, choose_plan
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
-from edgecap.errors import BundleError, ConfigError, DeviceFailed, EdgecapError, PlanError
-from edgecap.failover import TPU_KINDS, Prober, Replan, describe, replan, tpu_workers
+from edgecap.errors import BundleError, ConfigError, DeviceFailed, EdgecapError, PlanError, RunCancelled
+from edgecap.failover import TPU_KINDS, Prober, Replan, board_tpus, bundle_plans, describe, replan
 from edgecap.modelfile import open_model
 from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
 from edgecap.placement import CPU_WORKER, DECODE_WORKER, Placement, place
@@ -39,7 +39,6 @@ from edgecap.trace import Tracer
 
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
 _log = logging.getLogger("edgecap")
-# Whether stages can run a TPU stage in a worker process (edgecap.isolation).
 
 
 @dataclass
@@ -173,10 +172,14 @@ class _CnnStage:
                 # An emulated hang ends when this pipeline is replaced or closed.
                 faults.perform(fault, self._released)
             return self._runner(tensors)
-        except DeviceFailed:
+        except (DeviceFailed, RunCancelled):  # a stopped run is no device failure
             raise
         except Exception as exc:  # whatever the delegate raised: the device is unusable
             raise DeviceFailed(self._device, "error", f"{type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        """Releases the stage (an isolated one's worker process); called by its worker thread as it exits."""
+        self._runner.close()
 
 
 class _StreamWindows:
@@ -289,13 +292,26 @@ class _Source:
         self._counts: Dict[Optional[Hashable], int] = {}  # frames read, per stream
         self._pos = 0
         self._read = 0
+        self._generation = 0  # of the newest jobs(): a replaced run's feeder stops reading
         self._ended = False
         self.consumed_frames: Dict[Optional[Hashable], int] = {}
         self.next_out = 0
 
     def jobs(self, run: _Run, resume: Mapping[Hashable, Tuple[int, int]]) -> Iterator[_FrameJob]:
-        """The jobs of one pipeline run: the held ones from each stream's resume point, then new ones."""
+        """The jobs of one pipeline run: the held ones from each stream's resume point, then new ones.
+
+        From this call on, the generator of an earlier run reads no more: a
+        replaced pipeline's feeder could otherwise take a frame the new run
+        never sees.
+        """
         with self._read_lock:  # waits out a read of the replaced pipeline's feeder
+            self._generation += 1
+            generation = self._generation
+        return self._jobs(run, resume, generation)
+
+    def _jobs(self, run: _Run, resume: Mapping[Hashable, Tuple[int, int]],
+              generation: int) -> Iterator[_FrameJob]:
+        with self._read_lock:
             with self._lock:
                 again = sorted((job for key, held in self._held.items() for k, job in held
                                 if k >= resume.get(key, (0, 0))[0]), key=lambda job: job.pos)
@@ -304,7 +320,7 @@ class _Source:
                                       ms=dict(job.ms), finished=[], captions=[], device_ms={})
         while True:
             with self._read_lock:
-                if self._ended:
+                if self._ended or generation != self._generation:
                     return
                 try:
                     key, frame = next(self._items)
@@ -455,7 +471,8 @@ class EdgeCaptioner:
         self._release = threading.Event()  # ends the current pipeline's emulated hangs
         self._failed: List[str] = []
         self._returned: List[str] = []
-        self._lock = threading.Lock()
+        # Reentrant: close() may run in a signal handler that interrupted this thread holding it.
+        self._lock = threading.RLock()
         self._prober = Prober(self._on_return)
         self._retired: List[Pipeline] = []
         self._failovers: List[FailoverRecord] = []
@@ -478,7 +495,9 @@ class EdgeCaptioner:
             self.devices = self.placement.workers
             self._pipeline = self._start()
         self._original = (self.plan, self.placement)
-        self._tpus = tpu_workers(self.placement)
+        # Failover may move onto any TPU of the board, not only those the plan uses.
+        self._tpus = board_tpus(self.plan, self.placement)
+        self._candidates: Optional[List[Plan]] = None  # the bundle's plans for the board, loaded once
 
     def _start(self) -> Pipeline:
         """Opens every step on its worker (opening failures are raised here)."""
@@ -513,18 +532,19 @@ class EdgeCaptioner:
         if isolate is None:
             # An injected abort or segfault must strike a worker process, not this one.
             isolate = isolation.isolate_by_default(spec) or faults.current().crashes(device)
-        deadline = None
+        isolate = bool(isolate) and kind in TPU_KINDS  # a CPU stage has no delegate to abort
+        deadline = first_deadline = None
         if kind in TPU_KINDS and stage.predicted_ms is not None:
             deadline = max(self.options.deadline_floor_s, self.options.deadline_factor * stage.predicted_ms / 1e3)
+            first_deadline = deadline * FIRST_INVOKE_GRACE
+        # One deadline: an isolated worker is killed when the watchdog declares its invoke hung.
         opener = functools.partial(
             _CnnStage, stage, device, self._release, num_threads=threads,
             timing_only=self.options.timing_only, pace=pace, isolate=isolate,
-            # The worker process is killed at the first invoke's (longer) deadline;
-            # the pipeline's watchdog holds later invokes to the tighter one.
-            deadline_s=None if deadline is None else deadline * FIRST_INVOKE_GRACE,
+            deadline_s=deadline, first_deadline_s=first_deadline,
         )
         return Step(f"stage {stage.index} ({stage.device})", device, opener, deadline_s=deadline,
-                    first_deadline_s=None if deadline is None else deadline * FIRST_INVOKE_GRACE)
+                    first_deadline_s=first_deadline)
 
     def caption_frames(self, frames: Any) -> List[Caption]:
         """Captions frames that are already sampled, one caption per complete window.
@@ -590,7 +610,6 @@ class EdgeCaptioner:
         """
         hold = not live and self.options.failover and bool(self._tpus)
         source = _Source(items, self._job, windows, self.window, hold)
-        self._failovers, self._carried, self._replayed = [], (0, 0, 0), 0
         resume: Dict[Hashable, Tuple[int, int]] = {}
         first = True
         pending: Optional[float] = None  # when the latest failover began, until a frame comes out
@@ -598,8 +617,9 @@ class EdgeCaptioner:
             run = _Run(dict(windows), resume)
             results = self._pipeline.run(source.jobs(run, resume), live=live)
             if first:
-                # Not before: a run refused as busy must not replace the running one's source.
+                # Not before: a run refused as busy must not replace the running one's source or stats.
                 self._source, first = src, False
+                self._failovers, self._carried, self._replayed = [], (0, 0, 0), 0
             switch: Optional[DeviceFailed] = None
             returned = False
             try:
@@ -663,14 +683,16 @@ class EdgeCaptioner:
             detail = f"{device}: returned: answers probes again"
             self._failed = [d for d in self._failed if d not in back]
         resume, lost_windows = source.resume(live)
-        lost_frames = source.in_flight() if live else 0
+        # Frames read that never came out, less those already counted as dropped
+        # (by a replaced pipeline's live head, or lost at an earlier switch).
+        lost_frames = max(0, source.in_flight() - self._carried[2]) if live else 0
         replayed = source.replay_count(resume) if not live else 0
         while True:
             choice = self._choose()
             self.plan, self.placement, self.devices = choice.plan, choice.placement, choice.placement.workers
             self._release = threading.Event()
             try:
-                self._pipeline = self._start()
+                pipeline = self._start()
                 break
             except EdgecapError as exc:
                 # A device that fails as it opens is failed again: the one named,
@@ -686,6 +708,14 @@ class EdgeCaptioner:
                 for d in again:
                     self._failed.append(d)
                     self._prober.watch(d)
+        with self._lock:  # close() sets _closed under it, then closes self._pipeline
+            if not self._closed:
+                self._pipeline = pipeline
+        # Read again: a signal handler's close() may have run inside the block.
+        if self._closed:
+            pipeline.close()  # idempotent, if close() closed it too
+            raise RunCancelled("the captioner was closed during a failover; "
+                               "create a new EdgeCaptioner to caption more video")
         self._replayed += replayed
         record = FailoverRecord(device=device, kind=kind, detail=detail, at=at, took_s=None,
                                 plan_before=before, plan_after=describe(self.plan, self.devices),
@@ -704,10 +734,13 @@ class EdgeCaptioner:
         plan, placement = self._original
         if not self._failed:
             return Replan(plan, placement, "original")
+        if self._candidates is None:  # at the first failure
+            self._candidates = bundle_plans(self.bundle, plan)
         left = [d for d in self._tpus if d not in self._failed]
         board = self.options.board if self.options.board != "auto" else (
             self.plan_choice.board if self.plan_choice is not None else None)
-        return replan(self.bundle, plan, placement, left, self._failed, board, self.options.emulate)
+        return replan(self.bundle, plan, placement, left, self._failed, board, self.options.emulate,
+                      self._candidates)
 
     def run_frames(
         self,
@@ -770,10 +803,12 @@ class EdgeCaptioner:
 
     def close(self) -> None:
         """Stops the run in progress and joins every worker thread; idempotent."""
-        self._closed = True
+        with self._lock:  # a failover starting a pipeline now closes it itself (see _switch)
+            self._closed = True
+            pipeline = self._pipeline
         self._release.set()
         self._prober.close()
-        self._pipeline.close()
+        pipeline.close()
         for old in self._retired:
             old.join()
         self._retired = []

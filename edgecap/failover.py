@@ -1,10 +1,12 @@
 """Device failover: a new plan for the devices left, and re-probing the failed ones.
 
 When an EdgeTPU fails mid-stream the captioner asks ``replan`` for the plan
-to go on with on the TPUs that still answer, trying in turn:
+to go on with on the board's TPUs that still answer (``board_tpus``: those
+the plan left idle included), trying in turn:
 
-1. the best plan the bundle carries (``plans/<board>/``) that needs no more
-   TPUs than are left (most TPUs, then the fastest predicted bottleneck);
+1. the best plan the bundle carries for the running plan's board
+   (``plans/<board>/``) that needs no more TPUs than are left (most TPUs,
+   then the fastest predicted bottleneck);
 2. re-partitioning in-process for the board with the TPUs left, when the
    compiler is installed (``edgecap.planning``, the runtime's one door to it);
 3. the plan as it was, with each failed device's stage on a CPU worker of
@@ -62,8 +64,47 @@ def tpu_workers(placement: Placement) -> List[str]:
     return [w for w in placement.workers.values() if devices.parse_device(w).kind in TPU_KINDS]
 
 
+def board_tpus(plan: Plan, placement: Placement) -> List[str]:
+    """The EdgeTPUs a failover may move onto: the placement's, then the board's others.
+
+    A plan need not use every TPU of its board (the demo's ``devboard-usb``
+    plan leaves the USB accelerator idle); when a TPU it uses fails, an idle
+    one is a better place than the CPU.
+
+    Args:
+      plan: The running plan (``board_tpus``: the TPUs of its board).
+      placement: Its placement.
+
+    Returns:
+      Device strings, the placement's TPU workers first: for real EdgeTPUs,
+      then the other attached ones (``tpu:N``); for emulated ones, then
+      ``emu-tpu:N`` up to the plan's ``board_tpus`` (a plan compiled with
+      ``--tpus`` below the board's records that many: its board's other TPUs
+      are not known here, and the runtime does not open the compiler's
+      board profiles outside ``edgecap.planning``).
+    """
+    used = tpu_workers(placement)
+    if any(devices.parse_device(w).kind == "tpu" for w in used):
+        taken = {devices.parse_device(w) for w in used}
+        extra, per_bus = [], {}
+        for info in devices.list_devices():
+            if info.kind not in ("pci", "usb"):
+                continue
+            i = per_bus[info.kind] = per_bus.get(info.kind, -1) + 1
+            # The same device by either name: tpu:N in enumeration order, or its bus and index there.
+            names = {devices.parse_device(info.device), devices.DeviceSpec("tpu", i, info.kind)}
+            if i == 0:
+                names.add(devices.DeviceSpec("tpu", None, info.kind))  # "pci": the first on that bus
+            if not names & taken:
+                extra.append(info.device)
+        return used + extra
+    others = [f"emu-tpu:{i}" for i in range(plan.board_tpus or 0)]
+    return used + [d for d in others if d not in used]
+
+
 def replan(bundle: Bundle, plan: Plan, placement: Placement, left: Sequence[str],
-           failed: Sequence[str], board: Optional[str], emulate: Optional[bool]) -> Replan:
+           failed: Sequence[str], board: Optional[str], emulate: Optional[bool],
+           candidates: Optional[Sequence[Plan]] = None) -> Replan:
     """Chooses the plan to go on with on the EdgeTPUs left.
 
     Args:
@@ -74,24 +115,20 @@ def replan(bundle: Bundle, plan: Plan, placement: Placement, left: Sequence[str]
       failed: The EdgeTPU workers that do not.
       board: The board profile to re-partition for, or None (no compiler rung).
       emulate: As ``CaptionerOptions.emulate``.
+      candidates: The bundle's plans for the running plan's board, loaded
+        (``bundle_plans``); None loads them here.
 
     Returns:
       The ``Replan``.
     """
-    candidates: List[Tuple[str, Plan]] = []
-    for name, directory in bundle.plans.items():
-        try:
-            candidate = load_plan(directory)
-        except EdgecapError:
-            continue
-        if candidate.model_sha256 != bundle.encoder_model.sha256 or tpus_used(candidate) > len(left):
-            continue
-        real = any(devices.parse_device(w).kind == "tpu" for w in left)
-        if real and any(s.spec.kind == "tpu" and s.compiled_segment is None for s in candidate.active_stages):
-            continue
-        candidates.append((name, candidate))
-    if candidates:
-        _, best = max(candidates, key=lambda c: (tpus_used(c[1]), -_bottleneck(c[1])))
+    if candidates is None:
+        candidates = bundle_plans(bundle, plan)
+    real = any(devices.parse_device(w).kind == "tpu" for w in left)
+    fitting = [c for c in candidates if tpus_used(c) <= len(left)
+               and not (real and any(s.spec.kind == "tpu" and s.compiled_segment is None
+                                     for s in c.active_stages))]
+    if fitting:
+        best = max(fitting, key=lambda c: (tpus_used(c), -_bottleneck(c)))
         return Replan(best, _onto(best, left, emulate), "bundle")
     if board:
         from edgecap.planning import plan_for_board  # the one door to the compiler
@@ -113,6 +150,34 @@ def replan(bundle: Bundle, plan: Plan, placement: Placement, left: Sequence[str]
         else:
             overrides[stage.device] = worker
     return Replan(plan, place(plan, emulate, overrides, 0), "cpu")
+
+
+def bundle_plans(bundle: Bundle, plan: Plan) -> List[Plan]:
+    """The plans the bundle carries for the running plan's board, loaded and checked once.
+
+    Only the same board's: another board's plan is timed for other devices
+    (and, on a real board, compiled for TPUs it may not have). Loading
+    re-reads and hashes every segment, so the captioner keeps the list.
+
+    Args:
+      bundle: The loaded bundle.
+      plan: The running plan (its ``board``).
+
+    Returns:
+      The plans of ``bundle.plans`` made for ``plan.board`` from the bundle's
+      encoder; none when the plan names no board.
+    """
+    found: List[Plan] = []
+    if not plan.board:
+        return found
+    for directory in bundle.plans.values():
+        try:
+            candidate = load_plan(directory)
+        except EdgecapError:
+            continue
+        if candidate.board == plan.board and candidate.model_sha256 == bundle.encoder_model.sha256:
+            found.append(candidate)
+    return found
 
 
 def _onto(plan: Plan, left: Sequence[str], emulate: Optional[bool]) -> Placement:
@@ -208,7 +273,12 @@ class Prober:
                     wake = min((t for t, _ in self._due.values()), default=None)
                     self._cond.wait(None if wake is None else wake - now)
             for device in due:
-                back = self._probe(device)  # outside the lock: a real probe takes a while
+                try:
+                    back = self._probe(device)  # outside the lock: a real probe takes a while
+                except Exception as exc:  # an OSError from a driver must not end the probing
+                    _log.warning("edgecap: probing %s failed (%s: %s); probing it again later",
+                                 device, type(exc).__name__, exc)
+                    back = False
                 with self._cond:
                     if device not in self._due:
                         continue

@@ -51,9 +51,12 @@ from edgecap.stages import Segment, Tensors
 
 SUPPORTED = os.name == "posix"
 
-# A deadline derived from the stage's predicted time, never below the floor:
-# a loaded host (or a real TPU's first invoke, which loads the parameters)
-# must not read as a hang.
+# The default deadline, for direct users of open_stage(isolate=True): derived
+# from the stage's predicted time, never below the floor, so a loaded host (or
+# a real TPU's first invoke, which loads the parameters) does not read as a
+# hang. The captioner passes its own (CaptionerOptions.deadline_factor and
+# deadline_floor_s, the first invoke FIRST_INVOKE_GRACE times longer), the
+# deadline its watchdog holds the invoke to.
 DEADLINE_FACTOR = 10.0
 MIN_DEADLINE_S = 2.0
 # Opening includes the child's interpreter start-up, imports and, on a real
@@ -209,7 +212,9 @@ class IsolatedSegment(Segment):
     Attributes:
       isolated: True: ``__call__`` takes ``fault=`` and performs it in the child.
       device: The device string, as ``DeviceFailed`` names it.
-      deadline_s: Seconds an invoke may take before the child counts as hung.
+      deadline_s: Seconds an invoke after the first may take before the
+        child counts as hung (the first may take ``first_deadline_s``).
+      first_deadline_s: Seconds the first invoke may take.
       startup_s: Seconds from starting the child to its stage being open.
       pid: The child's process id.
       shm_name: The shared-memory block's name (``/dev/shm/NAME`` on Linux).
@@ -219,7 +224,8 @@ class IsolatedSegment(Segment):
 
     def __init__(self, stage: Stage, spec: DeviceSpec, *, num_threads: int = 1,
                  timing_only: bool = False, pace: bool = False,
-                 deadline_s: Optional[float] = None, start_timeout_s: float = START_TIMEOUT_S) -> None:
+                 deadline_s: Optional[float] = None, first_deadline_s: Optional[float] = None,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         """Starts the child and opens ``stage`` in it (see ``edgecap.stages.open_stage``).
 
         Raises:
@@ -234,8 +240,13 @@ class IsolatedSegment(Segment):
         deadline = default_deadline_s(stage) if deadline_s is None else float(deadline_s)
         if not deadline > 0:
             raise errors.ConfigError(f"{spec}: deadline_s={deadline_s!r}; use a positive number of seconds")
+        first = deadline if first_deadline_s is None else float(first_deadline_s)
+        if not first > 0:
+            raise errors.ConfigError(f"{spec}: first_deadline_s={first_deadline_s!r}; "
+                                     "use a positive number of seconds")
         self.device = str(spec)
         self.deadline_s = deadline
+        self.first_deadline_s = first
         self._stage_index = stage.index
         ins = {t.name for t in stage.inputs}
         # Tensors that pass the stage by are handed on here: the child never writes them back.
@@ -292,14 +303,15 @@ class IsolatedSegment(Segment):
         for name, view in worker.inputs.items():
             np.copyto(view, tensors[name], casting="no")
         self._seq += 1
+        limit = self.first_deadline_s if self._seq == 1 else self.deadline_s
         now = time.perf_counter()
-        deadline = max(now, self._busy_until) + self.deadline_s
+        deadline = max(now, self._busy_until) + limit
         try:
             worker.conn.send((self._seq, fault))
         except OSError:
             self._check_usable()
             self._fail("crashed", worker.exit_detail())
-        reply = self._wait(self._seq, deadline, self.deadline_s)
+        reply = self._wait(self._seq, deadline, limit)
         if reply[0] == "raised":
             raise _rebuild(reply[2], self.device)
         return {name: tensors[name] if passing else worker.outputs[name].copy()

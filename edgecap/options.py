@@ -79,9 +79,13 @@ class CaptionerOptions:
         may add to an invoke without it counting as hung. A stage's first
         invoke gets ``FIRST_INVOKE_GRACE`` times its deadline (a delegate
         loads the segment's parameters then).
-      isolate: Run EdgeTPU stages in worker processes, so that a native crash
-        (libedgetpu's abort) kills the worker, not the captioner. None
-        isolates real ``tpu`` stages only.
+      isolate: Run EdgeTPU stages (real or emulated) in worker processes, so
+        that a native crash (libedgetpu's abort) kills the worker, not the
+        captioner; CPU stages always run in-process. None isolates real
+        ``tpu`` stages, and emulated ones an injected abort or segfault would
+        strike. An isolated worker is killed at the invoke's deadline
+        (``deadline_factor``, ``deadline_floor_s``), when the watchdog calls
+        it hung.
 
     Raises:
       ConfigError: If a value is out of range (checked when the record is made).

@@ -491,17 +491,43 @@ def _watch(core: _Core) -> None:
 def _work(core: _Core, w: int, first: int, ready: Future) -> None:
     """A worker thread: opens its steps, then runs every job of its inbox through them."""
     name, steps = core.groups[w]
+    fns: List[Callable[[Any], Any]] = []
     try:
-        fns = [step.open() for step in steps]
+        for step in steps:
+            fns.append(step.open())
     except BaseException as exc:  # reported to the constructor, which shuts down
+        _close_steps(fns)
         ready.set_exception(exc)
         return
     ready.set_result(None)
+    try:
+        _serve(core, w, first, steps, fns)
+    finally:
+        # The worker owns its steps: a device (an isolated stage's worker
+        # process) is released as the thread ends, not when a collector runs.
+        _close_steps(fns)
+
+
+def _close_steps(fns: List[Callable[[Any], Any]]) -> None:
+    """Closes each opened step that has a ``close()``; one that raises is reported and passed by."""
+    for fn in fns:
+        close = getattr(fn, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception as exc:  # the next step must close all the same
+            warnings.warn(f"edgecap: closing a step failed ({type(exc).__name__}: {exc})",
+                          RuntimeWarning, stacklevel=2)
+
+
+def _serve(core: _Core, w: int, first: int, steps: List[Step], fns: List[Callable[[Any], Any]]) -> None:
+    """Runs every job of worker ``w``'s inbox through its opened steps, until the pipeline closes."""
+    name = core.groups[w][0]
     # Lists: a step's first-invoke deadline (index 5) gives way to its deadline after one invoke.
     plan = [[first + j, step.name, fn, step.accepts, step.deadline_s,
              step.first_deadline_s if step.first_deadline_s is not None else step.deadline_s]
             for j, (step, fn) in enumerate(zip(steps, fns))]
-    del fns
     inbox, channels, done, tracer = core.channels[w], core.channels, core.done, core.tracer
     route = core.route if core.skips[w + 1] is not None else None
     current: Optional[_Run] = None

@@ -17,8 +17,9 @@ and the running plan has an EdgeTPU. It measures:
 
 * resident memory (psutil) after ``--warmup`` frames and at the end: growth
   goal under 5 %;
-* threads and open file descriptors of the process before the captioner is
-  made and after it is closed: no leak;
+* threads, open file descriptors and child processes of the process before
+  the captioner is made and after it is closed, with no garbage collection
+  forced: no leak;
 * every window accounted for: one caption per complete window, numbered
   0..n-1 once each, and each equal to the fault-free caption of the same
   frames (the clip repeats whole windows, so a fault-free run of a few
@@ -35,7 +36,6 @@ failover times are *measured* on this host.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
 import sys
@@ -46,7 +46,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap import faults
+from edgecap import faults, outputs
 from edgecap.bundle import default_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError
@@ -78,6 +78,7 @@ class SoakResult:
     rss_growth: float
     threads: Dict[str, int]
     fds: Dict[str, int]
+    processes: Dict[str, int]
     elapsed_s: float
     fps: float
     replayed: int
@@ -85,13 +86,25 @@ class SoakResult:
     host: Dict[str, Any] = field(default_factory=dict)
 
     @property
+    def missed(self) -> List[str]:
+        """The goals not met (none: the soak passed)."""
+        goals = [
+            ("every window captioned", self.captions == self.windows_expected),
+            ("windows in order, once each", self.windows_in_order),
+            ("captions equal to the fault-free run's", self.captions_match_fault_free),
+            (f"RSS growth under {100 * RSS_GOAL:.0f} %", self.rss_growth < RSS_GOAL),
+            ("every planned fault fired",
+             self.faults_fired == len(self.faults_injected) == self.faults_planned),
+            ("no thread left", self.threads["after"] <= self.threads["before"]),
+            ("no file descriptor left", self.fds["after"] <= self.fds["before"]),
+            ("no child process left", self.processes["after"] <= self.processes["before"]),
+        ]
+        return [name for name, met in goals if not met]
+
+    @property
     def ok(self) -> bool:
         """Whether every goal is met."""
-        return (self.captions == self.windows_expected and self.windows_in_order
-                and self.captions_match_fault_free and self.rss_growth < RSS_GOAL
-                and self.faults_fired == len(self.faults_injected) == self.faults_planned
-                and self.threads["after"] <= self.threads["before"]
-                and self.fds["after"] <= self.fds["before"])
+        return not self.missed
 
 
 def fault_schedule(frames: int, every: int) -> List[Tuple[int, str]]:
@@ -192,8 +205,8 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
         if reference[:period] * (len(reference) // period) != reference:
             raise ConfigError("soak: the fault-free captions of the repeated clip do not repeat")
     time.sleep(0.5)  # the reference's threads end
-    gc.collect()
-    before = {"threads": proc.num_threads(), "fds": proc.num_fds()}
+    # No gc.collect() here or after: what a failover leaves must be released, not collected.
+    before = {"threads": proc.num_threads(), "fds": proc.num_fds(), "processes": len(proc.children())}
     schedule = fault_schedule(frames, every)
     say(f"soak: {frames} frames, {len(schedule)} faults, one every {every} frames on the plan's TPUs in turn")
     rss: Dict[str, float] = {}
@@ -218,10 +231,7 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
         stats = cap.stats()
     faults.inject("")  # releases nothing left: every hang ended with its pipeline
     time.sleep(0.5)
-    # A failed invoke's exception and its traceback form a cycle holding the
-    # stage's interpreter (and its segment file) until the collector runs.
-    gc.collect()
-    after = {"threads": proc.num_threads(), "fds": proc.num_fds()}
+    after = {"threads": proc.num_threads(), "fds": proc.num_fds(), "processes": len(proc.children())}
     numbers = [w for w, _ in captions]
     mismatches = sum(1 for w, text in captions if text != reference[w % period])
     def ms(returns: bool) -> Dict[str, float]:
@@ -247,6 +257,7 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
         threads={"before": before["threads"], "warmup": during.get("threads_warmup", -1),
                  "end": during["threads_end"], "after": after["threads"]},
         fds={"before": before["fds"], "after": after["fds"]},
+        processes={"before": before["processes"], "after": after["processes"]},
         elapsed_s=round(elapsed, 1),
         fps=round(frames / elapsed, 1),
         replayed=stats.replayed,
@@ -281,8 +292,9 @@ def table(r: SoakResult) -> str:
         ("RSS after warm-up -> end, MiB (measured)", f"{r.rss_mb.get('warmup', float('nan')):.1f} -> {r.rss_mb['end']:.1f} ({100 * r.rss_growth:+.2f} %, goal < {100 * RSS_GOAL:.0f} %)"),
         ("threads before / warm-up / end / after close", f"{r.threads['before']} / {r.threads['warmup']} / {r.threads['end']} / {r.threads['after']}"),
         ("open fds before / after", f"{r.fds['before']} / {r.fds['after']}"),
+        ("child processes before / after", f"{r.processes['before']} / {r.processes['after']}"),
         ("run time, s / frames per s (host, loaded)", f"{r.elapsed_s} / {r.fps}"),
-        ("all goals met", "yes" if r.ok else "NO"),
+        ("goals", "all met" if r.ok else "NOT met: " + "; ".join(r.missed)),
     ]
     out = ["| figure | value |", "|---|---|"]
     out += [f"| {a} | {b} |" for a, b in rows]
@@ -305,24 +317,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--md", type=Path, help="write the table here (Markdown)")
     args = p.parse_args(argv)
-    for out in (args.json, args.md):
-        if out is not None and not out.parent.is_dir():
-            print(f"edgecap soak: error: {out.parent} is not a directory; choose an existing one",
-                  file=sys.stderr)
-            return 2
     try:
+        for out, what in ((args.json, "--json"), (args.md, "--md")):
+            if out is not None:
+                outputs.check_output(out, what)  # before the run, not after it
         result = run_soak(args.frames, args.fault_every, args.back, args.warmup, args.bundle, args.board,
                           progress=lambda line: print(line, file=sys.stderr, flush=True))
+        text = table(result)
+        print(text)
+        print("soak: all goals met" if result.ok else "soak: goals NOT met: " + "; ".join(result.missed))
+        command = "python -m edgecap.soak " + " ".join(argv if argv is not None else sys.argv[1:])
+        if args.json is not None:
+            outputs.write_text(args.json, json.dumps({"command": command, **asdict(result), "ok": result.ok},
+                                                     indent=2) + "\n")
+        if args.md is not None:
+            outputs.write_text(args.md, f"# Soak\n\n`{command}`\n\n{text}\n")
     except ConfigError as exc:
         print(f"edgecap soak: error: {exc}", file=sys.stderr)
         return 2
-    text = table(result)
-    print(text)
-    command = "python -m edgecap.soak " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.json is not None:
-        args.json.write_text(json.dumps({"command": command, **asdict(result), "ok": result.ok}, indent=2) + "\n")
-    if args.md is not None:
-        args.md.write_text(f"# Soak\n\n`{command}`\n\n{text}\n")
     return 0 if result.ok else 1
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from edgecap import edgetpu_runtime, interpreter
 from edgecap.devices import DeviceSpec, parse_device
-from edgecap.errors import ConfigError, EdgecapError, PlanError
+from edgecap.errors import ConfigError, EdgecapError, PlanError, RunCancelled
 from edgecap.modelfile import TensorSpec
 from edgecap.plan import Stage
 from edgecap.tflite_verify import verify_tflite
@@ -76,10 +76,18 @@ class InterpreterSegment(Segment):
         missing = [t.name for t in stage.outputs if t.name not in computed]
         if missing:
             raise _segment_mismatch(stage, f"does not output {', '.join(missing)}")
-        self._io = interpreter.TensorIO.from_details(interp)
+        self._io: Optional[interpreter.TensorIO] = interpreter.TensorIO.from_details(interp)
+        self._name = f"stage {stage.index}"
 
     def __call__(self, tensors: Tensors) -> Tensors:
+        if self._io is None:
+            raise RunCancelled(f"{self._name}: the segment is closed")
         return self._io(tensors)
+
+    def close(self) -> None:
+        # The interpreter holds the segment file open: let it go now, not when
+        # a cycle that still refers to this segment (a traceback) is collected.
+        self._io = None
 
 
 def _check_tensors(stage: Stage, kind: str, details: Sequence[Dict[str, Any]],
@@ -155,6 +163,9 @@ class PacedSegment(Segment):
         self._pacer.wait_until(deadline)
         return out
 
+    def close(self) -> None:
+        self._segment.close()
+
 
 class StageRunner(Segment):
     """Runs one plan stage: its segment, plus the tensors that pass it by.
@@ -171,6 +182,9 @@ class StageRunner(Segment):
         out = self._segment(tensors)
         return {name: out[name] if name in out else tensors[name] for name in self._names}
 
+    def close(self) -> None:
+        self._segment.close()
+
 
 def open_stage(
     stage: Stage,
@@ -181,6 +195,7 @@ def open_stage(
     pace: bool = False,
     isolate: bool = False,
     deadline_s: Optional[float] = None,
+    first_deadline_s: Optional[float] = None,
 ) -> Segment:
     """Opens a plan stage on a device; call it in the thread that will run it.
 
@@ -195,7 +210,10 @@ def open_stage(
         a native crash there raises ``DeviceFailed`` here instead of killing this
         process. Pacing then happens in the worker, as part of the invoke.
       deadline_s: With ``isolate``: seconds an invoke may take before the worker
-        counts as hung and is killed (default: ``isolation.default_deadline_s``).
+        counts as hung and is killed (default: ``isolation.default_deadline_s``;
+        the captioner passes its watchdog's deadline).
+      first_deadline_s: With ``isolate``: the first invoke's deadline
+        (default: ``deadline_s``).
 
     Returns:
       The stage as a ``Segment``: the tensors it reads in, its ``outputs`` out;
@@ -216,7 +234,7 @@ def open_stage(
         from edgecap.isolation import IsolatedSegment  # it imports this module
 
         return IsolatedSegment(stage, spec, num_threads=num_threads, timing_only=timing_only,
-                               pace=pace, deadline_s=deadline_s)
+                               pace=pace, deadline_s=deadline_s, first_deadline_s=first_deadline_s)
     paced = pace or spec.kind == "emu-tpu"
     if paced and stage.predicted_ms is None:
         raise ConfigError(

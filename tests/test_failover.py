@@ -6,6 +6,7 @@ import json
 import shutil
 import threading
 import time
+from pathlib import Path
 from typing import List
 
 import numpy as np
@@ -104,18 +105,39 @@ def test_without_a_compiler_the_failed_stage_runs_on_a_cpu_worker(shipped_bundle
 
 
 def test_a_plan_the_bundle_carries_comes_first(shipped_bundle, clip, tmp_path):
+    from edgecap.bundle import load_bundle
+    from edgecap_compile import compile_model
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(shipped_bundle, bundle)
+    # One of the board's two TPUs (the second stage is empty): the other is spare.
+    n = load_bundle(bundle).encoder_model.ops
+    compile_model(bundle, "devboard-usb", bundle / "plans" / "devboard-usb",
+                  ranges=[(0, n // 2), (n // 2, n // 2), (n // 2, n)])
+    with EdgeCaptioner(bundle, plan=bundle / "plans" / "devboard-usb", emulate=True, num_threads=1) as cap:
+        expected = _texts(cap, clip)
+        assert list(cap.devices.values()) == ["emu-tpu:0", "cpu"]
+        faults.inject("emu-tpu:0=fail@40")
+        assert _texts(cap, clip) == expected
+        (record,) = cap.stats().failovers
+        # Onto the board's TPU the plan left idle, not the CPU.
+        assert record.how == "bundle" and list(cap.devices.values()) == ["emu-tpu:1", "cpu"]
+
+
+def test_a_plan_for_another_board_is_not_a_failover_plan(shipped_bundle, clip, tmp_path):
     from test_autoplan import _compiled_plan
 
     bundle = tmp_path / "bundle"
     shutil.copytree(shipped_bundle, bundle)
     _compiled_plan(bundle, "devboard-usb", 2)
-    _compiled_plan(bundle, "devboard", 1)
+    _compiled_plan(bundle, "devboard", 1)  # fits the one TPU left, but is timed for another board
     with EdgeCaptioner(bundle, plan=bundle / "plans" / "devboard-usb", emulate=True, num_threads=1) as cap:
         expected = _texts(cap, clip)
         faults.inject("emu-tpu:1=fail@40")
         assert _texts(cap, clip) == expected
         (record,) = cap.stats().failovers
-        assert record.how == "bundle" and list(cap.devices.values()) == ["emu-tpu:0", "cpu"]
+        assert record.how == "cpu" and cap.plan.board == "devboard-usb"
+        assert list(cap.devices.values()) == ["emu-tpu:0", "cpu:1", "cpu"]
 
 
 def test_several_streams_each_keep_every_window(shipped_bundle, clip):
@@ -192,15 +214,36 @@ def test_the_prober_backs_off_until_the_device_answers():
 
 
 @pytest.mark.parametrize("action", ["abort", "segv"])
-def test_a_crash_in_an_isolated_stage_fails_over(shipped_bundle, clip, reference, action):
+def test_a_crash_in_an_isolated_stage_fails_over(shipped_bundle, clip, reference, action, monkeypatch):
+    import psutil
+    from multiprocessing import resource_tracker
+    from multiprocessing.shared_memory import SharedMemory
+
+    from edgecap import isolation
+
+    blocks = []
+
+    def recorded(*args, **kwargs):
+        shm = SharedMemory(*args, **kwargs)
+        blocks.append(shm.name)
+        return shm
+
+    monkeypatch.setattr(isolation, "SharedMemory", recorded)
+    resource_tracker.ensure_running()  # Python's, once per process: no leak
+    children = {p.pid for p in psutil.Process().children()}
     # The demo's plan on devboard-usb: its one TPU stage aborts or segfaults in its worker process.
     with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, isolate=True) as cap:
-        assert "emu-tpu:0" in cap.devices.values()
+        assert list(cap.devices.values()) == ["emu-tpu:0", "cpu"]
         faults.inject(f"emu-tpu:0={action}@40")
         assert _texts(cap, clip) == reference
         (record,) = cap.stats().failovers
         assert (record.device, record.kind, record.how) == ("emu-tpu:0", "crashed", "compiler")
         assert record.replayed > 0 and record.took_s is not None
+        # Onto the board's other TPU, which the plan left idle.
+        assert list(cap.devices.values()) == ["emu-tpu:1", "cpu"]
+    # No collection: the crashed stage's worker and every block went with their pipelines.
+    assert {p.pid for p in psutil.Process().children()} <= children
+    assert len(blocks) == 2 and not any(Path("/dev/shm", name).exists() for name in blocks)
 
 
 def test_the_watchdog_fails_a_run_whose_step_outlives_its_deadline():
@@ -254,3 +297,141 @@ def test_a_fault_fires_once_at_its_invoke_and_the_device_answers_after_its_delay
     assert plan.take("emu-tpu:0") is None and not plan.answers("emu-tpu:0")
     time.sleep(0.15)
     assert plan.answers("emu-tpu:0")
+
+
+def _live_frames(clip, n: int, gap_s: float = 0.001):
+    for i in range(n):
+        time.sleep(gap_s)
+        yield None, Frame(i, i / 8.0, clip[i % len(clip)])
+
+
+def test_live_drops_count_each_frame_once_over_two_failovers(shipped_bundle, clip):
+    # emu-tpu:0 fails, the plan moves onto emu-tpu:1, which fails too: two switches, frames
+    # arriving faster than the pipeline takes them. Every frame read comes out or is dropped, once.
+    n = 600
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+        faults.inject("emu-tpu:0=fail@20,emu-tpu:1=fail@20")
+        out = sum(1 for r in cap.run_frames(_live_frames(clip, n), live=True) if r.frame is not None)
+        stats = cap.stats()
+        assert [(f.device, f.kind) for f in stats.failovers] == [("emu-tpu:0", "error"), ("emu-tpu:1", "error")]
+        assert out + stats.dropped == n, (out, stats.dropped, stats.failovers)
+
+
+def test_a_refused_concurrent_call_keeps_the_running_calls_failover_stats(shipped_bundle, clip):
+    from edgecap.errors import PipelineBusy
+
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+        faults.inject("emu-tpu:0=fail@10")
+        it = cap.stream(iter(clip), fps=0)
+        next(it)
+        while not cap.stats().failovers:
+            next(it)
+        refused = []
+
+        def other() -> None:
+            try:
+                next(cap.stream(iter(clip[:16]), fps=0))
+            except PipelineBusy as exc:
+                refused.append(exc)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(10)
+        assert refused
+        assert [f.device for f in cap.stats().failovers] == ["emu-tpu:0"]
+        it.close()
+
+
+@pytest.mark.usefixtures("no_leaked_threads")
+def test_close_during_a_failover_closes_the_new_pipeline(shipped_bundle, clip, monkeypatch):
+    from edgecap.errors import RunCancelled
+
+    cap = EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1)
+    real_start = cap._start
+    started = []
+
+    def start_then_close():
+        pipeline = real_start()
+        started.append(pipeline)
+        cap.close()  # as another thread (or a signal handler) would, while the failover opens it
+        return pipeline
+
+    monkeypatch.setattr(cap, "_start", start_then_close)
+    faults.inject("emu-tpu:0=fail@10")
+    with pytest.raises(RunCancelled, match="closed during a failover"):
+        _texts(cap, clip)
+    (pipeline,) = started
+    assert pipeline.running() == []
+
+
+def test_a_replaced_runs_reader_reads_no_more_once_a_new_one_starts():
+    from edgecap.captioner import _Run, _Source
+    from edgecap.bundle import WindowSpec
+
+    items = iter([(None, Frame(i, i / 8.0, np.zeros((2, 2, 3), np.uint8))) for i in range(5)])
+    make = lambda stream, frame, pos: (stream, frame, pos)  # noqa: E731
+    source = _Source(items, make, {}, WindowSpec(frames=2, stride=2, sample_fps=8.0), hold=False)
+    old = source.jobs(_Run({}), {})
+    assert next(old)[2] == 0
+    new = source.jobs(_Run({}), {})
+    with pytest.raises(StopIteration):  # stale: it must not take frame 1 from the new run
+        next(old)
+    assert [job[2] for job in new] == [1, 2, 3, 4]
+
+
+def test_the_prober_survives_a_probe_that_raises(caplog):
+    back = threading.Event()
+    calls = []
+
+    def probe(device: str) -> bool:
+        calls.append(device)
+        if len(calls) == 1:
+            raise OSError("USB reset")
+        return True
+
+    prober = Prober(lambda device: back.set(), probe)
+    prober.watch("emu-tpu:0")
+    try:
+        assert back.wait(5), calls
+    finally:
+        prober.close()
+    assert "probing emu-tpu:0 failed (OSError: USB reset)" in caplog.text
+
+
+def test_a_stopped_run_in_a_tpu_stage_is_no_device_failure(monkeypatch, shipped_bundle):
+    from edgecap import stages
+    from edgecap.captioner import _CnnStage, _FrameJob
+    from edgecap.errors import RunCancelled
+
+    class Stopped:
+        isolated = False
+
+        def __call__(self, tensors):
+            raise RunCancelled("stopped")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(stages, "open_stage", lambda *a, **k: Stopped())
+    stage = _CnnStage(None, "emu-tpu:0", threading.Event())
+    job = _FrameJob((None, None), Frame(0, 0.0, None), {}, 0.0, {"cnn": 0.0})
+    with pytest.raises(RunCancelled):
+        stage(job)
+
+
+def test_the_tpus_left_are_the_boards_not_only_the_plans(monkeypatch, shipped_bundle):
+    from edgecap import devices
+    from edgecap.devices import DeviceInfo
+    from edgecap.failover import board_tpus
+    from edgecap.placement import Placement
+    from edgecap.planning import plan_for_board
+    from edgecap.bundle import load_bundle
+
+    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb")  # one of its two TPUs used
+    emulated = Placement({"pci:0": "emu-tpu:0", "cpu": "cpu"}, True, True)
+    assert board_tpus(plan, emulated) == ["emu-tpu:0", "emu-tpu:1"]
+    attached = [DeviceInfo("cpu", "cpu", "", ""), DeviceInfo("tpu:0", "pci", "/dev/apex_0", ""),
+                DeviceInfo("tpu:1", "usb", "usb", "")]
+    monkeypatch.setattr(devices, "list_devices", lambda root="/": attached)
+    real = Placement({"pci:0": "pci:0", "cpu": "cpu"}, False, False)
+    assert board_tpus(plan, real) == ["pci:0", "tpu:1"]  # pci:0 is tpu:0 by another name

@@ -56,13 +56,21 @@ def _threads(pid: int) -> int:
         return 0
 
 
-def _signal_after_start(cmd, signum, env=None) -> tuple:
+def _running_threads(plan_dir: Path) -> int:
+    """Threads of a caption run of the plan: main, the feeder, the watchdog, a worker per device, decode."""
+    stages = [s for s in json.loads((plan_dir / "plan.json").read_text())["stages"] if s["ops"][1] > s["ops"][0]]
+    devices = {s["device"] for s in stages} | {"cpu"}  # the RNN step runs on the CPU worker
+    return 3 + len(devices) + 1
+
+
+def _signal_after_start(cmd, signum, threads: int, env=None) -> tuple:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        # Running: main thread, one worker per device (2 TPUs, cpu, decode), the feeder.
         deadline = time.monotonic() + 30
-        while _threads(proc.pid) < 6 and proc.poll() is None and time.monotonic() < deadline:
+        while _threads(proc.pid) < threads and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        if proc.poll() is None and _threads(proc.pid) < threads:
+            pytest.fail(f"the run never reached its {threads} threads (has {_threads(proc.pid)})")
         time.sleep(0.5)  # the first frame is now in a stage's wait
         assert proc.poll() is None, proc.communicate()
         sent = time.monotonic()
@@ -83,7 +91,7 @@ def test_a_signal_ends_a_run_whatever_its_predicted_times(board_plan, shipped_bu
     cmd = [sys.executable, str(script), str(board_plan), repr(predicted_ms), "caption",
            str(shipped_bundle.parent / "sample.mp4"), "--bundle", str(shipped_bundle),
            "--plan", str(board_plan), "--emulate"]
-    rc, took, err = _signal_after_start(cmd, signum)
+    rc, took, err = _signal_after_start(cmd, signum, _running_threads(board_plan))
     assert "Traceback" not in err, err
     assert rc == code and took < 2.0, (rc, took, err)
 
@@ -102,6 +110,6 @@ def test_a_signal_ends_a_run_whose_device_hangs(board_plan, shipped_bundle, sign
     env = dict(os.environ, EDGECAP_FAULTS="emu-tpu:0=hang@0")
     cmd = [sys.executable, "-m", "edgecap.cli", "caption", str(shipped_bundle.parent / "sample.mp4"),
            "--bundle", str(shipped_bundle), "--plan", str(slow), "--emulate"]
-    rc, took, err = _signal_after_start(cmd, signum, env)
+    rc, took, err = _signal_after_start(cmd, signum, _running_threads(slow), env)
     assert "Traceback" not in err, err
     assert rc == code and took < 2.0, (rc, took, err)

@@ -24,6 +24,7 @@ def test_a_short_soak_accounts_for_every_window_and_leaks_nothing(shipped_bundle
     assert failures == [("emu-tpu:0", "error"), ("emu-tpu:0", "hung"), ("emu-tpu:0", "vanished")], r.failovers
     assert all(f["took_s"] is not None and f["took_s"] < 1.0 for f in r.failovers), r.failovers
     assert r.threads["after"] <= r.threads["before"] and r.fds["after"] <= r.fds["before"], r
+    assert r.ok and r.missed == [], r.missed
 
 
 def test_the_faults_rotate_actions_and_strike_each_tpu_of_the_plan(shipped_bundle, two_tpu_board):
@@ -44,9 +45,18 @@ def test_the_command_refuses_a_soak_shorter_than_its_warm_up(tmp_path, capsys):
 
 def test_the_command_writes_its_figures(tmp_path, shipped_bundle, capsys):
     out = tmp_path / "soak.json"
-    main(["--frames", "240", "--fault-every", "100", "--back", "0.2", "--warmup", "50",
-          "--bundle", str(shipped_bundle), "--json", str(out), "--md", str(tmp_path / "soak.md")])
+    code = main(["--frames", "240", "--fault-every", "100", "--back", "0.2", "--warmup", "50",
+                 "--bundle", str(shipped_bundle), "--json", str(out), "--md", str(tmp_path / "soak.md")])
     doc = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert code == 0 and doc["ok"], (doc, printed)
     assert doc["captions"] == 30 and doc["command"].startswith("python -m edgecap.soak")
+    assert doc["processes"]["after"] <= doc["processes"]["before"]
     assert "| windows expected / captioned | 30 / 30 |" in (tmp_path / "soak.md").read_text()
-    assert "all goals met" in capsys.readouterr().out
+    assert "soak: all goals met" in printed and "| goals | all met |" in printed
+
+
+def test_the_command_refuses_an_output_it_cannot_write_before_the_run(tmp_path, capsys):
+    code = main(["--frames", "240", "--warmup", "50", "--md", str(tmp_path)])  # a directory
+    assert code == 2 and "--md" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
