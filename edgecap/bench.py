@@ -382,13 +382,13 @@ def _bound_fps(plan: Plan, pipelined: bool, window: WindowSpec) -> float:
     return 1000.0 / period if period > 0 else float("inf")
 
 
-def board_plans(bundle: Bundle, board: str) -> Dict[str, Plan]:
-    """Returns the plan of each schedule on ``board`` (compiled on the fly, cached)."""
+def board_plans(bundle: Bundle, board: str, window: Optional[WindowSpec] = None) -> Dict[str, Plan]:
+    """Returns the plan of each schedule on ``board`` for ``window`` (compiled on the fly, cached)."""
     plans = {
-        "a": plan_for_board(bundle, board, tpus=0),
-        "b": plan_for_board(bundle, board, whole_on_tpu=True),
-        "e": plan_for_board(bundle, board, equal_param=True),
-        "c": plan_for_board(bundle, board),
+        "a": plan_for_board(bundle, board, tpus=0, window=window),
+        "b": plan_for_board(bundle, board, whole_on_tpu=True, window=window),
+        "e": plan_for_board(bundle, board, equal_param=True, window=window),
+        "c": plan_for_board(bundle, board, window=window),
     }
     plans["d"] = plans["c"]
     return plans
@@ -419,12 +419,12 @@ def bench_board(
       stride. Every row's ``same_features`` is checked; with ``timing_only``
       ``same_captions`` comes from ``check_outputs`` too.
     """
-    plans = board_plans(bundle, board)
     pipelined = {"a": False, "b": False, "e": True, "c": False, "d": True}
     name = f"{board} (emulated)"
     rows: List[Row] = []
     for stride in strides or [bundle.window.stride]:
         window = CaptionerOptions(stride=stride).window(bundle.window)
+        plans = board_plans(bundle, board, window)  # planned for the window it runs
         checks = check_outputs(bundle, plans, pipelined, frames[: check_windows * window.frames],
                                window, threads, with_captions=timing_only)
         reference: Optional[List[List[int]]] = None

@@ -740,7 +740,7 @@ class EdgeCaptioner:
         board = self.options.board if self.options.board != "auto" else (
             self.plan_choice.board if self.plan_choice is not None else None)
         return replan(self.bundle, plan, placement, left, self._failed, board, self.options.emulate,
-                      self._candidates)
+                      self._candidates, self.window)
 
     def run_frames(
         self,
@@ -844,7 +844,7 @@ def _resolve_plan(bundle: Bundle, opts: CaptionerOptions) -> Plan:
     else:
         from edgecap.planning import plan_for_board  # the one door to the compiler
 
-        resolved = plan_for_board(bundle, opts.board)
+        resolved = plan_for_board(bundle, opts.board, window=opts.window(bundle.window))
     _check_plan_fits(resolved, bundle)
     return resolved
 

@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from edgecap import devices, faults
 from edgecap.autoplan import tpus_used
-from edgecap.bundle import Bundle
+from edgecap.bundle import Bundle, WindowSpec
 from edgecap.errors import EdgecapError
 from edgecap.placement import Placement, place
 from edgecap.plan import Plan, load_plan, single_cpu_plan
@@ -104,7 +104,8 @@ def board_tpus(plan: Plan, placement: Placement) -> List[str]:
 
 def replan(bundle: Bundle, plan: Plan, placement: Placement, left: Sequence[str],
            failed: Sequence[str], board: Optional[str], emulate: Optional[bool],
-           candidates: Optional[Sequence[Plan]] = None) -> Replan:
+           candidates: Optional[Sequence[Plan]] = None,
+           window: Optional[WindowSpec] = None) -> Replan:
     """Chooses the plan to go on with on the EdgeTPUs left.
 
     Args:
@@ -117,6 +118,8 @@ def replan(bundle: Bundle, plan: Plan, placement: Placement, left: Sequence[str]
       emulate: As ``CaptionerOptions.emulate``.
       candidates: The bundle's plans for the running plan's board, loaded
         (``bundle_plans``); None loads them here.
+      window: The window the captioner runs, which a re-partition plans for
+        (default: the bundle's).
 
     Returns:
       The ``Replan``.
@@ -134,7 +137,7 @@ def replan(bundle: Bundle, plan: Plan, placement: Placement, left: Sequence[str]
         from edgecap.planning import plan_for_board  # the one door to the compiler
 
         try:
-            planned = (plan_for_board(bundle, board, tpus=len(left)) if left
+            planned = (plan_for_board(bundle, board, tpus=len(left), window=window) if left
                        else single_cpu_plan(bundle.encoder_model))
             return Replan(planned, _onto(planned, left, emulate), "compiler")
         except EdgecapError as exc:  # not installed, or the board refused

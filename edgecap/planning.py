@@ -11,6 +11,7 @@ CPU stage uses this machine's cores.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -20,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from edgecap.bundle import Bundle
+from edgecap.bundle import Bundle, WindowSpec
 from edgecap.errors import ConfigError
 from edgecap.plan import PLAN_FILE, PLAN_VERSION, Plan, load_plan
 
@@ -33,7 +34,7 @@ def cache_root() -> Path:
 
 def plan_for_board(
     bundle: Bundle, board: str, *, tpus: Optional[int] = None, whole_on_tpu: bool = False,
-    equal_param: bool = False,
+    equal_param: bool = False, window: Optional[WindowSpec] = None,
 ) -> Plan:
     """Compiles the bundle's encoder for a board profile and loads the plan.
 
@@ -46,6 +47,9 @@ def plan_for_board(
       equal_param: Split the encoder into TPU segments of about equal parameter
         bytes, the CPU left with only the RNN (``edgetpu_compiler
         --num_segments N``) instead of the best split.
+      window: The window the plan will run (default: the bundle's): the CPU
+        stage is charged one RNN step per window a frame feeds, so a smaller
+        stride moves the split towards the TPUs.
 
     Returns:
       The loaded ``Plan``.
@@ -64,6 +68,8 @@ def plan_for_board(
             f"planning for board {board!r} needs the compiler ({exc}); install edgecap from a "
             "source checkout, or pass a plan.json from `edgecap compile`"
         ) from None
+    if window is not None and window != bundle.window:
+        bundle = dataclasses.replace(bundle, window=window)
     chosen = edgecap_compile.make_board(board, tpus=1 if whole_on_tpu else tpus)
     key = hashlib.sha256()
     # The bundle recorded both models' hashes when it validated them.

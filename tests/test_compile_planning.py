@@ -72,3 +72,17 @@ def test_the_cache_key_covers_the_tools(bundle, monkeypatch, change):
         monkeypatch.setattr(planning.metadata, "version", lambda name: "99.0")
     # The compile itself runs without edgetpu_compiler: only the key sees the change.
     assert planning.plan_for_board(bundle, "devboard-usb").path.parent != first
+
+
+def test_a_plan_is_made_for_the_window_it_runs(bundle):
+    import dataclasses
+
+    # The bundle's own window, and one at a quarter of its stride: four RNN steps a frame.
+    default = planning.plan_for_board(bundle, "devboard-usb")
+    small = dataclasses.replace(bundle.window, stride=bundle.window.stride // 4)
+    planned = planning.plan_for_board(bundle, "devboard-usb", window=small)
+    assert planned.path != default.path  # a plan of its own in the cache
+    assert planned.rnn_steps_per_frame == 4 * default.rnn_steps_per_frame
+    # The heavier RNN on the CPU moves CNN ops off it.
+    cpu_ops = lambda plan: plan.stages[-1].ops[1] - plan.stages[-1].ops[0]
+    assert cpu_ops(planned) < cpu_ops(default)
