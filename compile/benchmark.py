@@ -42,6 +42,7 @@ import numpy as np
 from edgecap.bundle import load_bundle
 from edgecap.errors import EdgecapError
 from edgecap.interpreter import make_cpu_interpreter
+from edgecap.outputs import check_output, write_text
 from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import load_board
 from edgecap_compile.compiler import compile_model, rnn_step_ms
@@ -61,22 +62,14 @@ WINDOW = (8, 2)
 # Usable SRAM budgets (MiB) of the sensitivity section, and its models.
 SRAM_MIB = (6.0, 7.0, 8.0)
 SRAM_MODELS = ("ResNet50", "InceptionV3")
-# The paper-scale InceptionV3 at its native 299 input, when `python -m
-# models.paper_bundles` has built it (pooled encoder, no classifier).
-INCEPTION_299 = Path("bundles") / "inceptionv3-299" / "encoder.tflite"
 
 
 def sram_models(models: List[str]) -> List[Tuple[str, Path]]:
-    """Returns the sensitivity section's ``(label, model)`` pairs among ``models``.
+    """Returns the sensitivity section's ``(label, model)`` pairs among ``models`` (``keras_zoo``'s).
 
-    ResNet50 and InceptionV3 at 224 from ``keras_zoo``, and InceptionV3 at 299
-    from the paper-scale bundle cache when it is there.
+    A captioning bundle's own encoder joins through ``--bundles``.
     """
-    out = [(name, model_path(name)) for name in SRAM_MODELS if name in models]
-    bundle = cache_dir().parent / INCEPTION_299
-    if "InceptionV3" in models and bundle.is_file():
-        out.append(("InceptionV3-299 (bundle encoder)", bundle))
-    return out
+    return [(name, model_path(name)) for name in SRAM_MODELS if name in models]
 
 
 def _summary(split: Partition) -> dict:
@@ -388,12 +381,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     for board in args.boards:
         load_board(board)
     require_models(args.models)
+    for suffix in (".json", ".md"):
+        check_output(args.out + suffix, "--out")
     for directory in args.bundles:
         load_bundle(directory)  # a bad bundle is one line before the run
     doc = benchmark(args.models, args.boards, rnn_step, tuple(args.window), args.bundles)
-    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_text(args.out + ".json", json.dumps(doc, indent=2) + "\n")
     text = markdown(doc)
-    Path(args.out + ".md").write_text(text)
+    write_text(args.out + ".md", text)
     print(text)
     return 0
 

@@ -43,6 +43,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -661,16 +662,19 @@ def bench_startup(bundle: "str | os.PathLike[str]", clip: str,
     args = ["caption", "--json", "--bundle", os.fspath(bundle), *extra, clip]
     command = [sys.executable, "-c", _EDGECAP, *args]
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = None
-    lines = 0
-    assert child.stdout is not None
-    for line in child.stdout:
-        if line.startswith("{"):
-            lines += 1
-            first = first if first is not None else time.perf_counter() - start
-    err = child.stderr.read() if child.stderr else ""
-    child.wait()
+    # stderr goes to a file: a pipe read only after stdout ends would block a chatty child.
+    with tempfile.TemporaryFile("w+") as errors:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+        first = None
+        lines = 0
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith("{"):
+                lines += 1
+                first = first if first is not None else time.perf_counter() - start
+        child.wait()
+        errors.seek(0)
+        err = errors.read()
     total = time.perf_counter() - start
     peak = [line.split()[1:] for line in err.splitlines() if line.startswith("EDGECAP_PEAK_KB")]
     if child.returncode != 0 or first is None or not peak or not peak[-1]:

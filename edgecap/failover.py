@@ -31,6 +31,7 @@ from edgecap.bundle import Bundle, WindowSpec
 from edgecap.errors import EdgecapError
 from edgecap.placement import Placement, place
 from edgecap.plan import Plan, load_plan, single_cpu_plan
+from edgecap.windows import windows_per_frame
 
 PROBE_FIRST_S = 0.25
 PROBE_MAX_S = 30.0
@@ -127,6 +128,9 @@ def replan(bundle: Bundle, plan: Plan, placement: Placement, left: Sequence[str]
     if candidates is None:
         candidates = bundle_plans(bundle, plan)
     real = any(devices.parse_device(w).kind == "tpu" for w in left)
+    if window is not None:  # a bundled plan charged its CPU stage for the bundle's window
+        steps = windows_per_frame(window.frames, window.stride)
+        candidates = [c for c in candidates if c.rnn_steps_per_frame == steps]
     fitting = [c for c in candidates if tpus_used(c) <= len(left)
                and not (real and any(s.spec.kind == "tpu" and s.compiled_segment is None
                                      for s in c.active_stages))]

@@ -68,8 +68,10 @@ def plan_for_board(
             f"planning for board {board!r} needs the compiler ({exc}); install edgecap from a "
             "source checkout, or pass a plan.json from `edgecap compile`"
         ) from None
-    if window is not None and window != bundle.window:
-        bundle = dataclasses.replace(bundle, window=window)
+    # The compiler reads only frames and stride: a window differing in rate alone is the same plan.
+    if window is not None and (window.frames, window.stride) != (bundle.window.frames, bundle.window.stride):
+        bundle = dataclasses.replace(bundle, window=dataclasses.replace(
+            bundle.window, frames=window.frames, stride=window.stride))
     chosen = edgecap_compile.make_board(board, tpus=1 if whole_on_tpu else tpus)
     key = hashlib.sha256()
     # The bundle recorded both models' hashes when it validated them.
@@ -78,7 +80,7 @@ def plan_for_board(
     # A plan made without edgetpu_compiler, or by another compiler or plan
     # version, must not be reused once that changes (edgecap_compile ships in
     # the edgecap distribution, so its version is edgecap's).
-    key.update(repr((chosen, bundle.window, whole_on_tpu, equal_param,
+    key.update(repr((chosen, (bundle.window.frames, bundle.window.stride), whole_on_tpu, equal_param,
                      edgecap_compile.find_compiler(), PLAN_VERSION,
                      metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
@@ -133,8 +135,8 @@ def host_schedule(plan: Plan, cores: int) -> HostSchedule:
     RNN ``r`` ms a frame (its steps for every window the frame feeds), threads
     take ``t + r`` a frame; pipelining the CNN against the RNN takes
     ``max(t * C / (C - 1), r)``, the CNN losing a core to the RNN. So
-    pipelining pays only when ``r > t / (C - 1)``: when the RNN is slower
-    than the CNN on all but one core. The CNN's scaling is taken as linear,
+    pipelining pays only when ``r > t / (C - 1)``: when the RNN takes longer
+    than the time the CNN loses by giving up a core. The CNN's scaling is taken as linear,
     the best case for threads; a CNN that scales worse than that loses less by
     the core it gives up. Where the plan has no predictions, threads.
 

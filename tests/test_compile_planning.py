@@ -86,3 +86,16 @@ def test_a_plan_is_made_for_the_window_it_runs(bundle):
     # The heavier RNN on the CPU moves CNN ops off it.
     cpu_ops = lambda plan: plan.stages[-1].ops[1] - plan.stages[-1].ops[0]
     assert cpu_ops(planned) < cpu_ops(default)
+
+
+def test_the_captioner_plans_for_the_stride_it_runs(shipped_bundle):
+    from edgecap.captioner import EdgeCaptioner
+
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", stride=2, num_threads=1) as cap:
+        assert cap.plan.rnn_steps_per_frame == 4  # 8-frame windows at stride 2
+    # A window that differs only in its sampling rate is the same plan, not a recompile.
+    bundle = load_bundle(shipped_bundle)
+    import dataclasses
+    faster = dataclasses.replace(bundle.window, sample_fps=bundle.window.sample_fps * 2)
+    assert planning.plan_for_board(bundle, "devboard-usb", window=faster).path == \
+        planning.plan_for_board(bundle, "devboard-usb").path
