@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgecap.bundle import load_bundle
-from edgecap.errors import EdgecapError
+from edgecap.cli import run_command
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.outputs import check_output, write_text
 from edgecap.windows import windows_per_frame
@@ -394,8 +394,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except EdgecapError as error:
-        print(f"edgecap: {error}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_command("python -m edgecap_compile.benchmark", main))

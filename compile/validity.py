@@ -32,7 +32,8 @@ import msgspec
 import numpy as np
 
 from edgecap import schema
-from edgecap.errors import EdgecapError
+from edgecap.cli import run_command
+from edgecap.outputs import check_output, write_text
 from edgecap_compile.boards import PRICES, Device, load_board
 from edgecap_compile.calibration import nonnegative_fit
 from edgecap_compile.cost_model import work_features
@@ -371,17 +372,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", default=str(DOCS / "cost-model"),
                         help="path prefix of the .json and .md written")
     args = parser.parse_args(argv)
+    for suffix in (".json", ".md"):
+        check_output(args.out + suffix, "--out")
     doc = validity(Path(args.data))
     text = markdown(doc)
-    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
-    Path(args.out + ".md").write_text(text)
+    write_text(args.out + ".json", json.dumps(doc, indent=2) + "\n")
+    write_text(args.out + ".md", text)
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except EdgecapError as error:
-        print(f"edgecap: {error}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_command("python -m edgecap_compile.validity", main))

@@ -988,7 +988,8 @@ def _isolation_main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
     import json
 
-    from edgecap.errors import EdgecapError
+    from edgecap.cli import run_command
+    from edgecap.outputs import check_output, write_text
 
     parser = argparse.ArgumentParser(prog="python -m edgecap.bench",
                                      description="the per-frame cost of process isolation")
@@ -998,19 +999,19 @@ def _isolation_main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--frames", type=int, default=300)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    try:
-        if args.json is not None and not os.access(args.json.parent, os.W_OK):
-            raise ConfigError(f"--json {args.json}: {args.json.parent} is not a writable directory")
+
+    def body() -> int:
+        if args.json is not None:
+            check_output(args.json, "--json")
         if args.frames < 1:
             raise ConfigError(f"--frames {args.frames}: use 1 or more")
         result = bench_isolation(load_bundle(args.bundle or default_bundle()), args.board, args.frames)
-    except EdgecapError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_isolation(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    return 0
+        print(format_isolation(result))
+        if args.json is not None:
+            write_text(args.json, json.dumps(result.to_json(), indent=2) + "\n")
+        return 0
+
+    return run_command("python -m edgecap.bench --isolation", body)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import tempfile
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence
 
 from edgecap import __version__
 from edgecap.bundle import DEMO_DIR, default_bundle
@@ -540,6 +540,35 @@ def _sigterm_like_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def run_command(prog: str, body: Callable[[], int]) -> int:
+    """Runs a command's body with ``edgecap``'s exit policy.
+
+    Bad input is one line, ``PROG: error: ...``, and exit code 2; SIGINT
+    (Ctrl-C) and SIGTERM unwind the body (its ``with`` blocks close pipelines
+    and discard half-written outputs) and exit 130 and 143, without a traceback.
+
+    Args:
+      prog: The command's name, for the error line (e.g. ``edgecap soak``).
+      body: Does the work; returns the exit code.
+
+    Returns:
+      The exit code.
+    """
+    try:
+        with _sigterm_like_ctrl_c():
+            return body()
+    except EdgecapError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except Terminated:
+        return EXIT_SIGTERM
+    except KeyboardInterrupt:
+        return EXIT_SIGINT
+    except BrokenPipeError:  # e.g. `edgecap caption clip.mp4 | head -1`
+        sys.stderr.close()
+        return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the ``edgecap`` command.
 
@@ -550,19 +579,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       The exit code: 0 on success, 2 on bad input, 130 on SIGINT (Ctrl-C),
       143 on SIGTERM.
     """
-    try:
-        with _sigterm_like_ctrl_c():
-            return run(sys.argv[1:] if argv is None else argv)
-    except EdgecapError as e:
-        print(f"edgecap: error: {e}", file=sys.stderr)
-        return 2
-    except Terminated:
-        return EXIT_SIGTERM
-    except KeyboardInterrupt:
-        return EXIT_SIGINT
-    except BrokenPipeError:  # e.g. `edgecap caption clip.mp4 | head -1`
-        sys.stderr.close()
-        return 0
+    return run_command("edgecap", lambda: run(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

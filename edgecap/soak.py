@@ -49,6 +49,7 @@ import numpy as np
 from edgecap import faults, outputs
 from edgecap.bundle import default_bundle
 from edgecap.captioner import EdgeCaptioner
+from edgecap.cli import run_command
 from edgecap.errors import ConfigError
 from edgecap.failover import tpu_workers
 from edgecap.sources import open_source
@@ -317,7 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--md", type=Path, help="write the table here (Markdown)")
     args = p.parse_args(argv)
-    try:
+
+    def body() -> int:
         for out, what in ((args.json, "--json"), (args.md, "--md")):
             if out is not None:
                 outputs.check_output(out, what)  # before the run, not after it
@@ -332,10 +334,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                      indent=2) + "\n")
         if args.md is not None:
             outputs.write_text(args.md, f"# Soak\n\n`{command}`\n\n{text}\n")
-    except ConfigError as exc:
-        print(f"edgecap soak: error: {exc}", file=sys.stderr)
-        return 2
-    return 0 if result.ok else 1
+        return 0 if result.ok else 1
+
+    return run_command("edgecap soak", body)
 
 
 if __name__ == "__main__":

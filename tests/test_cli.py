@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import write_noise_clip
-from edgecap.cli import main
+from edgecap.cli import Terminated, main, run_command
+from edgecap.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +173,21 @@ def test_compiler_commands_are_in_the_one_tree() -> None:
             "assert a.tpus == 2 and a.func.__name__ == '_cmd_compile'\n"
             "assert not [m for m in sys.modules if m.startswith('edgecap_compile')]\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("raised, code, line", [
+    (None, 0, None),
+    (ConfigError("--out x: no directory"), 2, "edgecap soak: error: --out x: no directory"),
+    (KeyboardInterrupt(), 130, None),
+    (Terminated(), 143, None),
+])
+def test_every_command_shares_the_exit_policy(capsys, raised, code, line):
+    # `edgecap`, the soak, the isolation bench and the compiler's benchmarks all run through it.
+    def body() -> int:
+        if raised is not None:
+            raise raised
+        return 0
+
+    assert run_command("edgecap soak", body) == code
+    err = capsys.readouterr().err
+    assert err.splitlines() == ([line] if line else []) and "Traceback" not in err

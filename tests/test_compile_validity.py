@@ -110,3 +110,12 @@ def test_a_cached_graph_replaces_the_published_counts_and_its_absence_does_not(m
     monkeypatch.setattr(keras_zoo, "model_path", missing)
     work = model_work(model)
     assert (work.ops, work.macs, work.elements, work.source) == (1, 1e9, 0.0, "published counts")
+
+
+def test_an_unwritable_out_is_refused_before_the_table_is_built(tmp_path, monkeypatch):
+    from edgecap.errors import ConfigError
+    from edgecap_compile import validity
+
+    monkeypatch.setattr(validity, "validity", lambda *a: pytest.fail("built the table first"))
+    with pytest.raises(ConfigError, match="no directory"):
+        validity.main(["--out", str(tmp_path / "missing" / "cost-model")])
