@@ -151,3 +151,18 @@ def sample_story() -> Story:
     per_window = len(parts[1])
     assert len(frames) == per_window * len(truths)
     return Story(frames, truths, per_window)
+
+
+@pytest.fixture(scope="module")
+def story() -> Story:
+    """The sample story (``sample_story``), rendered once per test module."""
+    return sample_story()
+
+
+@pytest.fixture(scope="module")
+def captioner(shipped_bundle: Path):
+    """A CPU captioner of the shipped bundle, one thread, shared by a test module."""
+    from edgecap.captioner import EdgeCaptioner
+
+    with EdgeCaptioner(shipped_bundle, num_threads=1) as cap:
+        yield cap

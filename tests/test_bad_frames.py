@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
-from conftest import Story, sample_story
+from conftest import Story
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import SourceError
 from edgecap.sources import Frame
-
-
-@pytest.fixture(scope="module")
-def captioner(shipped_bundle: Path):
-    with EdgeCaptioner(shipped_bundle, num_threads=1) as cap:
-        yield cap
-
-
-@pytest.fixture(scope="module")
-def story() -> Story:
-    return sample_story()
 
 
 def _texts(cap: EdgeCaptioner, frames) -> list:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Story, sample_story
 from edgecap.captioner import EdgeCaptioner
 from edgecap.preprocess import Preprocessor
 from runtime_plans import write_plan
@@ -35,11 +34,6 @@ def paced_plan(shipped_bundle: Path, tmp_path_factory) -> Path:
     doc["rnn_ms"] = RNN_MS
     path.write_text(json.dumps(doc))
     return path
-
-
-@pytest.fixture(scope="module")
-def story() -> Story:
-    return sample_story()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import SAMPLE_CLIP, Story, sample_story
+from conftest import SAMPLE_CLIP, Story
 from edgecap.bundle import WindowSpec
 from edgecap.captioner import Caption, EdgeCaptioner, _windows_of
 from edgecap.errors import ConfigError, EdgecapError
@@ -22,17 +22,6 @@ from edgecap.trace import Tracer
 ])
 def test_window_membership(frames: int, stride: int, k: int, expected: list) -> None:
     assert list(_windows_of(k, WindowSpec(frames, stride, 8.0))) == expected
-
-
-@pytest.fixture(scope="module")
-def captioner(shipped_bundle: Path):
-    with EdgeCaptioner(shipped_bundle, num_threads=1) as cap:
-        yield cap
-
-
-@pytest.fixture(scope="module")
-def story() -> Story:
-    return sample_story()
 
 
 def _clip(n: int, seed: int = 0) -> np.ndarray:

@@ -12,13 +12,8 @@ from typing import List
 
 import pytest
 
-from conftest import Story, sample_story
+from conftest import Story
 from edgecap.captioner import EdgeCaptioner
-
-
-@pytest.fixture(scope="module")
-def story() -> Story:
-    return sample_story()
 
 
 @pytest.fixture(scope="module")
