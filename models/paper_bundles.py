@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from edgecap.cli import run_command
 from edgecap.errors import BundleError, ConfigError, EdgecapError
 from edgecap.outputs import check_output
 from models.paper_specs import PAPER_BACKBONES, DEFAULT_HIDDEN, default_cache, describe
@@ -132,22 +133,21 @@ def _main(argv: Sequence[str]) -> int:
                    help="frames of the demo clip for int8 calibration (at least 2)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    try:
-        into = check_args(args)
-        for name in args.only:
-            start = time.monotonic()
-            path = build(name, into, args.hidden, args.calibration_frames, args.seed)
-            print(f"{path}: {describe(path)} ({time.monotonic() - start:.0f} s)", flush=True)
-    except EdgecapError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as e:
-        print(f"{PROG}: error: {e.name} is not installed: pip install -e .[train]", file=sys.stderr)
-        return 2
-    except OSError as e:  # e.g. the disk filled: the bundle being built was removed
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    def body() -> int:
+        try:
+            into = check_args(args)
+            for name in args.only:
+                start = time.monotonic()
+                path = build(name, into, args.hidden, args.calibration_frames, args.seed)
+                print(f"{path}: {describe(path)} ({time.monotonic() - start:.0f} s)", flush=True)
+        except ModuleNotFoundError as e:
+            raise EdgecapError(f"{e.name} is not installed: pip install -e .[train]") from None
+        except OSError as e:  # e.g. the disk filled: the bundle being built was removed
+            raise EdgecapError(str(e)) from None
+        return 0
+
+    return run_command(PROG, body)
 
 
 if __name__ == "__main__":
