@@ -56,7 +56,7 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
                    help="run TPU stages on emulated EdgeTPUs even when TPUs are attached")
     p.add_argument("--trace", type=Path,
                    help="write a Chrome trace-event JSON of the run (opens in ui.perfetto.dev)")
-    p.add_argument("--batch", type=int, default=1,
+    p.add_argument("--batch", type=int, default=None,
                    help="frames of a video file handed between devices at once; more than 1 "
                         "pays off only when stages take well under a millisecond")
 

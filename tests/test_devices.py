@@ -118,7 +118,7 @@ def test_timing_only_emulation_outputs_zeros_at_the_predicted_pace(plan) -> None
 
 def test_pacing_a_cpu_stage_for_board_emulation(plan) -> None:
     stage = plan.stages[2]
-    runner = open_stage(stage, "cpu", pace=True)
+    runner = open_stage(stage, "cpu", pace_ms=stage.predicted_ms)
     tensors = open_stage(plan.stages[1], "cpu")(open_stage(plan.stages[0], "cpu")({plan.inputs[0].name: _frame(2)}))
     t0 = time.perf_counter()
     runner(tensors)

@@ -22,7 +22,7 @@ from edgecap.devices import parse_device
 from edgecap.edgetpu_runtime import Build, identify, loads, preferred_backend
 from edgecap.errors import EdgecapError
 
-from test_autoplan import PHANBELL, _hardware, bundle_with_plans  # noqa: F401 (a fixture)
+from test_planner import PHANBELL, _hardware, bundle_with_plans  # noqa: F401 (a fixture)
 
 FAKES = Path(__file__).parent / "fake_libedgetpu"
 TINY = Path(__file__).parent / "data" / "compile" / "tiny_float.tflite"
@@ -127,7 +127,7 @@ def test_a_crashing_libedgetpu_makes_auto_caption_on_the_cpu(bundle_with_plans, 
     monkeypatch.setattr(devices, "detect_hardware", lambda root="/": hw)
     with caplog.at_level(logging.WARNING, logger="edgecap"):
         with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
-            assert cap.plan_choice.fallback == "tpu-open-failed"
+            assert cap.choice.fallback == "tpu-open-failed"
             assert [s.device for s in cap.plan.active_stages] == ["cpu"]
             assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     warnings = [r.getMessage() for r in caplog.records if "crashed the probe" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""board="auto": the bundle's plan that fits the attached EdgeTPUs, found on fake device trees."""
+"""The planner: board="auto" picks the bundle's plan that fits the attached EdgeTPUs (fake device trees), the window filter, deadlines and the host rule."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from edgecap import devices
-from edgecap.autoplan import choose_plan, tpus_used
+from edgecap.options import CaptionerOptions
+from edgecap.planner import choose, tpus_used
 from edgecap.bundle import load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import EdgecapError
@@ -22,6 +23,11 @@ from test_devices import _fake_tree
 PHANBELL = "Freescale i.MX8MQ Phanbell"
 PI4 = "Raspberry Pi 4 Model B Rev 1.4"
 CORAL_USB = ("18d1", "9302")
+
+
+def choose_plan(bundle, hardware, on_missing_tpu="cpu"):
+    """The planner's start-up choice for ``board="auto"`` on the given hardware."""
+    return choose(bundle, CaptionerOptions(on_missing_tpu=on_missing_tpu), hardware)
 
 
 def _compiled_plan(bundle: Path, board: str, tpus: int, compiled: bool = True) -> None:
@@ -123,7 +129,7 @@ def test_a_bundle_without_plans_on_a_host_runs_on_the_cpu_quietly(shipped_bundle
 def test_auto_on_this_host_warns_once_and_captions_on_the_cpu(bundle_with_plans, caplog):
     with caplog.at_level(logging.WARNING, logger="edgecap"):
         with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
-            assert cap.plan_choice.fallback == "no-tpu"
+            assert cap.choice.fallback == "no-tpu"
             assert [s.device for s in cap.plan.active_stages] == ["cpu"]
     assert len([r for r in caplog.records if "no EdgeTPU" in r.getMessage()]) == 1
 
@@ -134,7 +140,7 @@ def test_a_tpu_that_will_not_open_falls_back_to_the_cpu(bundle_with_plans, tmp_p
     monkeypatch.setattr(devices, "detect_hardware", lambda root="/": hw)
     with caplog.at_level(logging.WARNING, logger="edgecap"):
         with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
-            assert cap.plan_choice.fallback == "tpu-open-failed"
+            assert cap.choice.fallback == "tpu-open-failed"
             assert [s.device for s in cap.plan.active_stages] == ["cpu"]
             assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     assert any("libedgetpu" in r.getMessage() for r in caplog.records)
