@@ -190,13 +190,14 @@ def format_devices(infos: Sequence[Any]) -> str:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from edgecap.autoplan import choose_plan, tpus_used
     from edgecap.bundle import load_bundle
     from edgecap.devices import detect_hardware, list_devices
+    from edgecap.options import CaptionerOptions
+    from edgecap.planner import choose, tpus_used
 
     infos = list_devices()
     hardware = detect_hardware()
-    choice = choose_plan(load_bundle(args.bundle or default_bundle()), hardware)
+    choice = choose(load_bundle(args.bundle or default_bundle()), CaptionerOptions(), hardware)
     auto = {"board": hardware.family, "model": hardware.model, "profile": hardware.profile,
             "plan": choice.board or "cpu", "tpus": tpus_used(choice.plan), "reason": choice.reason,
             "fallback": choice.fallback}

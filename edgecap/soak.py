@@ -51,7 +51,6 @@ from edgecap.bundle import default_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.cli import run_command
 from edgecap.errors import ConfigError
-from edgecap.failover import tpu_workers
 from edgecap.sources import open_source
 from edgecap.stats import summarize
 
@@ -154,7 +153,7 @@ class _Injector:
             plan, device = self._plans[-1]
             if plan or not plan.answers(device):
                 return  # the fault before has not fired, or its device is still away
-        tpus = tpu_workers(self._cap.placement)
+        tpus = [str(d) for d in self._cap.choice.tpus]
         if not tpus:
             return
         device = tpus[k % len(tpus)]

@@ -90,8 +90,8 @@ class Service:
         try:
             self.captioner = EdgeCaptioner(bundle, options)
             self._closers.append(self.captioner)
-            choice = self.captioner.plan_choice
-            if choice is not None and choice.fallback:
+            choice = self.captioner.choice
+            if choice.fallback:
                 self.metrics.fallback(choice.fallback)
             self.windows: Dict[str, WindowSpec] = {
                 c.name: CaptionerOptions(frames=c.frames, stride=c.stride,
