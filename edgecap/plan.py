@@ -350,7 +350,7 @@ def write_plan(plan: Plan, directory: "str | os.PathLike[str]") -> Plan:
 def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
     """Makes the plan that runs a whole encoder as one CPU stage.
 
-    What ``auto`` runs when no bundle plan fits the attached EdgeTPUs (``edgecap.autoplan``).
+    What ``auto`` runs when no bundle plan fits the attached EdgeTPUs (``edgecap.planner``).
 
     Args:
       model: The encoder as ``load_bundle`` recorded it (nothing is opened),
