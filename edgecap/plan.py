@@ -369,7 +369,7 @@ def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
             raise PlanError(f"{model}: not a TFLite model ({exc}); check the bundle's encoder") from None
     stage = Stage(
         index=0,
-        spec=parse_device("cpu"),
+        spec=DeviceSpec("cpu"),
         segment=model.path,
         ops=(0, model.ops),
         inputs=model.inputs,

@@ -386,10 +386,13 @@ def test_devices_command_prints_the_table_and_json(capsys) -> None:
 
 
 def test_bus_named_tpus_emulate_on_distinct_workers(tmp_path: Path) -> None:
-    from edgecap.placement import place
+    from edgecap import planner
+    from edgecap.options import CaptionerOptions
 
     write_plan(TINY, [1, 2], ["pci:0", "usb:0", "cpu"], tmp_path, [30.0, 20.0, 1.0])
-    placement = place(load_plan(tmp_path), emulate=True, overrides={})
-    assert placement.workers == {"pci:0": "emu-tpu:0", "usb:0": "emu-tpu:1", "cpu": "cpu"}
+    # Emulated: the host rule (the one use of the bundle) does not apply.
+    choice = planner._settle(None, CaptionerOptions(emulate=True), load_plan(tmp_path), how="plan", reason="")
+    assert {k: str(w) for k, w in choice.workers.items()} == {"pci:0": "emu-tpu:0", "usb:0": "emu-tpu:1",
+                                                              "cpu": "cpu"}
     # On real TPUs each stage opens its bus's device: libedgetpu's "pci:0" and "usb:0".
     assert [parse_device(d).delegate_option for d in ("pci:0", "usb:0")] == ["pci:0", "usb:0"]
