@@ -46,10 +46,9 @@ DECODE_WORKER = "decode"
 # The deadline of a TPU stage whose plan predicts no time for it (a segment
 # compiled elsewhere): long enough for any segment that streams its weights.
 UNPREDICTED_DEADLINE_S = 2.0
-# Below this CNN invoke time (one thread, measured) a hand-off between threads
-# costs a large share of a frame's work: the host rule batches them.
+# Below this CNN invoke time (one thread, measured) kernel threads cost more
+# than they save: the host rule gives the CNN one thread and a worker of its own.
 SUB_MS_CNN = 1.0
-HOST_BATCH = 8
 
 _log = logging.getLogger("edgecap")
 
@@ -92,9 +91,9 @@ class HostSchedule:
     """How a CPU-only run uses this machine's cores (``host_schedule``).
 
     Attributes:
-      kind: ``sequential`` (one thread does everything), ``batched`` (the CNN
-        on a worker of its own with one interpreter thread, frames handed
-        over ``batch`` at a time), ``threads`` (every core to the CNN's
+      kind: ``sequential`` (one thread does everything), ``small`` (a
+        sub-millisecond CNN on a worker of its own, ``cpu:1``, with one
+        interpreter thread), ``threads`` (every core to the CNN's
         interpreter, the RNN after it on the same worker) or ``pipeline``
         (the CNN on ``cpu:1`` with a core fewer, the RNN on ``cpu`` at the same time).
       num_threads: Threads of the CNN's interpreter.
@@ -426,12 +425,12 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     """The host rule: how a CPU-only run uses ``cores`` cores.
 
     * One core: ``sequential``, nothing to overlap.
-    * A CNN under ``SUB_MS_CNN`` on one thread: ``batched``. Kernel threads
-      cost more than they save on so little work, and each hand-off between
-      threads costs tens of microseconds, a large share of a frame: one
-      interpreter thread, the CNN on a worker of its own (``cpu:1``) so that
-      decoding and preprocessing the next frames overlap it, ``HOST_BATCH``
-      frames a hand-off.
+    * A CNN under ``SUB_MS_CNN`` on one thread: ``small``. Kernel threads
+      cost more than they save on so little work: one interpreter thread, the
+      CNN on a worker of its own (``cpu:1``) so that decoding and
+      preprocessing the next frames overlap it. Hand-offs are not batched:
+      a batch waits for its last frame, which from a camera fed as a file
+      (the service's) is seconds of latency; ``batch`` stays the caller's.
     * Otherwise, with the CNN taking ``t`` ms a frame on all cores (taken as
       ``cnn_ms / cores``: linear scaling, the best case for threads) and the
       RNN ``r`` ms a frame: ``threads`` takes ``t + r`` a frame, ``pipeline``
@@ -451,9 +450,9 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     if cores == 1:
         return HostSchedule("sequential", 1, pipelined=False, reason=f"{said}; one core: nothing to overlap")
     if cnn_ms < SUB_MS_CNN:
-        return HostSchedule("batched", 1, batch=HOST_BATCH, cnn_worker=DeviceSpec("cpu", 1),
-                            reason=f"{said}; under {SUB_MS_CNN:g} ms: one kernel thread, "
-                                   f"{HOST_BATCH} frames a hand-off")
+        return HostSchedule("small", 1, cnn_worker=DeviceSpec("cpu", 1),
+                            reason=f"{said}; under {SUB_MS_CNN:g} ms: one kernel thread, the CNN "
+                                   "on a worker of its own")
     t = cnn_ms / cores
     pipelined = max(t * cores / (cores - 1), rnn_ms)
     compared = f"{said}: threads {t + rnn_ms:.2f} ms, pipeline {pipelined:.2f} ms a frame on {cores} cores"
