@@ -49,7 +49,7 @@ import numpy as np
 from edgecap import faults, outputs
 from edgecap.bundle import default_bundle
 from edgecap.captioner import EdgeCaptioner
-from edgecap.cli import run_command
+from edgecap.command import run_command
 from edgecap.errors import ConfigError
 from edgecap.failover import tpu_workers
 from edgecap.sources import open_source
