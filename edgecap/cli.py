@@ -206,6 +206,13 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_edgetpu_runtime(args: argparse.Namespace) -> int:
+    from edgecap.edgetpu_runtime import installed
+
+    print(json.dumps(installed()))
+    return 0
+
+
 # ---------------------------------------------------------------- serve
 
 
@@ -465,6 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bundle", type=Path, help="bundle whose plans auto chooses among "
                                                "(default: $EDGECAP_BUNDLE or the shipped demo)")
     p.set_defaults(func=_cmd_devices)
+
+    p = sub.add_parser("edgetpu-runtime",
+                       help="print the installed libedgetpu as JSON: its package, build, version "
+                            "and whether it loads (read in a child process)")
+    p.set_defaults(func=_cmd_edgetpu_runtime)
 
     p = sub.add_parser("serve", help="run as a service: cameras, status page, metrics, MQTT",
                        description="Caption one or more cameras for as long as it runs, as the "
