@@ -33,7 +33,8 @@ null stages. ``bench_startup`` measures ``edgecap caption`` in a child
 process: peak resident memory and time to the first caption.
 
 The command line (``edgecap bench``) is in ``edgecap.cli``; ``run_bench`` is
-what it calls.
+what it calls. ``bench_isolation``, the cost of process isolation, is a
+developer's measurement: ``python tools/isolation_bench.py``.
 """
 
 from __future__ import annotations
@@ -631,7 +632,9 @@ def _speedups(rows: List[Row]) -> None:
         row.speedup = row.fps / base if base else 0.0
 
 
-# The child reports its own peak: VmHWM is its address space's high-water mark.
+# The code of the child process that `bench_startup` measures: the `edgecap` command as its
+# script runs it (the CLI is the child's, never imported into this process). The child reports its
+# own peak: VmHWM is its address space's high-water mark.
 # (ru_maxrss would not do: Linux carries the forking parent's peak into it at exec.)
 _EDGECAP = """\
 import sys
@@ -850,7 +853,7 @@ def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scal
 
 
 # ---------------------------------------------------------------- process isolation
-# Kept apart from run_bench: `python -m edgecap.bench --isolation [--json PATH]`.
+# Kept apart from run_bench: `python tools/isolation_bench.py [--json PATH]`.
 
 
 @dataclass
@@ -997,37 +1000,3 @@ def format_isolation(result: IsolationBench) -> str:
               f"worker start-up: median {sorted(result.startup_s)[len(result.startup_s) // 2]:.3f} s, "
               f"max {max(result.startup_s):.3f} s over {len(result.startup_s)} workers"]
     return "\n".join(lines)
-
-
-def _isolation_main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
-    import json
-
-    from edgecap.cli import run_command
-    from edgecap.outputs import check_output, write_text
-
-    parser = argparse.ArgumentParser(prog="python -m edgecap.bench",
-                                     description="the per-frame cost of process isolation")
-    parser.add_argument("--isolation", action="store_true", required=True)
-    parser.add_argument("--bundle", type=Path, help="bundle directory (default: the shipped demo)")
-    parser.add_argument("--board", default="devboard-usb")
-    parser.add_argument("--frames", type=int, default=300)
-    parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args(argv)
-
-    def body() -> int:
-        if args.json is not None:
-            check_output(args.json, "--json")
-        if args.frames < 1:
-            raise ConfigError(f"--frames {args.frames}: use 1 or more")
-        result = bench_isolation(load_bundle(args.bundle or default_bundle()), args.board, args.frames)
-        print(format_isolation(result))
-        if args.json is not None:
-            write_text(args.json, json.dumps(result.to_json(), indent=2) + "\n")
-        return 0
-
-    return run_command("python -m edgecap.bench --isolation", body)
-
-
-if __name__ == "__main__":
-    sys.exit(_isolation_main())

@@ -7,6 +7,7 @@ finds no device, and a working stub whose delegate leaves every op to the CPU.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -99,6 +100,18 @@ def test_the_stub_passes_the_probe_and_a_model_invokes_through_it(fakes, monkeyp
     out = interp.get_tensor(interp.get_output_details()[0]["index"])
     np.testing.assert_array_equal(out, cpu.get_tensor(cpu.get_output_details()[0]["index"]))
     assert edgetpu_runtime.runtime_version(str(fakes["stub"])).version.startswith("BuildLabel(COMPILER=fake")
+
+
+def test_the_edgetpu_runtime_command_says_what_is_installed(fakes, monkeypatch, capsys, tmp_path) -> None:
+    from edgecap.cli import main
+
+    # Only the version is read: the fake that segfaults creating a delegate still loads.
+    for library, loads in ((fakes["segfault"], "ok"), (tmp_path / "absent.so.1", "no-library")):
+        _use(monkeypatch, library)
+        assert main(["edgetpu-runtime"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["library"] == str(library) and report["loads"] == loads, report
+        assert (report["edgetpu_version"] or "").startswith("BuildLabel(COMPILER=fake") == (loads == "ok")
 
 
 def test_the_probe_runs_once_per_library_and_device(fakes, monkeypatch) -> None:

@@ -290,10 +290,19 @@ def test_a_stage_in_a_worker_checks_its_deadline() -> None:
 
 @pytest.mark.slow
 def test_the_isolation_benchmark_measures_every_case(shipped_bundle, tmp_path) -> None:
-    from edgecap.bench import _isolation_main, bench_isolation, format_isolation
+    import importlib.util
+
+    from edgecap.bench import bench_isolation, format_isolation
+
+    # tools/ is scripts, not a package: load the benchmark's command line from its file.
+    spec = importlib.util.spec_from_file_location(
+        "tools_isolation_bench", Path(__file__).resolve().parent.parent / "tools" / "isolation_bench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
 
     result = bench_isolation(load_bundle(shipped_bundle), frames=20, repeats=1)
     assert len(result.rows) == 3 and all(r.isolated_ms > 0 and r.in_process_ms > 0 for r in result.rows)
-    assert result.pipeline_fps["isolated"] > 0 and len(result.startup_s) >= 5
+    # A worker for each of the three single-stage cases, and one per TPU stage of the plan (at least one).
+    assert result.pipeline_fps["isolated"] > 0 and len(result.startup_s) >= 4
     assert "CNN stages pipelined" in format_isolation(result)
-    assert _isolation_main(["--isolation", "--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
+    assert script.main(["--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from edgecap.cli import EXIT_SIGINT, EXIT_SIGTERM, run
+from edgecap.cli import run
+from edgecap.command import EXIT_SIGINT, EXIT_SIGTERM
 from edgecap.plan import MAX_INVOKE_MS
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
