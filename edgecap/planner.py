@@ -46,8 +46,8 @@ DECODE_WORKER = "decode"
 # The deadline of a TPU stage whose plan predicts no time for it (a segment
 # compiled elsewhere): long enough for any segment that streams its weights.
 UNPREDICTED_DEADLINE_S = 2.0
-# Below this CNN invoke time (one thread, measured) kernel threads cost more
-# than they save: the host rule gives the CNN one thread and a worker of its own.
+# Below this CNN invoke time (one thread, measured) a hand-off between threads
+# costs more than overlapping saves: the host rule runs everything in one thread.
 SUB_MS_CNN = 1.0
 
 _log = logging.getLogger("edgecap")
@@ -91,9 +91,8 @@ class HostSchedule:
     """How a CPU-only run uses this machine's cores (``host_schedule``).
 
     Attributes:
-      kind: ``sequential`` (one thread does everything), ``small`` (a
-        sub-millisecond CNN on a worker of its own, ``cpu:1``, with one
-        interpreter thread), ``threads`` (every core to the CNN's
+      kind: ``sequential`` (one thread does everything, the CNN's
+        interpreter on one kernel thread), ``threads`` (every core to the CNN's
         interpreter, the RNN after it on the same worker) or ``pipeline``
         (the CNN on ``cpu:1`` with a core fewer, the RNN on ``cpu`` at the same time).
       num_threads: Threads of the CNN's interpreter.
@@ -425,12 +424,12 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     """The host rule: how a CPU-only run uses ``cores`` cores.
 
     * One core: ``sequential``, nothing to overlap.
-    * A CNN under ``SUB_MS_CNN`` on one thread: ``small``. Kernel threads
-      cost more than they save on so little work: one interpreter thread, the
-      CNN on a worker of its own (``cpu:1``) so that decoding and
-      preprocessing the next frames overlap it. Hand-offs are not batched:
-      a batch waits for its last frame, which from a camera fed as a file
-      (the service's) is seconds of latency; ``batch`` stays the caller's.
+    * A CNN under ``SUB_MS_CNN`` on one thread: ``sequential`` too. Each
+      hand-off between threads (a put and a wake-up) costs tens of
+      microseconds of CPU on each side, and kernel threads cost more than
+      they save on so little work: measured on the demo on a quiet host,
+      every pipelined schedule, batched or not, ran at 0.56-0.83x the
+      one-thread sequential path (docs/runtime.md).
     * Otherwise, with the CNN taking ``t`` ms a frame on all cores (taken as
       ``cnn_ms / cores``: linear scaling, the best case for threads) and the
       RNN ``r`` ms a frame: ``threads`` takes ``t + r`` a frame, ``pipeline``
@@ -450,9 +449,9 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     if cores == 1:
         return HostSchedule("sequential", 1, pipelined=False, reason=f"{said}; one core: nothing to overlap")
     if cnn_ms < SUB_MS_CNN:
-        return HostSchedule("small", 1, cnn_worker=DeviceSpec("cpu", 1),
-                            reason=f"{said}; under {SUB_MS_CNN:g} ms: one kernel thread, the CNN "
-                                   "on a worker of its own")
+        return HostSchedule("sequential", 1, pipelined=False,
+                            reason=f"{said}; under {SUB_MS_CNN:g} ms: a hand-off between threads costs "
+                                   "more than overlapping saves")
     t = cnn_ms / cores
     pipelined = max(t * cores / (cores - 1), rnn_ms)
     compared = f"{said}: threads {t + rnn_ms:.2f} ms, pipeline {pipelined:.2f} ms a frame on {cores} cores"

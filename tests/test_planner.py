@@ -214,7 +214,7 @@ def test_a_pending_crash_fault_isolates_that_device_only(shipped_bundle, two_tpu
     (2.0, 0.9, 2, "threads", 2, "cpu", 1, True),        # r < t / (C - 1)
     (12.0, 1.1, 4, "pipeline", 3, "cpu:1", 1, True),    # r > t / (C - 1) = 1.0
     (12.0, 0.9, 4, "threads", 4, "cpu", 1, True),
-    (0.2, 0.02, 2, "small", 1, "cpu:1", 1, True),      # sub-millisecond CNN
+    (0.2, 0.02, 2, "sequential", 1, "cpu", 1, False),  # sub-millisecond CNN: hand-offs cost more
     (5.0, 5.0, 1, "sequential", 1, "cpu", 1, False),    # one core: nothing to overlap onto
     (0.2, 0.02, 1, "sequential", 1, "cpu", 1, False),
 ])
@@ -226,12 +226,15 @@ def test_the_host_rule(cnn_ms, rnn_ms, cores, kind, threads, worker, batch, pipe
 
 
 def test_a_cpu_only_captioner_runs_the_host_rule_unless_told_otherwise(shipped_bundle, monkeypatch):
-    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window: (0.2, 0.02))
     monkeypatch.setattr(devices, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window: (2.0, 1.5))
     with EdgeCaptioner(shipped_bundle) as cap:  # auto on this host: the CPU plan
-        host = cap.choice.host
-        assert (host.kind, cap.devices, cap.choice.batch) == ("small", {"cpu": "cpu:1"}, 1)
+        assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("pipeline", {"cpu": "cpu:1"}, True)
         assert cap.choice.stages[0].threads == 1
+        assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
+    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window: (0.2, 0.02))
+    with EdgeCaptioner(shipped_bundle) as cap:
+        assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("sequential", {"cpu": "cpu"}, False)
         assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     with EdgeCaptioner(shipped_bundle, num_threads=2) as cap:  # the caller decided
         assert cap.choice.host is None and cap.devices == {"cpu": "cpu"} and cap.choice.pipelined
