@@ -1,8 +1,9 @@
-"""How `edgecap serve` ends: the exit code systemd reads, and the drain that cannot hang the stop.
+"""How `edgecap serve` runs and ends: what systemd hears from its loop, the exit code, the drain.
 
 In-process, on the demo bundle: the service is built as `edgecap serve`
-builds it, and its captioner's run is replaced by one that fails, or that
-hangs until the captioner is closed (a stage stuck in a driver call).
+builds it, and its captioner's run is replaced by one that yields frames and
+heartbeats, fails, or hangs until the captioner is closed (a stage stuck in a
+driver call).
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from edgecap.captioner import FrameResult
 from edgecap.errors import DeviceFailed, RunCancelled
 from edgecap.service import service as service_module
 from edgecap.service.config import load_config
 from edgecap.service.notify import Notifier
 from edgecap.service.service import Service
+from edgecap.sources import Frame
 
 pytestmark = pytest.mark.fast
 
@@ -92,3 +96,58 @@ def test_a_hung_pipeline_is_cancelled_by_the_drain_timer(service, monkeypatch, c
     assert not gave_up, "the drain timer never closed the hung pipeline"
     assert code == 0 and took < guard_s / 2, took
     assert any("did not drain" in r.getMessage() for r in caplog.records)
+
+
+class RecordingNotifier(Notifier):
+    """systemd's side: records what the service says, with a watchdog period of 50 ms."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.sent: list = []
+
+    def notify(self, *fields: str) -> bool:
+        self.sent.append((time.monotonic(), fields))
+        return True
+
+    def watchdog_interval(self) -> float:
+        return 0.05
+
+    def times(self, field: str) -> list:
+        return [t for t, fields in self.sent if field in fields]
+
+
+def test_the_loop_tells_systemd_ready_pings_the_watchdog_and_says_stopping(tmp_path, shipped_bundle):
+    config = tmp_path / "edgecap.toml"
+    config.write_text("\n".join([
+        f'bundle = "{shipped_bundle}"', "", "[http]", 'address = "127.0.0.1"', "port = 0", "",
+        "[[cameras]]", 'name = "front"', f'source = "{SAMPLE}"', "stall_seconds = 30.0", ""]))
+    notifier = RecordingNotifier()
+    svc = Service(load_config(config), notifier=notifier, stdout=io.StringIO())
+    image = np.zeros((48, 64, 3), np.uint8)
+    first_frame = []
+
+    def run_frames(frames, windows=None, live=True):
+        for i in range(40):  # heartbeats, then frames, every 10 ms
+            if i == 20:
+                first_frame.append(time.monotonic())
+            frame = Frame(i, i / 8.0, image) if i >= 20 else None
+            yield FrameResult("front", frame, [], {"cpu": 1.0} if frame is not None else {})
+            time.sleep(0.01)
+
+    try:
+        svc.captioner.run_frames = run_frames
+        t0 = time.monotonic()
+        assert svc.run() == 0
+        end = time.monotonic()
+    finally:
+        svc.close()
+    (ready,) = notifier.times("READY=1")
+    assert ready >= first_frame[0]  # not before a frame went through (the camera's stall is 30 s)
+    pings = notifier.times("WATCHDOG=1")
+    assert len(pings) >= 3 and pings[0] - t0 < 0.5, pings
+    assert all(b - a >= 0.05 for a, b in zip(pings, pings[1:]))  # at its period, not per result
+    assert len(pings) <= (end - t0) / 0.05 + 1
+    status = [fields for _, fields in notifier.sent if any(f.startswith("STATUS=") for f in fields)]
+    assert status and "front" in " ".join(status[0])
+    (stopping,) = notifier.times("STOPPING=1")
+    assert stopping >= pings[-1]
