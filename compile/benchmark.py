@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgecap.bundle import load_bundle
-from edgecap.cli import run_command
+from edgecap.command import run_command
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.outputs import check_output, write_text
 from edgecap.windows import windows_per_frame

@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 
 from edgecap import schema
-from edgecap.cli import run_command
+from edgecap.command import run_command
 from edgecap.outputs import check_output, write_text
 from edgecap_compile.boards import PRICES, Device, load_board
 from edgecap_compile.calibration import nonnegative_fit

@@ -118,7 +118,7 @@ class Bundle:
     later code never opens or hashes them again to learn it. ``plans`` maps a
     board name to the directory of a plan compiled ahead of time into the
     bundle (``plans/<board>/plan.json``, ``edgecap compile --into-bundle``);
-    they are read only when chosen (``edgecap.autoplan``). ``weights`` is
+    they are read only when chosen (``edgecap.planner``). ``weights`` is
     ``trained``, ``imagenet`` (pretrained encoder, untrained decoder) or
     ``random``: only trained captions mean anything.
     """

@@ -9,36 +9,32 @@ to (on the CPU worker), then, when a window is complete, the greedy decoder
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
-import logging
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from edgecap import devices, faults, isolation, stages
-from edgecap.autoplan import PlanChoice, choose_plan
+from edgecap import devices, faults, planner, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
-from edgecap.errors import BundleError, ConfigError, DeviceFailed, EdgecapError, PlanError, RunCancelled
-from edgecap.failover import TPU_KINDS, Prober, Replan, board_tpus, bundle_plans, describe, replan
-from edgecap.modelfile import open_model
-from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
-from edgecap.placement import CPU_WORKER, DECODE_WORKER, Placement, place
-from edgecap.plan import Plan, Stage, check_segments, load_plan, single_cpu_plan
+from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled
+from edgecap.isolation import IsolatedSegment
+from edgecap.options import CaptionerOptions
+from edgecap.plan import Plan
+from edgecap.planner import TPU_KINDS, Choice, StageRun
 from edgecap.preprocess import Preprocessor
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
 from edgecap.scheduler import Pipeline, Step
-from edgecap.sources import Frame, FrameSource, SourceLike, open_source, sample
-from edgecap.stats import FailoverRecord, PipelineStats
+from edgecap.sources import Frame, SourceLike, open_source, sample
+from edgecap.stats import PipelineStats
+from edgecap.supervisor import Run, Supervisor
 from edgecap.trace import Tracer
 
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
-_log = logging.getLogger("edgecap")
 
 
 @dataclass
@@ -90,26 +86,11 @@ class FrameResult:
     device_ms: Dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, eq=False)
-class _Run:
-    """One pipeline run of a ``stream()`` or ``run_frames()`` call (compared by identity).
-
-    Attributes:
-      windows: The window spec of each stream (key).
-      resume: Per stream, after a failover: the sample number its first
-        frame in this run has, and the first window to open (the earlier
-        ones were captioned, or are lost in live mode).
-    """
-
-    windows: Mapping[Hashable, WindowSpec]
-    resume: Mapping[Hashable, Tuple[int, int]] = field(default_factory=dict)
-
-
 @dataclass
 class _FrameJob:
     """One sampled frame on its way through the pipeline; ``frame`` None is a heartbeat."""
 
-    stream: Tuple[_Run, Optional[Hashable]]  # window state is kept per key, per run
+    stream: Tuple[Run, Optional[Hashable]]  # window state is kept per key, per run
     frame: Optional[Frame]
     tensors: Dict[str, np.ndarray]
     arrived: float
@@ -135,28 +116,31 @@ def _windows_of(k: int, spec: WindowSpec) -> range:
 
 
 class _CnnStage:
-    """One plan stage of the CNN on its device; owned by that device's worker.
+    """One plan stage of the CNN on its worker, as the planner's ``StageRun`` says; owned by that worker.
 
     On an EdgeTPU (real or emulated) it is where injected faults strike
     (``edgecap.faults``), and any error of the invoke is a ``DeviceFailed``,
-    which the captioner fails over from.
+    which the supervisor fails over from.
     """
 
-    def __init__(self, stage: Stage, device: str, released: threading.Event, **options: Any) -> None:
-        self._runner = stages.open_stage(stage, device, **options)
-        self._device = device
-        self._tpu = devices.parse_device(device).kind in TPU_KINDS
-        self._isolated = bool(getattr(self._runner, "isolated", False))
+    def __init__(self, run: StageRun, released: threading.Event) -> None:
+        if run.isolate:
+            self._runner: Any = IsolatedSegment(
+                run.stage, run.worker, num_threads=run.threads, timing_only=not run.compute,
+                pace_ms=run.pace_ms, deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
+        else:
+            self._runner = stages.open_stage(run.stage, run.worker, num_threads=run.threads,
+                                             timing_only=not run.compute, pace_ms=run.pace_ms)
+        self._device = str(run.worker)
+        self._tpu = run.worker.kind in TPU_KINDS
+        self._isolated = run.isolate
         self._released = released
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         if job.frame is None:  # a heartbeat passes through, proving the worker is alive
             return job
         t0 = time.perf_counter()
-        if self._tpu:
-            job.tensors = self._invoke(job.tensors)
-        else:
-            job.tensors = self._runner(job.tensors)
+        job.tensors = self._invoke(job.tensors) if self._tpu else self._runner(job.tensors)
         ms = (time.perf_counter() - t0) * 1e3
         job.ms["cnn"] += ms
         job.device_ms[self._device] = ms
@@ -188,7 +172,7 @@ class _StreamWindows:
     def __init__(self, spec: WindowSpec, k: int = 0, first: int = 0) -> None:
         self.spec = spec
         self.k = k
-        self.first = first  # windows before it are not opened (see _Run.resume)
+        self.first = first  # windows before it are not opened (see Run.resume)
         self.open: Dict[int, _Window] = {}
 
 
@@ -212,7 +196,7 @@ class _RnnStep:
         self._scale, self._zero_point = quantization
         self._pace_s = pace_ms / 1000.0
         self._pacer = stages.Pacer() if pace_ms else None
-        self._run: Optional[_Run] = None
+        self._run: Optional[Run] = None
         self._streams: Dict[Optional[Hashable], _StreamWindows] = {}
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
@@ -251,128 +235,6 @@ class _RnnStep:
                 job.finished.append((stream.open.pop(n), job.frame))
         job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
         return job
-
-
-def _resume_point(consumed: int, spec: WindowSpec, live: bool) -> Tuple[int, int, int]:
-    """Where a stream resumes on a new pipeline after ``consumed`` of its frames came out.
-
-    Returns:
-      ``(k, first, lost)``: the sample number to resume at, the first window
-      to open, and the windows lost. In file mode it resumes at the start of
-      the earliest window not yet captioned (nothing lost); in live mode at the
-      next frame, losing the windows open then.
-    """
-    earliest = max(0, -(-(consumed - spec.frames + 1) // spec.stride))  # not yet captioned
-    if not live:
-        return min(earliest * spec.stride, consumed), earliest, 0
-    first = -(-consumed // spec.stride)
-    return consumed, first, max(0, first - earliest)
-
-
-class _Source:
-    """The input of one ``stream()`` or ``run_frames()`` call, read once, held for replays.
-
-    Each pipeline run's feeder reads it through ``jobs``; the consumer reports
-    every job that came out (``consumed``). With ``hold`` (file mode) it keeps,
-    per stream, the jobs from the first frame of its earliest window not yet
-    captioned on, so that after a failover a new pipeline runs them again.
-    """
-
-    def __init__(self, items: Iterator[Tuple[Optional[Hashable], Optional[Frame]]],
-                 make_job: Callable[..., _FrameJob], windows: Mapping[Hashable, WindowSpec],
-                 default: WindowSpec, hold: bool) -> None:
-        self._items = items
-        self._make_job = make_job
-        self._windows, self._default = windows, default
-        self._hold = hold
-        # Reads are serialised: a replaced pipeline's feeder may still be in one.
-        self._read_lock = threading.Lock()
-        self._lock = threading.Lock()  # the held jobs: the feeder adds, the consumer trims
-        self._held: Dict[Optional[Hashable], Deque[Tuple[int, _FrameJob]]] = {}
-        self._counts: Dict[Optional[Hashable], int] = {}  # frames read, per stream
-        self._pos = 0
-        self._read = 0
-        self._generation = 0  # of the newest jobs(): a replaced run's feeder stops reading
-        self._ended = False
-        self.consumed_frames: Dict[Optional[Hashable], int] = {}
-        self.next_out = 0
-
-    def jobs(self, run: _Run, resume: Mapping[Hashable, Tuple[int, int]]) -> Iterator[_FrameJob]:
-        """The jobs of one pipeline run: the held ones from each stream's resume point, then new ones.
-
-        From this call on, the generator of an earlier run reads no more: a
-        replaced pipeline's feeder could otherwise take a frame the new run
-        never sees.
-        """
-        with self._read_lock:  # waits out a read of the replaced pipeline's feeder
-            self._generation += 1
-            generation = self._generation
-        return self._jobs(run, resume, generation)
-
-    def _jobs(self, run: _Run, resume: Mapping[Hashable, Tuple[int, int]],
-              generation: int) -> Iterator[_FrameJob]:
-        with self._read_lock:
-            with self._lock:
-                again = sorted((job for key, held in self._held.items() for k, job in held
-                                if k >= resume.get(key, (0, 0))[0]), key=lambda job: job.pos)
-        for job in again:
-            yield dataclasses.replace(job, stream=(run, job.stream[1]), tensors=dict(job.tensors),
-                                      ms=dict(job.ms), finished=[], captions=[], device_ms={})
-        while True:
-            with self._read_lock:
-                if self._ended or generation != self._generation:
-                    return
-                try:
-                    key, frame = next(self._items)
-                except StopIteration:
-                    self._ended = True
-                    return
-                job = self._make_job((run, key), frame, self._pos)
-                self._pos += 1
-                if frame is not None:
-                    self._read += 1
-                    k = self._counts.get(key, 0)
-                    self._counts[key] = k + 1
-                    if self._hold:  # a pristine copy: the stages replace tensors and add to ms
-                        held = dataclasses.replace(job, tensors=dict(job.tensors), ms=dict(job.ms))
-                        with self._lock:
-                            self._held.setdefault(key, collections.deque()).append((k, held))
-            yield job
-
-    def consumed(self, job: _FrameJob) -> bool:
-        """Counts a job that came out; False for one that came out before a failover (not yielded again)."""
-        if job.pos < self.next_out:
-            return False
-        self.next_out = job.pos + 1
-        if job.frame is not None:
-            key = job.stream[1]
-            c = self.consumed_frames[key] = self.consumed_frames.get(key, 0) + 1
-            if self._hold:
-                start = _resume_point(c, self._windows.get(key, self._default), False)[0]
-                with self._lock:
-                    held = self._held[key]
-                    while held and held[0][0] < start:
-                        held.popleft()
-        return True
-
-    def resume(self, live: bool) -> Tuple[Dict[Hashable, Tuple[int, int]], int]:
-        """Each stream's resume point (``_Run.resume``) and the windows lost, for a new pipeline."""
-        resume, lost = {}, 0
-        for key, c in self.consumed_frames.items():
-            k, first, gone = _resume_point(c, self._windows.get(key, self._default), live)
-            resume[key] = (k, first)
-            lost += gone
-        return resume, lost
-
-    def replay_count(self, resume: Mapping[Hashable, Tuple[int, int]]) -> int:
-        """Held frames a run from ``resume`` runs again."""
-        with self._lock:
-            return sum(1 for key, held in self._held.items() for k, _ in held
-                       if k >= resume.get(key, (0, 0))[0])
-
-    def in_flight(self) -> int:
-        """Frames read that did not come out (lost in live mode)."""
-        return self._read - sum(self.consumed_frames.values())
 
 
 def _ends_a_window(job: _FrameJob) -> bool:
@@ -444,107 +306,51 @@ class EdgeCaptioner:
         self.options = opts
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         self.window = opts.window(self.bundle.window)
-        self.plan_choice: Optional[PlanChoice] = None
-        if opts.board == "auto" and opts.plan is None and not opts.reference_encoder:
-            hardware = devices.detect_hardware()
-            self.plan_choice = choose_plan(self.bundle, hardware, opts.on_missing_tpu)
-            if self.plan_choice.fallback:
-                _log.warning("edgecap: %s", self.plan_choice.reason)
-            self.plan = self.plan_choice.plan
-            attached: Optional[int] = len(hardware.tpus)
-        else:
-            self.plan = _resolve_plan(self.bundle, opts)
-            attached = None
-        self.placement: Placement = place(self.plan, opts.emulate, opts.devices_map, attached)
-        self.devices = self.placement.workers
-        model_in, model_out = self.plan.inputs[0], self.plan.outputs[0]
+        choice = planner.choose(self.bundle, opts)
+        model_in, model_out = choice.plan.inputs[0], choice.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
         self._output_quantization = model_out.quantization
         self._preprocess = Preprocessor(
             self.bundle.input, {"dtype": np.dtype(model_in.dtype), "quantization": model_in.quantization}
         )
         self._tracer = Tracer() if opts.trace is not None else None
-        self._source: Optional[FrameSource] = None
         self._closed = False
-        # Failover state: the devices that failed, those a re-probe found back,
-        # the pipelines replaced (joined on close), and this call's records.
-        self._release = threading.Event()  # ends the current pipeline's emulated hangs
-        self._failed: List[str] = []
-        self._returned: List[str] = []
-        # Reentrant: close() may run in a signal handler that interrupted this thread holding it.
-        self._lock = threading.RLock()
-        self._prober = Prober(self._on_return)
-        self._retired: List[Pipeline] = []
-        self._failovers: List[FailoverRecord] = []
-        self._carried = (0, 0, 0)  # frames in, out, dropped of the replaced pipelines' runs
-        self._replayed = 0
         try:
-            self._pipeline = self._start()
+            self._supervisor = Supervisor(self.bundle, opts, choice, self._open, self._tracer)
         except EdgecapError as exc:
-            choice = self.plan_choice
-            if choice is None or opts.on_missing_tpu != "cpu" or not choice.board:
+            instead = planner.cpu_instead(self.bundle, opts, choice, exc)
+            if instead is None:
                 raise
-            # auto found a TPU that will not open (libedgetpu missing, the device
-            # busy or not permitted): run on the CPU rather than not at all.
-            self.plan_choice = PlanChoice(single_cpu_plan(self.bundle.encoder_model), None,
-                                          f"{exc}; whole encoder on the CPU", "tpu-open-failed",
-                                          choice.skipped)
-            _log.warning("edgecap: %s", self.plan_choice.reason)
-            self.plan = self.plan_choice.plan
-            self.placement = place(self.plan, opts.emulate, opts.devices_map, 0)
-            self.devices = self.placement.workers
-            self._pipeline = self._start()
-        self._original = (self.plan, self.placement)
-        # Failover may move onto any TPU of the board, not only those the plan uses.
-        self._tpus = board_tpus(self.plan, self.placement)
-        self._candidates: Optional[List[Plan]] = None  # the bundle's plans for the board, loaded once
+            self._supervisor = Supervisor(self.bundle, opts, instead, self._open, self._tracer)
 
-    def _start(self) -> Pipeline:
-        """Opens every step on its worker (opening failures are raised here)."""
-        opts = self.options
-        return Pipeline(self._steps(), pipelined=opts.pipelined, queue_size=opts.queue_size,
-                        batch=opts.batch, tracer=self._tracer)
+    @property
+    def choice(self) -> Choice:
+        """What runs where now (``edgecap.planner.Choice``): the plan, its workers, each stage's settings."""
+        return self._supervisor.choice
 
-    def _steps(self) -> List[Step]:
-        steps = [self._cnn_step(s) for s in self.plan.active_stages]
-        rnn_ms = (self.plan.rnn_ms or 0.0) if self.placement.pace_cpu else 0.0
-        rnn = functools.partial(_RnnStep, self.bundle, self.window, rnn_ms,
-                                self._output_name, self._output_quantization,
-                                compute=not (self.options.timing_only and rnn_ms > 0))
-        steps.append(Step("rnn_step", CPU_WORKER, rnn))
+    @property
+    def plan(self) -> Plan:
+        """The running plan."""
+        return self.choice.plan
+
+    @property
+    def devices(self) -> Dict[str, str]:
+        """Plan device -> the device string of the worker that runs it, e.g. ``{"tpu:0": "emu-tpu:0"}``."""
+        return {device: str(worker) for device, worker in self.choice.workers.items()}
+
+    def _open(self, choice: Choice, released: threading.Event) -> Pipeline:
+        """Opens every step of a choice on its worker (opening failures are raised here)."""
+        steps = [Step(run.name, str(run.worker), functools.partial(_CnnStage, run, released),
+                      deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
+                 for run in choice.stages]
+        rnn = functools.partial(_RnnStep, self.bundle, self.window, choice.rnn_pace_ms, self._output_name,
+                                self._output_quantization, compute=choice.rnn_compute)
+        steps.append(Step("rnn_step", str(planner.CPU), rnn))
         # The decoder sees only frames that end a window: the others pass its worker by.
-        steps.append(Step("decode", DECODE_WORKER, functools.partial(_Decode, self.bundle),
+        steps.append(Step("decode", planner.DECODE_WORKER, functools.partial(_Decode, self.bundle),
                           accepts=_ends_a_window))
-        return steps
-
-    def _cnn_step(self, stage: Stage) -> Step:
-        device = self.devices[stage.device]
-        on_cpu = stage.spec.kind == "cpu"
-        pace = on_cpu and self.placement.pace_cpu
-        if pace:
-            # The board's CPU stage time includes the RNN steps (one per window the
-            # frame feeds), which _RnnStep paces on its own, step by step.
-            stage = dataclasses.replace(stage, predicted_ms=max(0.0, stage.predicted_ms - self.plan.rnn_frame_ms))
-        threads = (self.options.num_threads or devices.cpu_cores()) if on_cpu else 1
-        spec = devices.parse_device(device)
-        kind = spec.kind
-        isolate = self.options.isolate
-        if isolate is None:
-            # An injected abort or segfault must strike a worker process, not this one.
-            isolate = isolation.isolate_by_default(spec) or faults.current().crashes(device)
-        isolate = bool(isolate) and kind in TPU_KINDS  # a CPU stage has no delegate to abort
-        deadline = first_deadline = None
-        if kind in TPU_KINDS and stage.predicted_ms is not None:
-            deadline = max(self.options.deadline_floor_s, self.options.deadline_factor * stage.predicted_ms / 1e3)
-            first_deadline = deadline * FIRST_INVOKE_GRACE
-        # One deadline: an isolated worker is killed when the watchdog declares its invoke hung.
-        opener = functools.partial(
-            _CnnStage, stage, device, self._release, num_threads=threads,
-            timing_only=self.options.timing_only, pace=pace, isolate=isolate,
-            deadline_s=deadline, first_deadline_s=first_deadline,
-        )
-        return Step(f"stage {stage.index} ({stage.device})", device, opener, deadline_s=deadline,
-                    first_deadline_s=first_deadline)
+        return Pipeline(steps, pipelined=choice.pipelined, queue_size=self.options.queue_size,
+                        batch=choice.batch, tracer=self._tracer)
 
     def caption_frames(self, frames: Any) -> List[Caption]:
         """Captions frames that are already sampled, one caption per complete window.
@@ -581,14 +387,14 @@ class EdgeCaptioner:
         src = open_source(source, fps=in_memory_rate)
         frames = sample(src, self.window.sample_fps)
         try:
-            for job in self._supervise(((None, f) for f in frames), {}, src.live, src):
+            for job in self._supervisor.run(((None, f) for f in frames), {}, src.live, src, self._job):
                 yield from job.captions
         finally:
             frames.close()
             src.close()
             self._write_trace()
 
-    def _job(self, stream: Tuple[_Run, Optional[Hashable]], frame: Optional[Frame], pos: int) -> _FrameJob:
+    def _job(self, stream: Tuple[Run, Optional[Hashable]], frame: Optional[Frame], pos: int) -> _FrameJob:
         # Runs on the pipeline's feeder thread: preprocess.
         t0 = time.perf_counter()
         ms = dict.fromkeys(STAGES, 0.0)
@@ -597,150 +403,6 @@ class EdgeCaptioner:
         x = self._preprocess(frame.image)
         ms["preprocess"] = (time.perf_counter() - t0) * 1e3
         return _FrameJob(stream, frame, {self._input_name: x}, t0, ms, pos)
-
-    def _supervise(self, items: Iterator[Tuple[Optional[Hashable], Optional[Frame]]],
-                   windows: Mapping[Hashable, WindowSpec], live: bool,
-                   src: Optional[FrameSource]) -> Iterator[_FrameJob]:
-        """Runs ``items`` through the pipeline, failing over when a device fails; yields each job once.
-
-        In file mode the source keeps the frames of every window not yet
-        captioned, and a new pipeline runs them again (their jobs that came
-        out before are not yielded again); in live mode the frames in flight
-        and the open windows are lost and counted.
-        """
-        hold = not live and self.options.failover and bool(self._tpus)
-        source = _Source(items, self._job, windows, self.window, hold)
-        resume: Dict[Hashable, Tuple[int, int]] = {}
-        first = True
-        pending: Optional[float] = None  # when the latest failover began, until a frame comes out
-        while True:
-            run = _Run(dict(windows), resume)
-            results = self._pipeline.run(source.jobs(run, resume), live=live)
-            if first:
-                # Not before: a run refused as busy must not replace the running one's source or stats.
-                self._source, first = src, False
-                self._failovers, self._carried, self._replayed = [], (0, 0, 0), 0
-            switch: Optional[DeviceFailed] = None
-            returned = False
-            try:
-                for job in results:
-                    if pending is not None:
-                        self._failovers[-1] = dataclasses.replace(
-                            self._failovers[-1], took_s=round(time.perf_counter() - pending, 4))
-                        pending = None
-                    if not source.consumed(job):
-                        continue
-                    yield job
-                    if self._returned:
-                        returned = True
-                        break
-                else:
-                    return
-            except DeviceFailed as exc:
-                if not self._fails_over(exc):
-                    raise
-                switch = exc
-            finally:
-                if switch is not None or returned:
-                    self._pipeline.stop()  # first: the feeder then stops at once
-                results.close(wait=switch is None and not returned)
-            pending = time.perf_counter()
-            resume = self._switch(switch, source, live)
-
-    def _fails_over(self, exc: DeviceFailed) -> bool:
-        return self.options.failover and exc.device in self.devices.values() and exc.device in self._tpus
-
-    def _on_return(self, device: str) -> None:
-        # On the prober's thread: the consumer switches after its next frame.
-        with self._lock:
-            self._returned.append(device)
-
-    def _switch(self, cause: Optional[DeviceFailed], source: "_Source",
-                live: bool) -> Dict[Hashable, Tuple[int, int]]:
-        """Replaces the pipeline: onto the devices left after ``cause``, or onto those back again.
-
-        Returns:
-          Where each stream resumes (see ``_Run.resume``).
-        """
-        t0, at = time.perf_counter(), time.time()
-        before = describe(self.plan, self.devices)
-        old = self._pipeline
-        self._release.set()  # emulated hangs of the old pipeline end
-        self._retired = [p for p in self._retired if p.running()] + [old]
-        s = old.stats()
-        if s is not None:
-            fin, fout, drop = self._carried
-            self._carried = (fin + s.frames_in, fout + s.frames_out, drop + s.dropped)
-        back: List[str] = []
-        if cause is not None:
-            device, kind, detail = cause.device, cause.kind, str(cause)
-            self._failed.append(device)
-            self._prober.watch(device)
-        else:
-            with self._lock:
-                back, self._returned = self._returned, []
-            device, kind = ", ".join(back), "returned"
-            detail = f"{device}: returned: answers probes again"
-            self._failed = [d for d in self._failed if d not in back]
-        resume, lost_windows = source.resume(live)
-        # Frames read that never came out, less those already counted as dropped
-        # (by a replaced pipeline's live head, or lost at an earlier switch).
-        lost_frames = max(0, source.in_flight() - self._carried[2]) if live else 0
-        replayed = source.replay_count(resume) if not live else 0
-        while True:
-            choice = self._choose()
-            self.plan, self.placement, self.devices = choice.plan, choice.placement, choice.placement.workers
-            self._release = threading.Event()
-            try:
-                pipeline = self._start()
-                break
-            except EdgecapError as exc:
-                # A device that fails as it opens is failed again: the one named,
-                # else (a device just back that will not open) those that came back.
-                if isinstance(exc, DeviceFailed) and exc.device in self._tpus:
-                    again = [exc.device]
-                elif cause is None:
-                    again = [d for d in back if d in self.devices.values()]
-                else:
-                    again = []
-                if not again:
-                    raise
-                for d in again:
-                    self._failed.append(d)
-                    self._prober.watch(d)
-        with self._lock:  # close() sets _closed under it, then closes self._pipeline
-            if not self._closed:
-                self._pipeline = pipeline
-        # Read again: a signal handler's close() may have run inside the block.
-        if self._closed:
-            pipeline.close()  # idempotent, if close() closed it too
-            raise RunCancelled("the captioner was closed during a failover; "
-                               "create a new EdgeCaptioner to caption more video")
-        self._replayed += replayed
-        record = FailoverRecord(device=device, kind=kind, detail=detail, at=at, took_s=None,
-                                plan_before=before, plan_after=describe(self.plan, self.devices),
-                                how=choice.how, replayed=replayed, lost_frames=lost_frames,
-                                lost_windows=lost_windows)
-        self._failovers.append(record)
-        fin, fout, drop = self._carried
-        self._carried = (fin, fout, drop + lost_frames)
-        if self._tracer is not None:
-            self._tracer.instant("failover", t0, {k: v for k, v in dataclasses.asdict(record).items()
-                                                  if k not in ("at", "took_s")})
-        _log.warning("edgecap: %s; now %s (%s)", detail, record.plan_after, choice.how)
-        return resume
-
-    def _choose(self) -> Replan:
-        plan, placement = self._original
-        if not self._failed:
-            return Replan(plan, placement, "original")
-        if self._candidates is None:  # at the first failure
-            self._candidates = bundle_plans(self.bundle, plan)
-        left = [d for d in self._tpus if d not in self._failed]
-        board = self.options.board if self.options.board != "auto" else (
-            self.plan_choice.board if self.plan_choice is not None else None)
-        return replan(self.bundle, plan, placement, left, self._failed, board, self.options.emulate,
-                      self._candidates, self.window)
 
     def run_frames(
         self,
@@ -775,7 +437,7 @@ class EdgeCaptioner:
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         try:
-            for job in self._supervise(iter(frames), dict(windows or {}), live, None):
+            for job in self._supervisor.run(iter(frames), dict(windows or {}), live, None, self._job):
                 yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms)
         finally:
             self._write_trace()
@@ -787,31 +449,15 @@ class EdgeCaptioner:
         ``thermal`` the temperature and throttling of the EdgeTPUs the plan
         runs on (real ones only; emulated TPUs have none).
         """
-        stats = self._pipeline.stats()
-        if stats is None:
-            return stats
-        if self._failovers:
-            fin, fout, drop = self._carried
-            stats = dataclasses.replace(stats, frames_in=stats.frames_in + fin,
-                                        frames_out=stats.frames_out + fout, dropped=stats.dropped + drop,
-                                        failovers=tuple(self._failovers), replayed=self._replayed)
-        if self._source is not None:
-            stats = dataclasses.replace(stats, dropped=stats.dropped + self._source.dropped)
-        if any(devices.parse_device(w).kind == "tpu" for w in self.devices.values()):
+        stats = self._supervisor.stats()
+        if stats is not None and any(w.kind == "tpu" for w in self.choice.workers.values()):
             stats = dataclasses.replace(stats, thermal=tuple(devices.tpu_thermals()))
         return stats
 
     def close(self) -> None:
         """Stops the run in progress and joins every worker thread; idempotent."""
-        with self._lock:  # a failover starting a pipeline now closes it itself (see _switch)
-            self._closed = True
-            pipeline = self._pipeline
-        self._release.set()
-        self._prober.close()
-        pipeline.close()
-        for old in self._retired:
-            old.join()
-        self._retired = []
+        self._closed = True
+        self._supervisor.close()
         self._write_trace()
 
     def _write_trace(self) -> None:
@@ -823,46 +469,3 @@ class EdgeCaptioner:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _resolve_plan(bundle: Bundle, opts: CaptionerOptions) -> Plan:
-    if opts.reference_encoder:
-        if bundle.reference_encoder is None:
-            raise ConfigError(f"{bundle.root}: bundle has no reference_encoder; "
-                              "re-export it with the float encoder")
-        try:
-            model, _ = open_model(bundle.reference_encoder)
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise BundleError(f"{bundle.reference_encoder}: not a TFLite model ({exc}); "
-                              "re-export the bundle") from None
-        return single_cpu_plan(model)
-    if isinstance(opts.plan, Plan):
-        resolved = opts.plan
-        check_segments(resolved)  # load_plan checks a plan read from a file; this one was built in memory
-    elif opts.plan is not None:
-        resolved = load_plan(opts.plan)
-    else:
-        from edgecap.planning import plan_for_board  # the one door to the compiler
-
-        resolved = plan_for_board(bundle, opts.board, window=opts.window(bundle.window))
-    _check_plan_fits(resolved, bundle)
-    return resolved
-
-
-def _check_plan_fits(plan: Plan, bundle: Bundle) -> None:
-    want_in = (1, bundle.input.height, bundle.input.width, bundle.input.channels)
-    if len(plan.inputs) != 1 or plan.inputs[0].shape != want_in:
-        raise PlanError(
-            f"{plan.path or 'plan'}: takes {[list(t.shape) for t in plan.inputs]} but the bundle's encoder "
-            f"takes {list(want_in)}; compile the bundle's encoder.tflite"
-        )
-    if len(plan.outputs) != 1 or int(np.prod(plan.outputs[0].shape)) != bundle.feature_size:
-        raise PlanError(
-            f"{plan.path or 'plan'}: outputs {[list(t.shape) for t in plan.outputs]}, not the bundle's "
-            f"{bundle.feature_size} features; compile the bundle's encoder.tflite"
-        )
-    if plan.model_sha256 != bundle.encoder_model.sha256:
-        raise PlanError(
-            f"{plan.path or 'plan'}: compiled from another model than {bundle.encoder} "
-            f"(sha256 differs); re-run `edgecap compile {bundle.root}`"
-        )

@@ -3,9 +3,9 @@
 One argparse tree; each handler is thin and calls the library. The host-side
 compiler (``compile``, ``calibrate``) is imported only when those commands
 run, so the runtime's commands never load it. SIGINT and SIGTERM stop any
-command: the run in progress is closed on the way out (context managers), and
-the exit code is 130 for SIGINT and 143 for SIGTERM (128 + the signal number,
-what a shell reports for a process the signal killed).
+command with the exit policy every edgecap command shares
+(``edgecap.command.run_command``): the run in progress is closed on the way
+out, and the exit code is 130 for SIGINT and 143 for SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,29 +15,20 @@ import contextlib
 import dataclasses
 import json
 import logging
-import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
 from edgecap import __version__
 from edgecap.bundle import DEMO_DIR, default_bundle
+from edgecap.command import run_command
 from edgecap.errors import EdgecapError
 from edgecap.outputs import atomic_path, check_output, write_text
 
 if TYPE_CHECKING:
     from edgecap.options import CaptionerOptions
-
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
-
-
-class Terminated(KeyboardInterrupt):
-    """Raised in the main thread on SIGTERM, so that it unwinds like Ctrl-C."""
-
 
 def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", type=Path, default=None,
@@ -56,7 +47,7 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
                    help="run TPU stages on emulated EdgeTPUs even when TPUs are attached")
     p.add_argument("--trace", type=Path,
                    help="write a Chrome trace-event JSON of the run (opens in ui.perfetto.dev)")
-    p.add_argument("--batch", type=int, default=1,
+    p.add_argument("--batch", type=int, default=None,
                    help="frames of a video file handed between devices at once; more than 1 "
                         "pays off only when stages take well under a millisecond")
 
@@ -190,13 +181,14 @@ def format_devices(infos: Sequence[Any]) -> str:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from edgecap.autoplan import choose_plan, tpus_used
     from edgecap.bundle import load_bundle
     from edgecap.devices import detect_hardware, list_devices
+    from edgecap.options import CaptionerOptions
+    from edgecap.planner import choose, tpus_used
 
     infos = list_devices()
     hardware = detect_hardware()
-    choice = choose_plan(load_bundle(args.bundle or default_bundle()), hardware)
+    choice = choose(load_bundle(args.bundle or default_bundle()), CaptionerOptions(), hardware)
     auto = {"board": hardware.family, "model": hardware.model, "profile": hardware.profile,
             "plan": choice.board or "cpu", "tpus": tpus_used(choice.plan), "reason": choice.reason,
             "fallback": choice.fallback}
@@ -212,6 +204,13 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         print(f"auto runs: {auto['plan']} — {choice.reason}")
         for board, why in choice.skipped:
             print(f"  skipped plan {board}: {why}")
+    return 0
+
+
+def _cmd_edgetpu_runtime(args: argparse.Namespace) -> int:
+    from edgecap.edgetpu_runtime import installed
+
+    print(json.dumps(installed()))
     return 0
 
 
@@ -475,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                "(default: $EDGECAP_BUNDLE or the shipped demo)")
     p.set_defaults(func=_cmd_devices)
 
+    p = sub.add_parser("edgetpu-runtime",
+                       help="print the installed libedgetpu as JSON: its package, build, version "
+                            "and whether it loads (read in a child process)")
+    p.set_defaults(func=_cmd_edgetpu_runtime)
+
     p = sub.add_parser("serve", help="run as a service: cameras, status page, metrics, MQTT",
                        description="Caption one or more cameras for as long as it runs, as the "
                                    "config file says (deploy/edgecap.toml); flags override its keys.")
@@ -521,52 +525,6 @@ def run(argv: Sequence[str]) -> int:
         parser.print_help()
         return 2
     return args.func(args)
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def _sigterm_like_ctrl_c() -> Iterator[None]:
-    # Only the main thread may set handlers (main() may be called from others).
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def run_command(prog: str, body: Callable[[], int]) -> int:
-    """Runs a command's body with ``edgecap``'s exit policy.
-
-    Bad input is one line, ``PROG: error: ...``, and exit code 2; SIGINT
-    (Ctrl-C) and SIGTERM unwind the body (its ``with`` blocks close pipelines
-    and discard half-written outputs) and exit 130 and 143, without a traceback.
-
-    Args:
-      prog: The command's name, for the error line (e.g. ``edgecap soak``).
-      body: Does the work; returns the exit code.
-
-    Returns:
-      The exit code.
-    """
-    try:
-        with _sigterm_like_ctrl_c():
-            return body()
-    except EdgecapError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    except Terminated:
-        return EXIT_SIGTERM
-    except KeyboardInterrupt:
-        return EXIT_SIGINT
-    except BrokenPipeError:  # e.g. `edgecap caption clip.mp4 | head -1`
-        sys.stderr.close()
-        return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

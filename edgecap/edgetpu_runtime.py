@@ -4,8 +4,8 @@ Coral's released libedgetpu (16.0) is built against TensorFlow 2.5 and
 segfaults inside TFLite builds newer than 2.11; rebuilt libraries load under
 the newer ones (``data/edgetpu_compat.json`` lists which, with sources). A
 segfault in ``load_delegate`` cannot be caught, so before the first real
-delegate load of a process ``check`` runs ``python -m edgecap.edgetpu_runtime
-probe`` in a child: it loads the library and the delegate and invokes a model
+delegate load of a process ``check`` runs a probe in a child process
+(``_CHILD``): it loads the library and the delegate and invokes a model
 through it. A child killed by a signal or finding no device becomes one
 ``EdgecapError`` line in the parent, which the captioner's auto fallback turns
 into a CPU run.
@@ -19,7 +19,6 @@ Environment:
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
@@ -48,6 +47,9 @@ PROBE_MODEL = Path(__file__).parent / "data" / "probe.tflite"
 # What the child prints before each line of its report, so that native chatter
 # on stdout cannot be mistaken for it.
 _TAG = "edgecap-probe: "
+# The probe child's code; its arguments, all positional: LIBRARY DEVICE BACKEND MODEL probe|version,
+# with '' for the default device and the shipped probe model.
+_CHILD = "import sys; from edgecap.edgetpu_runtime import _child_main; sys.exit(_child_main(sys.argv[1:]))"
 _PROBE_TIMEOUT_S = 120.0
 
 
@@ -311,15 +313,27 @@ def runtime_version(library: Optional[str] = None, timeout: float = 30.0) -> Pro
     return _run_probe(library or library_name(), "", BACKENDS[0], None, timeout, version_only=True)
 
 
+def installed() -> Dict[str, Optional[str]]:
+    """Says what is installed, for people (``edgecap edgetpu-runtime``).
+
+    Returns:
+      The library's name, the path it loads from, whether it loads (a probe
+      kind, read in a child: loading a mismatched library may itself crash),
+      libedgetpu's ``edgetpu_version()``, and the Debian package, its version,
+      the build the table recognises and the TensorFlow it was built against.
+    """
+    build, loaded = identify(), runtime_version()
+    return {"library": library_name(), "path": loaded.path, "loads": loaded.kind,
+            "edgetpu_version": loaded.version, "package": build.package,
+            "package_version": build.package_version, "build": build.kind,
+            "tf_version": build.tf_version}
+
+
 def _run_probe(library: str, device: str, backend: str,
                model: "str | os.PathLike[str] | None", timeout: float,
                version_only: bool = False) -> ProbeResult:
-    cmd = [sys.executable, "-m", "edgecap.edgetpu_runtime", "probe", "--library", library,
-           "--device", device, "--backend", backend]
-    if model is not None:
-        cmd += ["--model", os.fspath(model)]
-    if version_only:
-        cmd.append("--version-only")
+    cmd = [sys.executable, "-c", _CHILD, library, device, backend,
+           "" if model is None else os.fspath(model), "version" if version_only else "probe"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -462,28 +476,7 @@ def _child_probe(library: str, device: str, backend: str, model: Optional[str],
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m edgecap.edgetpu_runtime probe|version``: the probe child, and a report for people."""
-    parser = argparse.ArgumentParser(prog="python -m edgecap.edgetpu_runtime")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("probe", help="load the delegate and invoke a model (run as a child)")
-    p.add_argument("--library", default=None)
-    p.add_argument("--device", default="")
-    p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--version-only", action="store_true", help="only load it and read its version")
-    sub.add_parser("version", help="print the installed libedgetpu's build and version")
-    args = parser.parse_args(argv)
-    if args.command == "probe":
-        return _child_probe(args.library or library_name(), args.device, args.backend, args.model,
-                            args.version_only)
-    build, loaded = identify(), runtime_version()
-    print(json.dumps({"library": library_name(), "path": loaded.path, "loads": loaded.kind,
-                      "edgetpu_version": loaded.version, "package": build.package,
-                      "package_version": build.package_version, "build": build.kind,
-                      "tf_version": build.tf_version}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _child_main(argv: Sequence[str]) -> int:
+    """Runs the probe child (``_CHILD``) on its positional arguments; returns its exit status."""
+    library, device, backend, model, what = argv
+    return _child_probe(library or library_name(), device, backend, model or None, what == "version")

@@ -47,18 +47,10 @@ from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled
 from edgecap.modelfile import TensorSpec
 from edgecap.plan import Stage
 from edgecap.scheduler import sleep_until
-from edgecap.stages import Segment, Tensors
+from edgecap.stages import Tensors
 
 SUPPORTED = os.name == "posix"
 
-# The default deadline, for direct users of open_stage(isolate=True): derived
-# from the stage's predicted time, never below the floor, so a loaded host (or
-# a real TPU's first invoke, which loads the parameters) does not read as a
-# hang. The captioner passes its own (CaptionerOptions.deadline_factor and
-# deadline_floor_s, the first invoke FIRST_INVOKE_GRACE times longer), the
-# deadline its watchdog holds the invoke to.
-DEADLINE_FACTOR = 10.0
-MIN_DEADLINE_S = 2.0
 # Opening includes the child's interpreter start-up, imports and, on a real
 # TPU, libedgetpu's probe and the delegate.
 START_TIMEOUT_S = 60.0
@@ -70,23 +62,6 @@ _ALIGN = 64
 
 _CHILD = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
           "from edgecap.isolation import _worker_main; _worker_main()")
-
-
-def default_deadline_s(stage: Stage) -> float:
-    """The per-invoke deadline an isolated stage gets when none is given.
-
-    Args:
-      stage: The plan stage.
-
-    Returns:
-      ``DEADLINE_FACTOR`` times its predicted time, at least ``MIN_DEADLINE_S``.
-    """
-    return max(MIN_DEADLINE_S, DEADLINE_FACTOR * (stage.predicted_ms or 0.0) / 1000.0)
-
-
-def isolate_by_default(spec: DeviceSpec) -> bool:
-    """Whether a stage on ``spec`` runs isolated unless told otherwise: real EdgeTPUs, on POSIX."""
-    return SUPPORTED and spec.kind == "tpu"
 
 
 @dataclass(frozen=True)
@@ -124,7 +99,7 @@ class _OpenRequest:
     spec: DeviceSpec
     num_threads: int
     timing_only: bool
-    pace: bool
+    pace_ms: Optional[float]
     shm_name: str
     shm_size: int
     inputs: Tuple[_Slot, ...]
@@ -202,7 +177,7 @@ class _Worker:
         self.shm.unlink()
 
 
-class IsolatedSegment(Segment):
+class IsolatedSegment:
     """A plan stage run in a worker process; a crash or hang there raises ``DeviceFailed`` here.
 
     Call it from one thread at a time (the thread that owns the stage);
@@ -222,11 +197,20 @@ class IsolatedSegment(Segment):
 
     isolated = True
 
-    def __init__(self, stage: Stage, spec: DeviceSpec, *, num_threads: int = 1,
-                 timing_only: bool = False, pace: bool = False,
-                 deadline_s: Optional[float] = None, first_deadline_s: Optional[float] = None,
+    def __init__(self, stage: Stage, spec: DeviceSpec, *, deadline_s: float, num_threads: int = 1,
+                 timing_only: bool = False, pace_ms: Optional[float] = None,
+                 first_deadline_s: Optional[float] = None,
                  start_timeout_s: float = START_TIMEOUT_S) -> None:
         """Starts the child and opens ``stage`` in it (see ``edgecap.stages.open_stage``).
+
+        Args:
+          stage: The plan stage.
+          spec: The device to open it on in the child.
+          deadline_s: Seconds an invoke may take before the child counts as
+            hung and is killed (the planner's, ``edgecap.planner.deadlines``).
+          num_threads, timing_only, pace_ms: As ``open_stage`` takes them.
+          first_deadline_s: The first invoke's deadline (default: ``deadline_s``).
+          start_timeout_s: Seconds the child may take to open the stage.
 
         Raises:
           ConfigError: If the system is not POSIX or the deadline is not positive.
@@ -237,7 +221,7 @@ class IsolatedSegment(Segment):
         if not SUPPORTED:
             raise errors.ConfigError(f"{spec}: process isolation needs a POSIX system; "
                                      "run the stage without isolation")
-        deadline = default_deadline_s(stage) if deadline_s is None else float(deadline_s)
+        deadline = float(deadline_s)
         if not deadline > 0:
             raise errors.ConfigError(f"{spec}: deadline_s={deadline_s!r}; use a positive number of seconds")
         first = deadline if first_deadline_s is None else float(first_deadline_s)
@@ -255,7 +239,7 @@ class IsolatedSegment(Segment):
         out_slots, size = _layout([t for t in stage.outputs if t.name not in ins], end)
         shm = SharedMemory(create=True, size=max(size, 1))
         self.shm_name = shm.name
-        request = _OpenRequest(stage, spec, num_threads, timing_only, pace, shm.name, max(size, 1),
+        request = _OpenRequest(stage, spec, num_threads, timing_only, pace_ms, shm.name, max(size, 1),
                                tuple(in_slots), tuple(out_slots))
         t0 = time.perf_counter()
         try:
@@ -442,7 +426,7 @@ def _serve(conn: Connection) -> None:
         inputs = _views(buf, request.inputs)
         outputs = _views(buf, request.outputs)
         runner = stages.open_stage(request.stage, request.spec, num_threads=request.num_threads,
-                                   timing_only=request.timing_only, pace=request.pace)
+                                   timing_only=request.timing_only, pace_ms=request.pace_ms)
     except BaseException as exc:  # the parent raises it as in-process, as one line
         conn.send(("error", _describe(exc)))
         return

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from edgecap.bundle import WindowSpec
+from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError
 from edgecap.plan import Plan
 
@@ -38,7 +39,7 @@ class CaptionerOptions:
         ``Plan``. None plans on the fly (see ``board``).
       board: With no plan: ``auto`` runs the bundle's compiled plan that fits
         the attached EdgeTPUs, else the whole encoder on the CPU
-        (``edgecap.autoplan``); a board profile name (e.g. ``devboard-usb``)
+        (``edgecap.planner``); a board profile name (e.g. ``devboard-usb``)
         plans for that board with the compiler (``edgecap_compile``, imported
         only then) and emulates the TPUs it lacks.
       on_missing_tpu: With ``auto``: ``cpu`` falls back to what can run (one
@@ -47,24 +48,26 @@ class CaptionerOptions:
         CPU stage to the board's predicted time. None: emulate when the plan
         has more TPU stages than EdgeTPUs are attached.
       devices_map: Plan device -> device to run it on, e.g. ``{"tpu:0": "cpu:1"}``
-        (any spelling ``parse_device`` reads); overrides ``emulate`` for those
-        devices. Each device needs a worker of its own: ``cpu`` is the last
+        (any spelling ``parse_device`` reads; held parsed, as ``DeviceSpec``s);
+        overrides ``emulate`` for those devices. Each device needs a worker of its own: ``cpu`` is the last
         stage's and the RNN step's.
       timing_only: Emulated stages compute nothing (zero outputs): for
         scheduler benchmarks; captions are then meaningless.
       pipelined: Run each device on its own thread; False runs every step in
-        the calling thread, one frame at a time (the sequential path).
+        the calling thread, one frame at a time (the sequential path). None:
+        pipelined, or on a CPU-only run what the host rule decides
+        (``edgecap.planner.host_schedule``).
       queue_size: Hand-offs each queue between devices holds.
       batch: Frames of a file source handed between devices at once. A
         hand-off costs tens of microseconds of CPU, which matters only when
         stages take well under a millisecond; a camera's newest frame is
-        always handed over alone.
+        always handed over alone. None: 1, or the host rule's.
       frames: Sampled frames per window (default: the bundle's).
       stride: Sampled frames between window starts (default: the bundle's).
       sample_fps: Rate frames are sampled from sources; 0 keeps every frame
         (default: the bundle's).
       num_threads: CPU threads of each CPU encoder stage's interpreter
-        (default: the physical cores); the RNN step models use one.
+        (default: the physical cores, or on a CPU-only run the host rule's); the RNN step models use one.
       reference_encoder: Use the bundle's float reference encoder instead of
         the int8 one (for measuring quantisation loss); CPU only.
       trace: Write a Chrome trace-event JSON of the runs here (on ``close()``
@@ -95,11 +98,11 @@ class CaptionerOptions:
     board: str = "auto"
     on_missing_tpu: str = "cpu"
     emulate: Optional[bool] = None
-    devices_map: Mapping[str, str] = field(default_factory=dict)
+    devices_map: Mapping[Any, Any] = field(default_factory=dict)
     timing_only: bool = False
-    pipelined: bool = True
+    pipelined: Optional[bool] = None
     queue_size: int = 2
-    batch: int = 1
+    batch: Optional[int] = None
     frames: Optional[int] = None
     stride: Optional[int] = None
     sample_fps: Optional[float] = None
@@ -112,6 +115,9 @@ class CaptionerOptions:
     isolate: Optional[bool] = None
 
     def __post_init__(self) -> None:
+        # Device strings are parsed once, here, at the edge.
+        mapping = {_device(k): _device(v) for k, v in dict(self.devices_map).items()}
+        object.__setattr__(self, "devices_map", mapping)
         for name in ("deadline_factor", "deadline_floor_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -137,7 +143,7 @@ class CaptionerOptions:
         if not (_is_int(self.queue_size) and 1 <= self.queue_size <= MAX_QUEUE):
             raise ConfigError(f"queue_size {self.queue_size}: each queue must hold from 1 to "
                               f"{MAX_QUEUE} frames")
-        if not (_is_int(self.batch) and 1 <= self.batch <= MAX_QUEUE):
+        if self.batch is not None and not (_is_int(self.batch) and 1 <= self.batch <= MAX_QUEUE):
             raise ConfigError(f"batch {self.batch}: hand over at least 1 frame (at most "
                               f"{MAX_QUEUE}) at a time")
         if self.on_missing_tpu not in ("cpu", "fail"):
@@ -173,6 +179,10 @@ class CaptionerOptions:
             stride=bundle_window.stride if self.stride is None else self.stride,
             sample_fps=bundle_window.sample_fps if self.sample_fps is None else float(self.sample_fps),
         )
+
+
+def _device(value: Any) -> DeviceSpec:
+    return value if isinstance(value, DeviceSpec) else parse_device(value)
 
 
 def _is_int(value: Any) -> bool:

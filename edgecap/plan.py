@@ -350,7 +350,7 @@ def write_plan(plan: Plan, directory: "str | os.PathLike[str]") -> Plan:
 def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
     """Makes the plan that runs a whole encoder as one CPU stage.
 
-    What ``auto`` runs when no bundle plan fits the attached EdgeTPUs (``edgecap.autoplan``).
+    What ``auto`` runs when no bundle plan fits the attached EdgeTPUs (``edgecap.planner``).
 
     Args:
       model: The encoder as ``load_bundle`` recorded it (nothing is opened),
@@ -369,7 +369,7 @@ def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
             raise PlanError(f"{model}: not a TFLite model ({exc}); check the bundle's encoder") from None
     stage = Stage(
         index=0,
-        spec=parse_device("cpu"),
+        spec=DeviceSpec("cpu"),
         segment=model.path,
         ops=(0, model.ops),
         inputs=model.inputs,

@@ -5,8 +5,7 @@ board by name (``EdgeCaptioner(board="devboard-usb")``, ``edgecap bench``), it
 imports ``edgecap_compile`` lazily and compiles the bundle's encoder into a
 cache directory keyed by the models, the board profile and the tools (plan
 version, edgecap's version, edgetpu_compiler's presence), so a second run
-reuses the segments. ``host_schedule`` decides how a plan whose CNN is one
-CPU stage uses this machine's cores.
+reuses the segments. Which plan runs is the planner's (``edgecap.planner``).
 """
 
 from __future__ import annotations
@@ -16,10 +15,9 @@ import hashlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Optional
 
 from edgecap.bundle import Bundle, WindowSpec
 from edgecap.errors import ConfigError
@@ -102,62 +100,3 @@ def plan_for_board(
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
     return load_plan(out)
-
-
-@dataclass(frozen=True)
-class HostSchedule:
-    """How a plan whose CNN is one CPU stage runs on this machine's cores.
-
-    Attributes:
-      kind: ``threads`` (every core to the CNN's interpreter, the RNN after it
-        on the same worker) or ``pipeline`` (the CNN on a worker of its own,
-        ``cpu:1``, with a core fewer, the RNN on ``cpu`` at the same time).
-      num_threads: Threads of the CNN's interpreter.
-      devices_map: The ``CaptionerOptions.devices_map`` it takes.
-      reason: One line: the predicted periods compared.
-    """
-
-    kind: str
-    num_threads: int
-    devices_map: Dict[str, str] = field(default_factory=dict)
-    reason: str = ""
-
-    def overrides(self) -> Dict[str, Any]:
-        """Returns the ``CaptionerOptions`` overrides that run this schedule."""
-        return {"pipelined": True, "num_threads": self.num_threads,
-                "devices_map": dict(self.devices_map)}
-
-
-def host_schedule(plan: Plan, cores: int) -> HostSchedule:
-    """Chooses between intra-op threads and pipelining for a plan with the CNN on one CPU stage.
-
-    With ``C`` cores, the CNN taking ``t`` ms a frame on all of them and the
-    RNN ``r`` ms a frame (its steps for every window the frame feeds), threads
-    take ``t + r`` a frame; pipelining the CNN against the RNN takes
-    ``max(t * C / (C - 1), r)``, the CNN losing a core to the RNN. So
-    pipelining pays only when ``r > t / (C - 1)``: when the RNN takes longer
-    than the time the CNN loses by giving up a core. The CNN's scaling is taken as linear,
-    the best case for threads; a CNN that scales worse than that loses less by
-    the core it gives up. Where the plan has no predictions, threads.
-
-    Args:
-      plan: A plan whose active stages are one CPU stage (the ``host`` profile's).
-      cores: The physical cores to use.
-
-    Returns:
-      The ``HostSchedule``.
-    """
-    cores = max(1, cores)
-    stages = plan.active_stages
-    if len(stages) != 1 or stages[0].spec.kind != "cpu" or stages[0].predicted_ms is None:
-        return HostSchedule("threads", cores, reason="no predicted CPU stage: every core to the CNN")
-    if cores == 1:
-        return HostSchedule("threads", 1, reason="one core: nothing to pipeline onto")
-    r = plan.rnn_frame_ms
-    t = max(0.0, stages[0].predicted_ms - r)
-    pipelined = max(t * cores / (cores - 1), r)
-    compared = (f"CNN {t:.2f} ms on {cores} cores, RNN {r:.2f} ms a frame: threads {t + r:.2f} ms, "
-                f"pipeline {pipelined:.2f} ms a frame")
-    if r > t / (cores - 1):
-        return HostSchedule("pipeline", cores - 1, {"cpu": "cpu:1"}, compared)
-    return HostSchedule("threads", cores, reason=compared)

@@ -228,6 +228,27 @@ class _Job:
         self.run, self.seq, self.items, self.end, self.error = run, seq, items, end, error
 
 
+class _OpenStep:
+    """A step as its worker runs it: opened, with the deadline its next invoke is held to."""
+
+    __slots__ = ("index", "name", "fn", "accepts", "deadline_s", "limit")
+
+    def __init__(self, index: int, step: "Step", fn: Callable[[Any], Any]) -> None:
+        self.index, self.name, self.fn, self.accepts = index, step.name, fn, step.accepts
+        self.deadline_s = step.deadline_s
+        # The first invoke's deadline gives way to the step's own after one invoke.
+        self.limit = step.first_deadline_s if step.first_deadline_s is not None else step.deadline_s
+
+
+class _Invoke:
+    """The watched invoke in progress on a worker: when it is due, and what to name if it hangs."""
+
+    __slots__ = ("due", "name", "seq", "run", "limit")
+
+    def __init__(self, due: float, name: str, seq: int, run: "_Run", limit: float) -> None:
+        self.due, self.name, self.seq, self.run, self.limit = due, name, seq, run, limit
+
+
 class _Closed(Exception):
     """The pipeline is closed: the thread waiting on a queue exits."""
 
@@ -388,9 +409,9 @@ class _Core:
         self.feeders: List[threading.Thread] = []
         self.active: Optional[_Run] = None
         self.lock = threading.RLock()
-        # Per worker, written by that worker only: (deadline, step, item, run,
-        # limit) of the invoke in progress of a step with a deadline, else None.
-        self.invoking: List[Optional[Tuple[float, str, int, _Run, float]]] = [None] * len(groups)
+        # Per worker, written by that worker only: the invoke in progress of a
+        # step with a deadline, else None.
+        self.invoking: List[Optional[_Invoke]] = [None] * len(groups)
         limits = [s.deadline_s for _, steps in groups for s in steps if s.deadline_s is not None]
         # The watchdog looks again at least this often while no invoke is watched.
         self.watch_period: Optional[float] = min(limits) if limits else None
@@ -475,14 +496,13 @@ def _watch(core: _Core) -> None:
         for w, slot in enumerate(core.invoking):
             if slot is None or slot is fired[w]:
                 continue
-            due, name, seq, run, limit = slot
-            if now < due:
-                wake = min(wake, due)
+            if now < slot.due:
+                wake = min(wake, slot.due)
                 continue
             fired[w] = slot
             error = DeviceFailed(core.groups[w][0], "hung",
-                                 f"{name} did not return within {limit:.3g} s (item {seq})")
-            if run.cancel(f"{name} hung", error):
+                                 f"{slot.name} did not return within {slot.limit:.3g} s (item {slot.seq})")
+            if slot.run.cancel(f"{slot.name} hung", error):
                 core.wake()
         if core.closing.wait(max(wake - now, 0.0)):
             return
@@ -524,10 +544,7 @@ def _close_steps(fns: List[Callable[[Any], Any]]) -> None:
 def _serve(core: _Core, w: int, first: int, steps: List[Step], fns: List[Callable[[Any], Any]]) -> None:
     """Runs every job of worker ``w``'s inbox through its opened steps, until the pipeline closes."""
     name = core.groups[w][0]
-    # Lists: a step's first-invoke deadline (index 5) gives way to its deadline after one invoke.
-    plan = [[first + j, step.name, fn, step.accepts, step.deadline_s,
-             step.first_deadline_s if step.first_deadline_s is not None else step.deadline_s]
-            for j, (step, fn) in enumerate(zip(steps, fns))]
+    plan = [_OpenStep(first + j, step, fn) for j, (step, fn) in enumerate(zip(steps, fns))]
     inbox, channels, done, tracer = core.channels[w], core.channels, core.done, core.tracer
     route = core.route if core.skips[w + 1] is not None else None
     current: Optional[_Run] = None
@@ -555,30 +572,29 @@ def _serve(core: _Core, w: int, first: int, steps: List[Step], fns: List[Callabl
         pass
 
 
-def _run_items(job: _Job, plan: List[List[Any]], track: str, tracer: Optional[Tracer],
-               busy: List[float], invokes: List[int],
-               invoking: List[Optional[Tuple[float, str, int, _Run, float]]], w: int) -> None:
+def _run_items(job: _Job, plan: List[_OpenStep], track: str, tracer: Optional[Tracer],
+               busy: List[float], invokes: List[int], invoking: List[Optional[_Invoke]], w: int) -> None:
     """Runs each item of ``job`` through a worker's steps; a failure ends the job there."""
     perf_counter = time.perf_counter
     for n, item in enumerate(job.items):
         try:
             for step in plan:
-                j, name, fn, accepts, _, limit = step
-                if accepts is not None and not accepts(item.payload):
+                if step.accepts is not None and not step.accepts(item.payload):
                     continue
                 start = perf_counter()
+                limit = step.limit
                 if limit is not None:
-                    invoking[w] = (start + limit, name, item.seq, job.run, limit)
-                    item.payload = fn(item.payload)
+                    invoking[w] = _Invoke(start + limit, step.name, item.seq, job.run, limit)
+                    item.payload = step.fn(item.payload)
                     invoking[w] = None
-                    step[5] = step[4]
+                    step.limit = step.deadline_s
                 else:
-                    item.payload = fn(item.payload)
+                    item.payload = step.fn(item.payload)
                 end = perf_counter()
-                busy[j] += end - start
-                invokes[j] += 1
+                busy[step.index] += end - start
+                invokes[step.index] += 1
                 if tracer is not None:
-                    tracer.slice(track, name, item.seq, start, end)
+                    tracer.slice(track, step.name, item.seq, start, end)
         except BaseException as exc:  # a dead worker would leave the consumer waiting forever
             invoking[w] = None
             # Items before it go on; the error reaches the consumer after them.

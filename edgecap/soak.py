@@ -1,8 +1,8 @@
 """The soak: a long pipelined run on an emulated board, with faults injected as it goes.
 
-::
+The command is a developer script (``run_soak`` is what it calls)::
 
-    python -m edgecap.soak --frames 50000 --json docs/soak.json --md docs/soak.md
+    python tools/soak.py --frames 50000 --json docs/soak.json --md docs/soak.md
 
 It captions ``--frames`` sampled frames (the demo clip, repeated) through the
 pipelined runtime on the emulated ``devboard-usb`` (emulated EdgeTPUs, real
@@ -35,10 +35,7 @@ failover times are *measured* on this host.
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,12 +43,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap import faults, outputs
+from edgecap import faults
 from edgecap.bundle import default_bundle
 from edgecap.captioner import EdgeCaptioner
-from edgecap.cli import run_command
 from edgecap.errors import ConfigError
-from edgecap.failover import tpu_workers
 from edgecap.sources import open_source
 from edgecap.stats import summarize
 
@@ -154,7 +149,7 @@ class _Injector:
             plan, device = self._plans[-1]
             if plan or not plan.answers(device):
                 return  # the fault before has not fired, or its device is still away
-        tpus = tpu_workers(self._cap.placement)
+        tpus = [str(d) for d in self._cap.choice.tpus]
         if not tpus:
             return
         device = tpus[k % len(tpus)]
@@ -304,40 +299,3 @@ def table(r: SoakResult) -> str:
 
 def _ms(figures: Dict[str, float]) -> str:
     return " / ".join(f"{figures.get(k, float('nan')):.0f}" for k in ("p50", "p99", "max"))
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs the soak from the command line; returns 0 when every goal is met, else 1."""
-    p = argparse.ArgumentParser(prog="python -m edgecap.soak", description=__doc__.split("\n\n")[0])
-    p.add_argument("--frames", type=int, default=50_000, help="sampled frames to caption")
-    p.add_argument("--fault-every", type=int, default=4_000, help="frames between two faults")
-    p.add_argument("--back", type=float, default=2.0, help="seconds until a failed device answers again")
-    p.add_argument("--warmup", type=int, default=5_000, help="frames before the first memory reading")
-    p.add_argument("--bundle", help="bundle directory (default: the shipped demo)")
-    p.add_argument("--board", default="devboard-usb", help="board profile to emulate")
-    p.add_argument("--json", type=Path, help="write the figures here")
-    p.add_argument("--md", type=Path, help="write the table here (Markdown)")
-    args = p.parse_args(argv)
-
-    def body() -> int:
-        for out, what in ((args.json, "--json"), (args.md, "--md")):
-            if out is not None:
-                outputs.check_output(out, what)  # before the run, not after it
-        result = run_soak(args.frames, args.fault_every, args.back, args.warmup, args.bundle, args.board,
-                          progress=lambda line: print(line, file=sys.stderr, flush=True))
-        text = table(result)
-        print(text)
-        print("soak: all goals met" if result.ok else "soak: goals NOT met: " + "; ".join(result.missed))
-        command = "python -m edgecap.soak " + " ".join(argv if argv is not None else sys.argv[1:])
-        if args.json is not None:
-            outputs.write_text(args.json, json.dumps({"command": command, **asdict(result), "ok": result.ok},
-                                                     indent=2) + "\n")
-        if args.md is not None:
-            outputs.write_text(args.md, f"# Soak\n\n`{command}`\n\n{text}\n")
-        return 0 if result.ok else 1
-
-    return run_command("edgecap soak", body)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """What runs a plan stage: segment runners on the CPU, a Coral EdgeTPU or an emulated one.
 
-``open_stage`` returns a callable from the tensors named in the plan to the
-tensors the stage outputs. Call it in the thread that will run the stage,
+``open_stage`` returns a ``SegmentRunner``: a callable from the tensors named
+in the plan to the tensors the stage outputs. Call it in the thread that will run the stage,
 which then owns its interpreter. Which devices exist is ``edgecap.devices``.
 
 An emulated EdgeTPU (``emu-tpu:N``) runs its segment on the CPU (outputs
@@ -33,60 +33,55 @@ _PR_SET_TIMERSLACK = 29  # linux/prctl.h
 Tensors = Dict[str, np.ndarray]
 
 
-class Segment:
-    """A model segment opened on a device: maps input tensors to output tensors.
+class SegmentRunner:
+    """Runs one plan stage on one device: its segment, the tensors that pass it by, and its pace.
 
-    Tensors are matched by name: the segment reads the inputs its model
-    declares from the given mapping and returns what its model outputs.
+    One class for every device: a CPU interpreter, an EdgeTPU delegate's, or
+    (timing only) none, when it outputs zeros. Returns exactly the stage's
+    ``outputs``: those the segment computes and those it forwards untouched
+    for later stages (docs/plan.md). With ``pace_ms`` every call takes at
+    least that long, forwarding included (that is the device's invoke),
+    measured from its start; a slower computation gets no wait added. Create
+    it in the thread that runs it (see ``Pacer``); an isolated worker process
+    runs the same class (``edgecap.isolation``).
 
     Attributes:
-      isolated: True for a segment in a worker process
-        (``edgecap.isolation.IsolatedSegment``), whose ``__call__`` also takes
-        ``fault=``.
+      isolated: False (an ``IsolatedSegment`` is True, and its call takes ``fault=``).
     """
 
     isolated = False
 
-    def __call__(self, tensors: Tensors) -> Tensors:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Releases what the segment holds beyond memory (a worker process); idempotent."""
-
-
-class InterpreterSegment(Segment):
-    """A segment run by a TFLite interpreter (the CPU, or an EdgeTPU delegate)."""
-
-    def __init__(self, interp: Any, stage: Stage) -> None:
-        """Wraps an allocated interpreter of ``stage``'s segment.
+    def __init__(self, stage: Stage, io: Optional[interpreter.TensorIO], pace_ms: Optional[float] = None) -> None:
+        """Wraps a stage's segment.
 
         Args:
-          interp: The interpreter.
-          stage: The plan stage it runs.
-
-        Raises:
-          PlanError: If the segment's inputs are not among the stage's inputs,
-            or a stage output is neither computed by it nor forwarded, or a
-            tensor's shape or dtype differs from the plan.
+          stage: The plan stage.
+          io: Its allocated interpreter's tensors by name; None outputs zeros (timing only).
+          pace_ms: Pace every call to this many milliseconds; None runs unpaced.
         """
-        ins, outs = interp.get_input_details(), interp.get_output_details()
-        _check_tensors(stage, "input", ins, stage.inputs)
-        _check_tensors(stage, "output", outs, stage.outputs)
-        computed = {d["name"] for d in outs} | {t.name for t in stage.inputs}
-        missing = [t.name for t in stage.outputs if t.name not in computed]
-        if missing:
-            raise _segment_mismatch(stage, f"does not output {', '.join(missing)}")
-        self._io: Optional[interpreter.TensorIO] = interpreter.TensorIO.from_details(interp)
-        self._name = f"stage {stage.index}"
+        self._io = io
+        self._names = [t.name for t in stage.outputs]
+        self._zeros = {t.name: np.zeros(t.shape, dtype=t.dtype) for t in stage.outputs} if io is None else {}
+        self._pace_s = None if pace_ms is None else pace_ms / 1000.0
+        if self._pace_s is not None:
+            Pacer()
+        self._closed = False
+        self._label = f"stage {stage.index}"
 
     def __call__(self, tensors: Tensors) -> Tensors:
-        if self._io is None:
-            raise RunCancelled(f"{self._name}: the segment is closed")
-        return self._io(tensors)
+        if self._closed:
+            raise RunCancelled(f"{self._label}: the segment is closed")
+        start = time.perf_counter()
+        out = self._zeros if self._io is None else self._io(tensors)
+        result = {name: out[name] if name in out else tensors[name] for name in self._names}
+        if self._pace_s is not None:
+            sleep_until(start + self._pace_s)
+        return result
 
     def close(self) -> None:
-        # The interpreter holds the segment file open: let it go now, not when
-        # a cycle that still refers to this segment (a traceback) is collected.
+        """Lets the interpreter go (it holds the segment file open); idempotent."""
+        # Now, not when a cycle that still refers to this runner (a traceback) is collected.
+        self._closed = True
         self._io = None
 
 
@@ -105,21 +100,29 @@ def _check_tensors(stage: Stage, kind: str, details: Sequence[Dict[str, Any]],
             )
 
 
+def _bind(interp: Any, stage: Stage) -> interpreter.TensorIO:
+    """Checks an allocated interpreter of ``stage``'s segment against the plan and binds its tensors.
+
+    Raises:
+      PlanError: If the segment's inputs are not among the stage's inputs, or
+        a stage output is neither computed by it nor forwarded, or a tensor's
+        shape or dtype differs from the plan.
+    """
+    ins, outs = interp.get_input_details(), interp.get_output_details()
+    _check_tensors(stage, "input", ins, stage.inputs)
+    _check_tensors(stage, "output", outs, stage.outputs)
+    computed = {d["name"] for d in outs} | {t.name for t in stage.inputs}
+    missing = [t.name for t in stage.outputs if t.name not in computed]
+    if missing:
+        raise _segment_mismatch(stage, f"does not output {', '.join(missing)}")
+    return interpreter.TensorIO.from_details(interp)
+
+
 def _segment_mismatch(stage: Stage, what: str) -> PlanError:
     return PlanError(
         f"stage {stage.index} ({stage.device}): segment {stage.segment.name} {what}; "
         "the segment files do not match plan.json, re-run `edgecap compile`"
     )
-
-
-class ZeroSegment(Segment):
-    """Timing-only stand-in for a segment: computes nothing, outputs zeros."""
-
-    def __init__(self, outputs: Sequence[TensorSpec]) -> None:
-        self._zeros = {t.name: np.zeros(t.shape, dtype=t.dtype) for t in outputs}
-
-    def __call__(self, tensors: Tensors) -> Tensors:
-        return dict(self._zeros)
 
 
 class Pacer:
@@ -144,103 +147,49 @@ class Pacer:
         sleep_until(deadline)
 
 
-class PacedSegment(Segment):
-    """Runs a segment and then waits out the rest of its predicted time.
-
-    The deadline is taken from the start of the invoke, so an invoke is never
-    faster than ``ms``; when the computation itself is slower, no wait is added.
-    Create it in the thread that runs it (see ``Pacer``).
-    """
-
-    def __init__(self, segment: Segment, ms: float) -> None:
-        self._segment = segment
-        self._seconds = ms / 1000.0
-        self._pacer = Pacer()
-
-    def __call__(self, tensors: Tensors) -> Tensors:
-        deadline = time.perf_counter() + self._seconds
-        out = self._segment(tensors)
-        self._pacer.wait_until(deadline)
-        return out
-
-    def close(self) -> None:
-        self._segment.close()
-
-
-class StageRunner(Segment):
-    """Runs one plan stage: its segment, plus the tensors that pass it by.
-
-    Returns exactly the stage's ``outputs``: those the segment computes and
-    those it forwards untouched for later stages (docs/plan.md).
-    """
-
-    def __init__(self, segment: Segment, outputs: Sequence[TensorSpec]) -> None:
-        self._segment = segment
-        self._names = [t.name for t in outputs]
-
-    def __call__(self, tensors: Tensors) -> Tensors:
-        out = self._segment(tensors)
-        return {name: out[name] if name in out else tensors[name] for name in self._names}
-
-    def close(self) -> None:
-        self._segment.close()
-
-
 def open_stage(
     stage: Stage,
     device: "str | DeviceSpec | None" = None,
     *,
     num_threads: int = 1,
     timing_only: bool = False,
-    pace: bool = False,
-    isolate: bool = False,
-    deadline_s: Optional[float] = None,
-    first_deadline_s: Optional[float] = None,
-) -> Segment:
-    """Opens a plan stage on a device; call it in the thread that will run it.
+    pace_ms: Optional[float] = None,
+) -> SegmentRunner:
+    """Opens a plan stage on a device, in-process; call it in the thread that will run it.
+
+    (A stage in a worker process is ``edgecap.isolation.IsolatedSegment``,
+    which opens it with this function there.)
 
     Args:
       stage: The plan stage (non-empty).
-      device: Where to run it (default: the stage's own device). ``emu-tpu:N``
-        paces every invoke to the stage's ``predicted_ms``.
+      device: Where to run it (default: the stage's own device).
       num_threads: CPU threads for the interpreter's kernels (XNNPACK).
-      timing_only: Emulated (and paced) stages compute nothing and output zeros.
-      pace: Pace the stage to ``predicted_ms`` whatever its device (board emulation).
-      isolate: Run the stage in a worker process (``edgecap.isolation``), so that
-        a native crash there raises ``DeviceFailed`` here instead of killing this
-        process. Pacing then happens in the worker, as part of the invoke.
-      deadline_s: With ``isolate``: seconds an invoke may take before the worker
-        counts as hung and is killed (default: ``isolation.default_deadline_s``;
-        the captioner passes its watchdog's deadline).
-      first_deadline_s: With ``isolate``: the first invoke's deadline
-        (default: ``deadline_s``).
+      timing_only: A paced stage computes nothing and outputs zeros.
+      pace_ms: Pace every invoke to this many ms. On ``emu-tpu:N`` the
+        default is the stage's ``predicted_ms``: an emulated EdgeTPU is its
+        segment run on the CPU at the board's predicted pace.
 
     Returns:
-      The stage as a ``Segment``: the tensors it reads in, its ``outputs`` out;
-      with ``isolate``, an ``IsolatedSegment`` (close it when done).
+      The ``SegmentRunner``: the tensors it reads in, its ``outputs`` out.
 
     Raises:
-      ConfigError: If pacing is asked for and the stage has no ``predicted_ms``.
+      ConfigError: If an emulated device is to run a stage with no ``predicted_ms``.
       PlanError: If the segment file is corrupt or does not match the stage, or a real
         EdgeTPU is to run a segment edgetpu_compiler did not compile.
       EdgecapError: If no EdgeTPU runtime or device can be opened.
-      DeviceFailed: With ``isolate``, if the worker crashes or hangs while opening.
     """
     if device is None:
         spec = stage.spec
     else:
         spec = device if isinstance(device, DeviceSpec) else parse_device(device)
-    if isolate:
-        from edgecap.isolation import IsolatedSegment  # it imports this module
-
-        return IsolatedSegment(stage, spec, num_threads=num_threads, timing_only=timing_only,
-                               pace=pace, deadline_s=deadline_s, first_deadline_s=first_deadline_s)
-    paced = pace or spec.kind == "emu-tpu"
-    if paced and stage.predicted_ms is None:
-        raise ConfigError(
-            f"stage {stage.index} on {spec}: pacing needs the stage's predicted_ms; "
-            "use a plan from `edgecap compile`"
-        )
+    if spec.kind == "emu-tpu" and pace_ms is None:
+        if stage.predicted_ms is None:
+            raise ConfigError(
+                f"stage {stage.index} on {spec}: pacing needs the stage's predicted_ms; "
+                "use a plan from `edgecap compile`"
+            )
+        pace_ms = stage.predicted_ms
+    paced = pace_ms is not None
     opened = stage.compiled_segment if spec.kind == "tpu" else stage.segment
     if opened is not None and not (timing_only and paced):
         # Not every interpreter verifies what it parses (ai-edge-litert 1.4,
@@ -248,20 +197,16 @@ def open_stage(
         verify_tflite(opened.read_bytes(), str(opened), error=PlanError,
                       fix="re-run `edgecap compile` to rewrite the plan's segments")
     if timing_only and paced:
-        segment: Segment = ZeroSegment(stage.outputs)
-    elif spec.kind == "tpu":
+        return SegmentRunner(stage, None, pace_ms)
+    if spec.kind == "tpu":
         if stage.compiled_segment is None:
             # libedgetpu would run an uncompiled segment's every op on the CPU, silently.
             raise PlanError(
                 f"stage {stage.index} on {spec}: {stage.segment.name} was not compiled by "
                 "edgetpu_compiler; install it and re-run `edgecap compile`, or run on emu-tpu:N"
             )
-        segment = _open_edgetpu(spec, stage)
-    else:
-        segment = InterpreterSegment(interpreter.make_cpu_interpreter(stage.segment, num_threads), stage)
-    runner: Segment = StageRunner(segment, stage.outputs)
-    # Pacing wraps the whole stage, forwarding included: that is the device's invoke.
-    return PacedSegment(runner, stage.predicted_ms) if paced else runner
+        return SegmentRunner(stage, _open_edgetpu(spec, stage), pace_ms)
+    return SegmentRunner(stage, _bind(interpreter.make_cpu_interpreter(stage.segment, num_threads), stage), pace_ms)
 
 
 def load_edgetpu_delegate(spec: DeviceSpec, model: "str | Path | None" = None,
@@ -297,7 +242,7 @@ def load_edgetpu_delegate(spec: DeviceSpec, model: "str | Path | None" = None,
         ) from None
 
 
-def _open_edgetpu(spec: DeviceSpec, stage: Stage) -> Segment:
+def _open_edgetpu(spec: DeviceSpec, stage: Stage) -> interpreter.TensorIO:
     segment = stage.compiled_segment
     backend = interpreter.tpu_backend()
     delegate = load_edgetpu_delegate(spec, segment, backend)
@@ -309,4 +254,4 @@ def _open_edgetpu(spec: DeviceSpec, stage: Stage) -> Segment:
             f"({edgetpu_runtime.one_line(exc)}); "
             "re-run `edgecap compile`, or run on cpu / emu-tpu:N"
         ) from None
-    return InterpreterSegment(interp, stage)
+    return _bind(interp, stage)

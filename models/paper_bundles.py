@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from edgecap.cli import run_command
+from edgecap.command import run_command
 from edgecap.errors import BundleError, ConfigError, EdgecapError
 from edgecap.outputs import check_output
 from models.paper_specs import PAPER_BACKBONES, DEFAULT_HIDDEN, default_cache, describe

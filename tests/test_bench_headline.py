@@ -3,7 +3,6 @@ thread choice, published figures and start-up."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -15,7 +14,7 @@ from edgecap.bundle import load_bundle
 from edgecap.errors import ConfigError
 from edgecap.modelfile import open_model
 from edgecap.plan import single_cpu_plan
-from edgecap.planning import host_schedule, plan_for_board
+from edgecap.planning import plan_for_board
 
 
 @pytest.fixture(autouse=True)
@@ -56,30 +55,6 @@ def test_output_check_finds_features_that_differ(bundle, shipped_bundle):
                            with_captions=False)
     assert checks["a"] == (True, None, 4) and checks["d"] == (True, None, 4)
     assert checks["f"][0] is False
-
-
-def _host_plan(bundle, cnn_ms, rnn_ms):
-    plan = plan_for_board(bundle, "host")
-    (stage,) = plan.active_stages
-    stages = tuple(dataclasses.replace(s, predicted_ms=cnn_ms + rnn_ms) if s is stage else s
-                   for s in plan.stages)
-    return dataclasses.replace(plan, stages=stages, rnn_ms=rnn_ms, rnn_steps_per_frame=1.0)
-
-
-@pytest.mark.parametrize("cnn_ms, rnn_ms, cores, kind, threads", [
-    (100.0, 5.0, 2, "threads", 2),     # a big CNN: every core to it
-    (1.0, 1.5, 2, "pipeline", 1),      # the RNN slower than the CNN on both cores: overlap them
-    (1.0, 0.9, 2, "threads", 2),       # r < t / (C - 1)
-    (3.0, 1.1, 4, "pipeline", 3),      # r > t / (C - 1) = 1.0
-    (3.0, 0.9, 4, "threads", 4),
-    (1.0, 5.0, 1, "threads", 1),       # one core: nothing to overlap onto
-])
-def test_host_schedule_pipelines_only_when_the_rnn_outweighs_a_core(bundle, cnn_ms, rnn_ms, cores,
-                                                                    kind, threads):
-    choice = host_schedule(_host_plan(bundle, cnn_ms, rnn_ms), cores)
-    assert (choice.kind, choice.num_threads) == (kind, threads)
-    assert choice.devices_map == ({"cpu": "cpu:1"} if kind == "pipeline" else {})
-    assert choice.overrides()["num_threads"] == threads and choice.reason
 
 
 def _row(profile, schedule, fps, speedup=1.0):

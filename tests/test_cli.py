@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import write_noise_clip
-from edgecap.cli import Terminated, main, run_command
+from edgecap.cli import main
+from edgecap.command import Terminated, run_command
 from edgecap.errors import ConfigError
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import write_noise_clip
-from edgecap.cli import EXIT_SIGINT, EXIT_SIGTERM, run
+from edgecap.cli import run
+from edgecap.command import EXIT_SIGINT, EXIT_SIGTERM
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
                                 reason="counts a process's threads in /proc (Linux)")

@@ -118,7 +118,7 @@ def test_timing_only_emulation_outputs_zeros_at_the_predicted_pace(plan) -> None
 
 def test_pacing_a_cpu_stage_for_board_emulation(plan) -> None:
     stage = plan.stages[2]
-    runner = open_stage(stage, "cpu", pace=True)
+    runner = open_stage(stage, "cpu", pace_ms=stage.predicted_ms)
     tensors = open_stage(plan.stages[1], "cpu")(open_stage(plan.stages[0], "cpu")({plan.inputs[0].name: _frame(2)}))
     t0 = time.perf_counter()
     runner(tensors)
@@ -386,10 +386,13 @@ def test_devices_command_prints_the_table_and_json(capsys) -> None:
 
 
 def test_bus_named_tpus_emulate_on_distinct_workers(tmp_path: Path) -> None:
-    from edgecap.placement import place
+    from edgecap import planner
+    from edgecap.options import CaptionerOptions
 
     write_plan(TINY, [1, 2], ["pci:0", "usb:0", "cpu"], tmp_path, [30.0, 20.0, 1.0])
-    placement = place(load_plan(tmp_path), emulate=True, overrides={})
-    assert placement.workers == {"pci:0": "emu-tpu:0", "usb:0": "emu-tpu:1", "cpu": "cpu"}
+    # Emulated: the host rule (the one use of the bundle) does not apply.
+    choice = planner._settle(None, CaptionerOptions(emulate=True), load_plan(tmp_path), how="plan", reason="")
+    assert {k: str(w) for k, w in choice.workers.items()} == {"pci:0": "emu-tpu:0", "usb:0": "emu-tpu:1",
+                                                              "cpu": "cpu"}
     # On real TPUs each stage opens its bus's device: libedgetpu's "pci:0" and "usb:0".
     assert [parse_device(d).delegate_option for d in ("pci:0", "usb:0")] == ["pci:0", "usb:0"]

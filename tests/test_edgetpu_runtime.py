@@ -7,6 +7,7 @@ finds no device, and a working stub whose delegate leaves every op to the CPU.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -22,7 +23,7 @@ from edgecap.devices import parse_device
 from edgecap.edgetpu_runtime import Build, identify, loads, preferred_backend
 from edgecap.errors import EdgecapError
 
-from test_autoplan import PHANBELL, _hardware, bundle_with_plans  # noqa: F401 (a fixture)
+from test_planner import PHANBELL, _hardware, bundle_with_plans  # noqa: F401 (a fixture)
 
 FAKES = Path(__file__).parent / "fake_libedgetpu"
 TINY = Path(__file__).parent / "data" / "compile" / "tiny_float.tflite"
@@ -101,6 +102,18 @@ def test_the_stub_passes_the_probe_and_a_model_invokes_through_it(fakes, monkeyp
     assert edgetpu_runtime.runtime_version(str(fakes["stub"])).version.startswith("BuildLabel(COMPILER=fake")
 
 
+def test_the_edgetpu_runtime_command_says_what_is_installed(fakes, monkeypatch, capsys, tmp_path) -> None:
+    from edgecap.cli import main
+
+    # Only the version is read: the fake that segfaults creating a delegate still loads.
+    for library, loads in ((fakes["segfault"], "ok"), (tmp_path / "absent.so.1", "no-library")):
+        _use(monkeypatch, library)
+        assert main(["edgetpu-runtime"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["library"] == str(library) and report["loads"] == loads, report
+        assert (report["edgetpu_version"] or "").startswith("BuildLabel(COMPILER=fake") == (loads == "ok")
+
+
 def test_the_probe_runs_once_per_library_and_device(fakes, monkeypatch) -> None:
     runs = []
     real = edgetpu_runtime._run_probe
@@ -127,7 +140,7 @@ def test_a_crashing_libedgetpu_makes_auto_caption_on_the_cpu(bundle_with_plans, 
     monkeypatch.setattr(devices, "detect_hardware", lambda root="/": hw)
     with caplog.at_level(logging.WARNING, logger="edgecap"):
         with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
-            assert cap.plan_choice.fallback == "tpu-open-failed"
+            assert cap.choice.fallback == "tpu-open-failed"
             assert [s.device for s in cap.plan.active_stages] == ["cpu"]
             assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     warnings = [r.getMessage() for r in caplog.records if "crashed the probe" in r.getMessage()]

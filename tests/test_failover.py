@@ -125,7 +125,7 @@ def test_a_plan_the_bundle_carries_comes_first(shipped_bundle, clip, tmp_path):
 
 
 def test_a_plan_for_another_board_is_not_a_failover_plan(shipped_bundle, clip, tmp_path):
-    from test_autoplan import _compiled_plan
+    from test_planner import _compiled_plan
 
     bundle = tmp_path / "bundle"
     shutil.copytree(shipped_bundle, bundle)
@@ -347,16 +347,17 @@ def test_close_during_a_failover_closes_the_new_pipeline(shipped_bundle, clip, m
     from edgecap.errors import RunCancelled
 
     cap = EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1)
-    real_start = cap._start
+    supervisor = cap._supervisor
+    real_open = supervisor._open
     started = []
 
-    def start_then_close():
-        pipeline = real_start()
+    def open_then_close(choice, released):
+        pipeline = real_open(choice, released)
         started.append(pipeline)
         cap.close()  # as another thread (or a signal handler) would, while the failover opens it
         return pipeline
 
-    monkeypatch.setattr(cap, "_start", start_then_close)
+    monkeypatch.setattr(supervisor, "_open", open_then_close)
     faults.inject("emu-tpu:0=fail@10")
     with pytest.raises(RunCancelled, match="closed during a failover"):
         _texts(cap, clip)
@@ -365,7 +366,7 @@ def test_close_during_a_failover_closes_the_new_pipeline(shipped_bundle, clip, m
 
 
 def test_a_replaced_runs_reader_reads_no_more_once_a_new_one_starts():
-    from edgecap.captioner import _Run, _Source
+    from edgecap.supervisor import Run as _Run, _Source
     from edgecap.bundle import WindowSpec
 
     items = iter([(None, Frame(i, i / 8.0, np.zeros((2, 2, 3), np.uint8))) for i in range(5)])
@@ -412,8 +413,11 @@ def test_a_stopped_run_in_a_tpu_stage_is_no_device_failure(monkeypatch, shipped_
         def close(self):
             pass
 
+    from edgecap.devices import parse_device
+    from edgecap.planner import StageRun
+
     monkeypatch.setattr(stages, "open_stage", lambda *a, **k: Stopped())
-    stage = _CnnStage(None, "emu-tpu:0", threading.Event())
+    stage = _CnnStage(StageRun(stage=None, worker=parse_device("emu-tpu:0")), threading.Event())
     job = _FrameJob((None, None), Frame(0, 0.0, None), {}, 0.0, {"cnn": 0.0})
     with pytest.raises(RunCancelled):
         stage(job)
@@ -422,16 +426,19 @@ def test_a_stopped_run_in_a_tpu_stage_is_no_device_failure(monkeypatch, shipped_
 def test_the_tpus_left_are_the_boards_not_only_the_plans(monkeypatch, shipped_bundle):
     from edgecap import devices
     from edgecap.devices import DeviceInfo
-    from edgecap.failover import board_tpus
-    from edgecap.placement import Placement
-    from edgecap.planning import plan_for_board
-    from edgecap.bundle import load_bundle
+    import dataclasses
 
-    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb")  # one of its two TPUs used
-    emulated = Placement({"pci:0": "emu-tpu:0", "cpu": "cpu"}, True, True)
-    assert board_tpus(plan, emulated) == ["emu-tpu:0", "emu-tpu:1"]
+    from edgecap.bundle import load_bundle
+    from edgecap.devices import parse_device
+    from edgecap.options import CaptionerOptions
+    from edgecap.planner import board_tpus, choose
+
+    # The demo's devboard-usb plan uses one of the board's two TPUs.
+    emulated = choose(load_bundle(shipped_bundle), CaptionerOptions(board="devboard-usb", emulate=True))
+    assert [str(d) for d in board_tpus(emulated)] == ["emu-tpu:0", "emu-tpu:1"]
     attached = [DeviceInfo("cpu", "cpu", "", ""), DeviceInfo("tpu:0", "pci", "/dev/apex_0", ""),
                 DeviceInfo("tpu:1", "usb", "usb", "")]
     monkeypatch.setattr(devices, "list_devices", lambda root="/": attached)
-    real = Placement({"pci:0": "pci:0", "cpu": "cpu"}, False, False)
-    assert board_tpus(plan, real) == ["pci:0", "tpu:1"]  # pci:0 is tpu:0 by another name
+    real = dataclasses.replace(emulated, stages=tuple(
+        dataclasses.replace(s, worker=s.stage.spec) for s in emulated.stages))
+    assert [str(d) for d in board_tpus(real)] == ["pci:0", "tpu:1"]  # pci:0 is tpu:0 by another name

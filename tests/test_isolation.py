@@ -18,9 +18,11 @@ import numpy as np
 import psutil
 import pytest
 
-from edgecap import faults, isolation, stages
+from edgecap import captioner, faults, isolation, stages
 from edgecap.captioner import EdgeCaptioner
 from edgecap.bundle import load_bundle
+from edgecap.devices import parse_device
+from edgecap.isolation import IsolatedSegment
 from edgecap.errors import DeviceFailed, EdgecapError, PlanError
 from edgecap.planning import plan_for_board
 from edgecap.scheduler import Pipeline, Step
@@ -31,6 +33,11 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="process isolation is
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+
+def open_isolated(stage, device, deadline_s=2.0, **options):
+    """A stage in a worker process, with the deadline the planner would give a slow one."""
+    return IsolatedSegment(stage, parse_device(device), deadline_s=deadline_s, **options)
 
 @pytest.fixture(scope="module")
 def plan(shipped_bundle):
@@ -85,7 +92,7 @@ def no_leaks(monkeypatch):
 def test_isolated_stages_equal_in_process_ones_bit_for_bit(plan) -> None:
     stages = plan.active_stages
     devices = [f"emu-tpu:{i}" for i in range(len(stages))]
-    isolated = [open_stage(s, d, isolate=True) for s, d in zip(stages, devices)]
+    isolated = [open_isolated(s, d) for s, d in zip(stages, devices)]
     local = []
     try:
         local += [open_stage(s, d) for s, d in zip(stages, devices)]
@@ -123,14 +130,16 @@ def test_a_captioner_on_isolated_stages_captions_as_in_process(shipped_bundle, t
 
     reference = captions()
     assert len(reference) >= 3
-    real_open = stages.open_stage
     opened = []
 
-    def recording_open(*args, **kwargs):
-        opened.append(real_open(*args, **kwargs))
-        return opened[-1]
+    def recording(real):
+        def open_(*args, **kwargs):
+            opened.append(real(*args, **kwargs))
+            return opened[-1]
+        return open_
 
-    monkeypatch.setattr(stages, "open_stage", recording_open)
+    monkeypatch.setattr(stages, "open_stage", recording(stages.open_stage))
+    monkeypatch.setattr(captioner, "IsolatedSegment", recording(captioner.IsolatedSegment))
     assert captions(isolate=True) == reference
     # EdgeTPU stages only: a CPU stage has no delegate to abort.
     assert sorted(s.isolated for s in opened) == [False, True, True]
@@ -145,7 +154,7 @@ def test_a_captioner_on_isolated_stages_captions_as_in_process(shipped_bundle, t
 @pytest.mark.parametrize("action,signame", [("abort", "SIGABRT"), ("segv", "SIGSEGV")])
 def test_a_crashing_worker_is_a_device_failure_here(plan, action, signame) -> None:
     stage = plan.active_stages[0]
-    seg = open_stage(stage, "emu-tpu:0", isolate=True)
+    seg = open_isolated(stage, "emu-tpu:0")
     pid = seg.pid
     seg(_frame(plan, 1))
     with pytest.raises(DeviceFailed, match=f"emu-tpu:0: crashed: worker process killed by {signame}") as err:
@@ -159,7 +168,7 @@ def test_a_crashing_worker_is_a_device_failure_here(plan, action, signame) -> No
 
 @pytest.mark.usefixtures("no_leaks")
 def test_a_hung_worker_is_killed_at_its_deadline(plan) -> None:
-    seg = open_stage(plan.active_stages[0], "emu-tpu:0", isolate=True, deadline_s=0.3)
+    seg = open_isolated(plan.active_stages[0], "emu-tpu:0", deadline_s=0.3)
     pid = seg.pid
     t0 = time.perf_counter()
     with pytest.raises(DeviceFailed, match=r"emu-tpu:0: hung: no answer within 0.3 s; worker process killed") as err:
@@ -179,14 +188,14 @@ def test_opening_failures_come_back_as_the_same_one_line_error(plan, tmp_path, m
     with pytest.raises(PlanError) as local:
         open_stage(corrupt, "emu-tpu:0")
     with pytest.raises(PlanError) as isolated:
-        open_stage(corrupt, "emu-tpu:0", isolate=True)
+        open_isolated(corrupt, "emu-tpu:0")
     assert str(isolated.value) == str(local.value) and "\n" not in str(isolated.value)
 
     # No libedgetpu: the message test_devices checks in-process (its probe costs a second more here).
     monkeypatch.setenv("EDGECAP_EDGETPU_LIBRARY", str(tmp_path / "libedgetpu.so.1"))
     on_tpu = dataclasses.replace(stage, compiled_segment=stage.segment)
     with pytest.raises(EdgecapError, match=r"^tpu:0: \S+libedgetpu.so.1 not found; install") as isolated:
-        open_stage(on_tpu, "tpu:0", isolate=True)
+        open_isolated(on_tpu, "tpu:0")
     assert type(isolated.value) is EdgecapError and "\n" not in str(isolated.value)
 
 
@@ -196,7 +205,7 @@ def test_stopping_a_pipeline_ends_a_long_isolated_invoke_and_its_worker(plan, ca
     opened = []
 
     def open_() -> object:
-        opened.append(open_stage(stage, "emu-tpu:0", isolate=True, timing_only=True))
+        opened.append(open_isolated(stage, "emu-tpu:0", timing_only=True))
         return opened[-1]
 
     pipe = Pipeline([Step("stage", "emu-tpu:0", open_)])
@@ -218,12 +227,13 @@ _SCRIPT = """
 import pickle, sys, threading, time
 import numpy as np
 from edgecap.faults import Fault
-from edgecap.stages import open_stage
+from edgecap.devices import parse_device
+from edgecap.isolation import IsolatedSegment
 
 with open(sys.argv[1], "rb") as f:
     stage = pickle.load(f)
 x = {stage.inputs[0].name: np.zeros(stage.inputs[0].shape, stage.inputs[0].dtype)}
-seg = open_stage(stage, "emu-tpu:0", isolate=True)
+seg = IsolatedSegment(stage, parse_device("emu-tpu:0"), deadline_s=2.0)
 try:
     print(seg.pid, seg.shm_name, flush=True)
     time.sleep(30)
@@ -270,22 +280,29 @@ def test_sigint_to_the_group_and_the_parents_death(plan, tmp_path) -> None:
 
 def test_a_stage_in_a_worker_checks_its_deadline() -> None:
     from edgecap.errors import ConfigError
-    from edgecap.isolation import IsolatedSegment, default_deadline_s, isolate_by_default
+    from edgecap.isolation import IsolatedSegment
     from edgecap.devices import parse_device
 
-    assert isolate_by_default(parse_device("tpu:0")) and not isolate_by_default(parse_device("emu-tpu:0"))
     stage = type("S", (), {"predicted_ms": 1000.0})()
-    assert default_deadline_s(stage) == 10.0
     with pytest.raises(ConfigError, match="deadline_s"):
         IsolatedSegment(stage, parse_device("emu-tpu:0"), deadline_s=0)
 
 
 @pytest.mark.slow
 def test_the_isolation_benchmark_measures_every_case(shipped_bundle, tmp_path) -> None:
-    from edgecap.bench import _isolation_main, bench_isolation, format_isolation
+    import importlib.util
+
+    from edgecap.bench import bench_isolation, format_isolation
+
+    # tools/ is scripts, not a package: load the benchmark's command line from its file.
+    spec = importlib.util.spec_from_file_location(
+        "tools_isolation_bench", Path(__file__).resolve().parent.parent / "tools" / "isolation_bench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
 
     result = bench_isolation(load_bundle(shipped_bundle), frames=20, repeats=1)
     assert len(result.rows) == 3 and all(r.isolated_ms > 0 and r.in_process_ms > 0 for r in result.rows)
-    assert result.pipeline_fps["isolated"] > 0 and len(result.startup_s) >= 5
+    # A worker for each of the three single-stage cases, and one per TPU stage of the plan (at least one).
+    assert result.pipeline_fps["isolated"] > 0 and len(result.startup_s) >= 4
     assert "CNN stages pipelined" in format_isolation(result)
-    assert _isolation_main(["--isolation", "--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
+    assert script.main(["--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2

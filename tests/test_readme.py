@@ -26,7 +26,7 @@ SKIP = {
     "edgecap camera /dev/video0": "needs a camera",
     "edgecap serve --config deploy/edgecap.toml": "runs until stopped (tests/test_serve.py runs it)",
     "edgecap compile models/demo/bundle --board devboard-usb --into-bundle":
-        "writes into the shipped bundle (tests/test_autoplan.py compiles into a copy)",
+        "writes into the shipped bundle (tests/test_planner.py compiles into a copy)",
     "edgecap eval --data DATASET_DIR": "needs a rendered dataset (python -m models.dataset, minutes)",
     "edgecap eval --bundle my_bundle --data data/shapes_eval":
         "needs the training recipe's bundle and dataset (TensorFlow, minutes)",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
 import numpy as np
 
-from edgecap.devices import DeviceInfo, ThrottleWatch
+from edgecap.devices import DeviceInfo, ThrottleWatch, parse_device
 from edgecap.service.service import tpu_rows
 
 
@@ -41,5 +42,6 @@ def test_stats_carry_the_tpus_throttle_state_when_the_run_uses_real_tpus(shipped
     with EdgeCaptioner(shipped_bundle, num_threads=1) as cap:
         cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))
         assert cap.stats().thermal == ()  # a CPU run reads no TPU
-        cap.devices = {"cpu": "tpu:0"}  # as a run placed on a real TPU would be
+        # As a run placed on a real TPU would be.
+        cap._supervisor.choice = dataclasses.replace(cap.choice, workers={"cpu": parse_device("tpu:0")})
         assert cap.stats().thermal == (hot,)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from edgecap.cli import EXIT_SIGINT, EXIT_SIGTERM, run
+from edgecap.cli import run
+from edgecap.command import EXIT_SIGINT, EXIT_SIGTERM
 from edgecap.plan import MAX_INVOKE_MS
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
@@ -30,13 +31,13 @@ SIGNALS = [(signal.SIGINT, EXIT_SIGINT), (signal.SIGTERM, EXIT_SIGTERM)]
 # Runs the CLI's caption command on a plan whose every predicted time is PREDICTED_MS.
 SCRIPT = """
 import dataclasses, sys
-from edgecap import captioner, cli
+from edgecap import cli, planner
 from edgecap.plan import load_plan
 ms = float(sys.argv[2])
 plan = load_plan(sys.argv[1])
 absurd = dataclasses.replace(plan, rnn_ms=ms,
                              stages=[dataclasses.replace(s, predicted_ms=ms) for s in plan.stages])
-captioner.load_plan = lambda path: absurd
+planner.load_plan = lambda path: absurd
 print("started", flush=True)
 sys.exit(cli.main(sys.argv[3:]))
 """

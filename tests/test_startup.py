@@ -47,6 +47,14 @@ def test_a_cpu_start_up_opens_each_model_twice(shipped_bundle: Path, opened: Cou
     assert opened == {"encoder.tflite": 2, "rnn_encoder_step.tflite": 2, "rnn_decoder_step.tflite": 2}
 
 
+def test_the_host_rule_opens_the_encoder_and_its_rnn_step_once_more_to_time_them(shipped_bundle: Path,
+                                                                                 opened: Counter) -> None:
+    # Nothing set on a CPU-only run: the planner times the CNN and the RNN step on this CPU.
+    with EdgeCaptioner(shipped_bundle) as cap:
+        assert cap.choice.host is not None
+    assert opened == {"encoder.tflite": 3, "rnn_encoder_step.tflite": 3, "rnn_decoder_step.tflite": 2}
+
+
 def test_a_board_start_up_opens_no_model_for_planning(shipped_bundle: Path, opened: Counter,
                                                       tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

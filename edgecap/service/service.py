@@ -90,8 +90,8 @@ class Service:
         try:
             self.captioner = EdgeCaptioner(bundle, options)
             self._closers.append(self.captioner)
-            choice = self.captioner.plan_choice
-            if choice is not None and choice.fallback:
+            choice = self.captioner.choice
+            if choice.fallback:
                 self.metrics.fallback(choice.fallback)
             self.windows: Dict[str, WindowSpec] = {
                 c.name: CaptionerOptions(frames=c.frames, stride=c.stride,
@@ -230,10 +230,12 @@ class Service:
     def _publish_stats(self) -> None:
         stats = self.captioner.stats()
         busy = stats.worker_utilization() if stats is not None else {}
+        # The RNN's and the decoder's workers are CPU threads the plan's devices do not list.
+        kinds = {str(w): w.kind for w in self.captioner.choice.workers.values()}
         rows = []
         for worker, share in busy.items():
-            rows.append({"device": worker, "kind": devices.parse_device(worker).kind if worker != "decode"
-                         else "cpu", "busy": round(share, 3), "temperature_c": None, "throttled": False})
+            rows.append({"device": worker, "kind": kinds.get(worker, "cpu"), "busy": round(share, 3),
+                         "temperature_c": None, "throttled": False})
         rows += tpu_rows(self._tpus, self._sysfs, self._throttle)
         self.state.devices(rows)
         if stats is not None:

@@ -1,4 +1,4 @@
-"""The service's goals, measured from outside: ``python -m edgecap.service.benchmark``.
+"""The service's goals, measured from outside: ``python tools/service_bench.py``.
 
 Runs ``edgecap serve`` as systemd would (a notify socket, SIGTERM to stop) on
 looping file cameras (the shipped sample clip) and measures, all on this host:
@@ -11,6 +11,8 @@ looping file cameras (the shipped sample clip) and measures, all on this host:
 * SIGTERM to exit, and that the process exits 0.
 
 Prints a table and writes JSON (``--json``). Every figure is *measured* here.
+Bad input (an unwritable ``--json``, checked before the runs) exits 2 with one
+line, Ctrl-C 130 and SIGTERM 143 (the service it started is killed on the way out).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from typing import Any, Dict, List, Optional
 import psutil
 
 from edgecap.bundle import DEMO_DIR
+from edgecap.command import run_command
+from edgecap.outputs import check_output, write_text
+
+PROG = "python tools/service_bench.py"
 
 
 def _config(directory: Path, port: int, cameras: int) -> Path:
@@ -132,19 +138,32 @@ def format_table(runs: List[Dict[str, Any]]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Runs the measurements; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m edgecap.service.benchmark", description=__doc__.split("\n")[0])
+    """Runs the measurements from the command line.
+
+    Args:
+      argv: Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+      The exit code: 0, or 2 on bad input.
+    """
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=600.0, help="length of the one-camera run")
     parser.add_argument("--two-camera-seconds", type=float, default=60.0)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    runs = [run_service(args.seconds, 1)]
-    if args.two_camera_seconds > 0:
-        runs.append(run_service(args.two_camera_seconds, 2))
-    print(format_table(runs))
-    if args.json:
-        args.json.write_text(json.dumps({"host": "measured", "runs": runs}, indent=1) + "\n")
-    return 0
+
+    def body() -> int:
+        if args.json is not None:
+            check_output(args.json, "--json")  # before ten minutes of runs, not after them
+        runs = [run_service(args.seconds, 1)]
+        if args.two_camera_seconds > 0:
+            runs.append(run_service(args.two_camera_seconds, 2))
+        print(format_table(runs))
+        if args.json is not None:
+            write_text(args.json, json.dumps({"host": "measured", "runs": runs}, indent=1) + "\n")
+        return 0
+
+    return run_command(PROG, body)
 
 
 if __name__ == "__main__":

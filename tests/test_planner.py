@@ -1,7 +1,8 @@
-"""board="auto": the bundle's plan that fits the attached EdgeTPUs, found on fake device trees."""
+"""The planner: board="auto" picks the bundle's plan that fits the attached EdgeTPUs (fake device trees), the window filter, deadlines and the host rule."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -10,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgecap import devices
-from edgecap.autoplan import choose_plan, tpus_used
+from edgecap import devices, faults, planner
+from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
+from edgecap.planner import choose, tpus_used
 from edgecap.bundle import load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import EdgecapError
@@ -22,6 +24,11 @@ from test_devices import _fake_tree
 PHANBELL = "Freescale i.MX8MQ Phanbell"
 PI4 = "Raspberry Pi 4 Model B Rev 1.4"
 CORAL_USB = ("18d1", "9302")
+
+
+def choose_plan(bundle, hardware, on_missing_tpu="cpu"):
+    """The planner's start-up choice for ``board="auto"`` on the given hardware."""
+    return choose(bundle, CaptionerOptions(on_missing_tpu=on_missing_tpu), hardware)
 
 
 def _compiled_plan(bundle: Path, board: str, tpus: int, compiled: bool = True) -> None:
@@ -123,7 +130,7 @@ def test_a_bundle_without_plans_on_a_host_runs_on_the_cpu_quietly(shipped_bundle
 def test_auto_on_this_host_warns_once_and_captions_on_the_cpu(bundle_with_plans, caplog):
     with caplog.at_level(logging.WARNING, logger="edgecap"):
         with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
-            assert cap.plan_choice.fallback == "no-tpu"
+            assert cap.choice.fallback == "no-tpu"
             assert [s.device for s in cap.plan.active_stages] == ["cpu"]
     assert len([r for r in caplog.records if "no EdgeTPU" in r.getMessage()]) == 1
 
@@ -134,9 +141,100 @@ def test_a_tpu_that_will_not_open_falls_back_to_the_cpu(bundle_with_plans, tmp_p
     monkeypatch.setattr(devices, "detect_hardware", lambda root="/": hw)
     with caplog.at_level(logging.WARNING, logger="edgecap"):
         with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
-            assert cap.plan_choice.fallback == "tpu-open-failed"
+            assert cap.choice.fallback == "tpu-open-failed"
             assert [s.device for s in cap.plan.active_stages] == ["cpu"]
             assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     assert any("libedgetpu" in r.getMessage() for r in caplog.records)
     with pytest.raises(EdgecapError, match="libedgetpu"):
         EdgeCaptioner(bundle_with_plans, num_threads=1, on_missing_tpu="fail")
+
+
+def test_a_bundled_plan_made_for_another_window_is_skipped_with_one_warning(bundle_with_plans, tmp_path,
+                                                                          caplog):
+    # The bundle's plans charge their CPU stage 8/8 = 1 RNN step a frame; stride 4 takes 2.
+    bundle = load_bundle(bundle_with_plans)
+    hw = _hardware(tmp_path, PHANBELL, pci=1, usb=1)
+    with caplog.at_level(logging.WARNING, logger="edgecap"):
+        choice = choose(bundle, CaptionerOptions(stride=4, num_threads=1), hw)
+    assert (choice.board, choice.fallback, tpus_used(choice.plan)) == (None, "other-window", 0)
+    assert {b for b, why in choice.skipped if "RNN steps a frame" in why} == {"devboard", "devboard-usb"}
+    assert len([r for r in caplog.records if "RNN steps a frame" in r.getMessage()]) == 1
+    same = choose(bundle, CaptionerOptions(num_threads=1), hw)  # the window it was made for
+    assert (same.board, same.fallback) == ("devboard-usb", None)
+
+
+def test_after_a_failure_only_plans_for_the_running_window_are_candidates(bundle_with_plans):
+    bundle = load_bundle(bundle_with_plans)
+    ours = planner.bundle_plans(bundle, bundle.window, "devboard-usb")
+    assert [b for b, _ in ours.usable] == ["devboard-usb"]
+    other = planner.bundle_plans(bundle, dataclasses.replace(bundle.window, stride=2), "devboard-usb")
+    assert other.usable == () and "RNN steps a frame" in other.skipped[0][1]
+
+
+@pytest.mark.parametrize("predicted_ms, floor, factor, deadline", [
+    (0.3, 0.5, 20.0, 0.5),        # the floor: what a loaded host may add
+    (100.0, 0.5, 20.0, 2.0),      # 20 x 100 ms
+    (100.0, 0.5, 3.0, 0.5),
+    (None, 0.5, 20.0, planner.UNPREDICTED_DEADLINE_S),
+])
+def test_one_deadline_policy_for_every_tpu_stage(predicted_ms, floor, factor, deadline):
+    stage = type("S", (), {"predicted_ms": predicted_ms})()
+    options = CaptionerOptions(deadline_floor_s=floor, deadline_factor=factor)
+    got = planner.deadlines(stage, devices.parse_device("emu-tpu:0"), options)
+    assert got == pytest.approx((deadline, deadline * FIRST_INVOKE_GRACE))
+    assert planner.deadlines(stage, devices.parse_device("cpu:1"), options) == (None, None)
+
+
+def test_the_captioners_stages_carry_the_planners_deadlines_and_isolation(shipped_bundle, two_tpu_board):
+    with EdgeCaptioner(shipped_bundle, board=two_tpu_board, num_threads=1,
+                       deadline_factor=4.0, deadline_floor_s=0.01) as cap:
+        runs = {str(r.worker): r for r in cap.choice.stages}
+        watched = {s.worker: (s.deadline_s, s.first_deadline_s) for s in cap._supervisor.pipeline._steps
+                   if s.deadline_s is not None}
+    tpu = runs["emu-tpu:0"]
+    assert tpu.deadline_s == pytest.approx(max(0.01, 4.0 * tpu.stage.predicted_ms / 1e3))
+    assert watched["emu-tpu:0"] == (tpu.deadline_s, tpu.first_deadline_s)
+    assert runs["cpu"].deadline_s is None and "cpu" not in watched
+    assert not any(r.isolate for r in runs.values())  # emulated TPUs run in-process by default
+
+
+def test_a_pending_crash_fault_isolates_that_device_only(shipped_bundle, two_tpu_board):
+    faults.inject("emu-tpu:1=segv@3")
+    try:
+        choice = choose(load_bundle(shipped_bundle), CaptionerOptions(board=two_tpu_board, num_threads=1))
+    finally:
+        faults.inject("")
+    assert {str(r.worker): r.isolate for r in choice.stages} == {"emu-tpu:0": False, "emu-tpu:1": True,
+                                                                 "cpu": False}
+
+
+@pytest.mark.parametrize("cnn_ms, rnn_ms, cores, kind, threads, worker, batch, pipelined", [
+    (200.0, 5.0, 2, "threads", 2, "cpu", 1, True),      # a big CNN: every core to it
+    (2.0, 1.5, 2, "pipeline", 1, "cpu:1", 1, True),     # RNN 1.5 > t / (C - 1) = 1: overlap them
+    (2.0, 0.9, 2, "threads", 2, "cpu", 1, True),        # r < t / (C - 1)
+    (12.0, 1.1, 4, "pipeline", 3, "cpu:1", 1, True),    # r > t / (C - 1) = 1.0
+    (12.0, 0.9, 4, "threads", 4, "cpu", 1, True),
+    (0.2, 0.02, 2, "sequential", 1, "cpu", 1, False),  # sub-millisecond CNN: hand-offs cost more
+    (5.0, 5.0, 1, "sequential", 1, "cpu", 1, False),    # one core: nothing to overlap onto
+    (0.2, 0.02, 1, "sequential", 1, "cpu", 1, False),
+])
+def test_the_host_rule(cnn_ms, rnn_ms, cores, kind, threads, worker, batch, pipelined):
+    got = planner.host_schedule(cnn_ms, rnn_ms, cores)
+    assert (got.kind, got.num_threads, str(got.cnn_worker), got.batch, got.pipelined) == (
+        kind, threads, worker, batch, pipelined)
+    assert got.reason
+
+
+def test_a_cpu_only_captioner_runs_the_host_rule_unless_told_otherwise(shipped_bundle, monkeypatch):
+    monkeypatch.setattr(devices, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window: (2.0, 1.5))
+    with EdgeCaptioner(shipped_bundle) as cap:  # auto on this host: the CPU plan
+        assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("pipeline", {"cpu": "cpu:1"}, True)
+        assert cap.choice.stages[0].threads == 1
+        assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
+    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window: (0.2, 0.02))
+    with EdgeCaptioner(shipped_bundle) as cap:
+        assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("sequential", {"cpu": "cpu"}, False)
+        assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
+    with EdgeCaptioner(shipped_bundle, num_threads=2) as cap:  # the caller decided
+        assert cap.choice.host is None and cap.devices == {"cpu": "cpu"} and cap.choice.pipelined

@@ -1,0 +1,73 @@
+"""The exit policy every edgecap command shares: one line and 2 on bad input, 130 on Ctrl-C, 143 on SIGTERM.
+
+``run_command`` wraps a command's body: the ``edgecap`` command line
+(``edgecap.cli``) and the scripts beside it (``tools/``, the compiler's
+benchmark and validity table, ``models/paper_bundles.py``) all exit the same
+way. It belongs to commands only: nothing in the runtime library imports it.
+SIGINT and SIGTERM unwind the body like an exception, so the run in progress
+is closed on the way out (context managers); the exit codes are 128 + the
+signal number, what a shell reports for a process the signal killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+from edgecap.errors import EdgecapError
+
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM, so that it unwinds like Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_like_ctrl_c() -> Iterator[None]:
+    # Only the main thread may set handlers (a command may be run from others).
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_command(prog: str, body: Callable[[], int]) -> int:
+    """Runs a command's body with ``edgecap``'s exit policy.
+
+    Bad input is one line, ``PROG: error: ...``, and exit code 2; SIGINT
+    (Ctrl-C) and SIGTERM unwind the body (its ``with`` blocks close pipelines
+    and discard half-written outputs) and exit 130 and 143, without a traceback.
+
+    Args:
+      prog: The command's name, for the error line (e.g. ``edgecap caption``).
+      body: Does the work; returns the exit code.
+
+    Returns:
+      The exit code.
+    """
+    try:
+        with _sigterm_like_ctrl_c():
+            return body()
+    except EdgecapError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except Terminated:
+        return EXIT_SIGTERM
+    except KeyboardInterrupt:
+        return EXIT_SIGINT
+    except BrokenPipeError:  # e.g. `edgecap caption clip.mp4 | head -1`
+        sys.stderr.close()
+        return 0

@@ -1,0 +1,679 @@
+"""The one place that decides what runs where: which plan, on which workers, and how each stage runs.
+
+Two moments ask for a decision, and both answer with a ``Choice``:
+
+* ``choose`` at start: the plan given (a plan.json or a ``Plan``), the
+  compiler's plan for a named board profile (``edgecap.planning``, the
+  runtime's one door to the compiler), or with ``board="auto"`` the bundle's
+  compiled plan for the attached EdgeTPUs, else the whole encoder on the CPU;
+  on a CPU-only run the host rule (``host_schedule``) decides how the cores
+  are used;
+* ``choose_after`` when a device fails or comes back: the bundle's best plan
+  for the TPUs left, else a re-partition by the compiler when it is
+  installed, else the failed stages on CPU workers of their own.
+
+Both read the bundle's plans through one loader and filter
+(``bundle_plans``): a plan compiled from another encoder, or charged for
+another window than the one running, is skipped and the reason kept. A
+``Choice`` holds, per CNN stage, everything about running it (``StageRun``:
+worker, threads, pacing, isolation, deadlines), so the captioner opens what
+it says and decides nothing itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from edgecap import devices, faults, isolation
+from edgecap.bundle import Bundle, WindowSpec
+from edgecap.devices import DeviceSpec, Hardware, parse_device
+from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
+from edgecap.modelfile import open_model
+from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
+from edgecap.plan import Plan, Stage, check_segments, load_plan, single_cpu_plan
+from edgecap.windows import windows_per_frame
+
+# Kinds of worker that are EdgeTPUs: a real one, or one emulated on the CPU.
+TPU_KINDS = ("tpu", "emu-tpu")
+CPU = DeviceSpec("cpu")
+DECODE_WORKER = "decode"
+# The deadline of a TPU stage whose plan predicts no time for it (a segment
+# compiled elsewhere): long enough for any segment that streams its weights.
+UNPREDICTED_DEADLINE_S = 2.0
+# Below this CNN invoke time (one thread, measured) a hand-off between threads
+# costs more than overlapping saves: the host rule runs everything in one thread.
+SUB_MS_CNN = 1.0
+
+_log = logging.getLogger("edgecap")
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """How one CNN stage of a plan runs.
+
+    Attributes:
+      stage: The plan stage.
+      worker: The device whose worker thread runs it (``emu-tpu:0``, ``cpu:1``, ``tpu:0``, ``cpu``).
+      threads: Threads of its interpreter's kernels.
+      pace_ms: Every invoke takes at least this long (an emulated EdgeTPU, or
+        the CPU stage of an emulated board); None runs unpaced.
+      compute: False: a timing-only paced stage computes nothing (zeros out).
+      isolate: Run it in a worker process (``edgecap.isolation``).
+      deadline_s: Seconds an invoke may take before the device counts as
+        hung (the watchdog's, and an isolated worker's kill); None: no watch.
+      first_deadline_s: The first invoke's deadline (a delegate loads the
+        segment's parameters then).
+    """
+
+    stage: Stage
+    worker: DeviceSpec
+    threads: int = 1
+    pace_ms: Optional[float] = None
+    compute: bool = True
+    isolate: bool = False
+    deadline_s: Optional[float] = None
+    first_deadline_s: Optional[float] = None
+
+    @property
+    def name(self) -> str:
+        """The step's name in statistics and traces, e.g. ``stage 0 (tpu:0)``."""
+        return f"stage {self.stage.index} ({self.stage.device})"
+
+
+@dataclass(frozen=True)
+class HostSchedule:
+    """How a CPU-only run uses this machine's cores (``host_schedule``).
+
+    Attributes:
+      kind: ``sequential`` (one thread does everything, the CNN's
+        interpreter on one kernel thread), ``threads`` (every core to the CNN's
+        interpreter, the RNN after it on the same worker) or ``pipeline``
+        (the CNN on ``cpu:1`` with a core fewer, the RNN on ``cpu`` at the same time).
+      num_threads: Threads of the CNN's interpreter.
+      pipelined: Whether the steps run on worker threads.
+      batch: Frames of a file source per hand-off.
+      cnn_worker: The CNN stage's worker.
+      reason: One line: what was measured or predicted and compared.
+    """
+
+    kind: str
+    num_threads: int
+    pipelined: bool = True
+    batch: int = 1
+    cnn_worker: DeviceSpec = CPU
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What runs where: the planner's answer, at start and after a failure.
+
+    Attributes:
+      plan: The plan.
+      workers: Plan device (canonical string, e.g. ``tpu:0``) -> its worker.
+      stages: How each active CNN stage runs, in pipeline order.
+      rnn_pace_ms: The RNN encoder step's paced time (0: unpaced).
+      rnn_compute: False: a timing-only board run paces the step without computing it.
+      pipelined: Run each worker on its own thread (False: the sequential path).
+      batch: Frames of a file source handed between workers at once.
+      emulated: Whether the board is emulated (some TPU stage on ``emu-tpu``).
+      how: How it was chosen: ``plan`` (given), ``board`` (compiled for a
+        named board), ``auto`` (the bundle's plan for the attached hardware,
+        or the CPU), ``reference`` (the float encoder), ``original`` (the
+        start's, every device back), ``bundle``, ``compiler`` or ``cpu``
+        (after a failure: see ``choose_after``).
+      reason: One line saying why.
+      board: The bundle plan's board (``auto``), else None.
+      fallback: None when the plan made for this hardware runs as planned;
+        otherwise a slug for metrics (``no-tpu``, ``fewer-tpus``,
+        ``no-plan-for-board``, ``uncompiled``, ``bad-plan``, ``other-window``,
+        ``tpu-open-failed``).
+      skipped: ``(board, why)`` of each bundle plan that was not usable.
+      host: The host rule's schedule on a CPU-only run it decided, else None.
+    """
+
+    plan: Plan
+    workers: Mapping[str, DeviceSpec]
+    stages: Tuple[StageRun, ...]
+    rnn_pace_ms: float = 0.0
+    rnn_compute: bool = True
+    pipelined: bool = True
+    batch: int = 1
+    emulated: bool = False
+    how: str = "plan"
+    reason: str = ""
+    board: Optional[str] = None
+    fallback: Optional[str] = None
+    skipped: Tuple[Tuple[str, str], ...] = ()
+    host: Optional[HostSchedule] = None
+
+    @property
+    def tpus(self) -> List[DeviceSpec]:
+        """The EdgeTPU workers (real or emulated), in pipeline order."""
+        return [s.worker for s in self.stages if s.worker.kind in TPU_KINDS]
+
+    def describe(self) -> str:
+        """One line of the plan's stages and their workers, e.g. ``tpu:0@emu-tpu:0 cpu@cpu``."""
+        return " ".join(f"{s.stage.device}@{s.worker}" for s in self.stages)
+
+
+@dataclass(frozen=True)
+class BundlePlans:
+    """The bundle's compiled plans, loaded once: those usable for a window, and those skipped.
+
+    Attributes:
+      usable: ``(board, plan)`` of each plan from the bundle's encoder, made for the window.
+      skipped: ``(board, why)`` of the others.
+    """
+
+    usable: Tuple[Tuple[str, Plan], ...] = ()
+    skipped: Tuple[Tuple[str, str], ...] = ()
+
+
+def bundle_plans(bundle: Bundle, window: WindowSpec, board: Optional[str] = None) -> BundlePlans:
+    """Loads the bundle's plans (``plans/<board>/``) and keeps those that can run this window.
+
+    A plan charges its CPU stage one RNN step per window a frame feeds: one
+    made for another frames/stride is timed wrong, and skipped.
+
+    Args:
+      bundle: The loaded bundle.
+      window: The window the captioner runs.
+      board: Only plans made for this board (None: every board's).
+
+    Returns:
+      The ``BundlePlans``.
+    """
+    usable: List[Tuple[str, Plan]] = []
+    skipped: List[Tuple[str, str]] = []
+    steps = windows_per_frame(window.frames, window.stride)
+    for name, directory in bundle.plans.items():
+        try:
+            plan = load_plan(directory)
+        except EdgecapError as exc:
+            skipped.append((name, f"unreadable ({exc})"))
+            continue
+        if board is not None and plan.board != board:
+            continue
+        if plan.model_sha256 != bundle.encoder_model.sha256:
+            skipped.append((name, "compiled from another encoder"))
+        elif not np.isclose(plan.rnn_steps_per_frame, steps):
+            skipped.append((name, f"made for {plan.rnn_steps_per_frame:g} RNN steps a frame, this "
+                                  f"window ({window.frames} frames, stride {window.stride}) takes {steps:g}"))
+        else:
+            usable.append((name, plan))
+    return BundlePlans(tuple(usable), tuple(skipped))
+
+
+def tpus_used(plan: Plan) -> int:
+    """Returns how many distinct EdgeTPUs a plan's active stages run on."""
+    return len({s.spec for s in plan.active_stages if s.spec.kind == "tpu"})
+
+
+def choose(bundle: Bundle, options: CaptionerOptions, hardware: Optional[Hardware] = None) -> Choice:
+    """Decides what runs where when a captioner starts.
+
+    Args:
+      bundle: The loaded bundle.
+      options: The captioner's options (plan, board, emulate, devices_map, ...).
+      hardware: What ``devices.detect_hardware`` found (default: detected
+        here, only when ``board="auto"`` needs it).
+
+    Returns:
+      The ``Choice``.
+
+    Raises:
+      PlanError: If the plan fails validation or does not fit the bundle.
+      ConfigError: If an option does not fit the plan (a ``devices_map`` key
+        it does not use), or the compiler is needed and missing.
+      EdgecapError: With ``on_missing_tpu="fail"``, when the bundle's plan for
+        this board cannot run on the attached TPUs.
+    """
+    window = options.window(bundle.window)
+    if options.reference_encoder:
+        return _settle(bundle, options, _reference_plan(bundle), how="reference",
+                       reason="the float reference encoder on the CPU")
+    if options.plan is not None:
+        if isinstance(options.plan, Plan):
+            plan = options.plan
+            check_segments(plan)  # load_plan checks a plan read from a file; this one was built in memory
+        else:
+            plan = load_plan(options.plan)
+        _check_fits(plan, bundle)
+        return _settle(bundle, options, plan, how="plan", reason=f"plan {plan.path or 'given'}")
+    if options.board != "auto":
+        from edgecap.planning import plan_for_board  # the one door to the compiler
+
+        plan = plan_for_board(bundle, options.board, window=window)
+        _check_fits(plan, bundle)
+        return _settle(bundle, options, plan, how="board", reason=f"compiled for board {options.board}")
+    hardware = hardware if hardware is not None else devices.detect_hardware()
+    return _auto(bundle, options, window, hardware)
+
+
+def _auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, hardware: Hardware) -> Choice:
+    """``board="auto"``: the bundle's plan for the attached hardware, else the best that runs, else the CPU."""
+    attached = len(hardware.tpus)
+    found = bundle_plans(bundle, window)
+    usable: List[Tuple[str, Plan]] = []
+    skipped = list(found.skipped)
+    for board, plan in found.usable:
+        why = _unfit(plan, hardware)
+        if why is None:
+            usable.append((board, plan))
+        else:
+            skipped.append((board, why))
+    target = hardware.profile
+    settle = dict(attached=attached, skipped=tuple(skipped))
+    for board, plan in usable:
+        if board == target:
+            return _settle(bundle, options, plan, how="auto", board=board,
+                           reason=f"plan for {board}: {_tpus(plan)} on {hardware.describe()}", **settle)
+    if not bundle.plans:
+        choice = _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
+                         reason=f"the bundle carries no compiled plan; whole encoder on the CPU "
+                                f"({hardware.describe()})",
+                         fallback=None if not attached else "no-plan-for-board", **settle)
+        if choice.fallback:
+            _log.warning("edgecap: %s", choice.reason)
+        return choice
+    missing = (f"{hardware.describe()}: "
+               + ("; ".join(f"plan {b}: {w}" for b, w in skipped) or f"no plan for {target or 'this board'}"))
+    if options.on_missing_tpu == "fail":
+        raise EdgecapError(f"{missing}; attach the TPUs the plan needs, add a plan for this board "
+                           "with `edgecap compile --into-bundle`, or set on_missing_tpu = \"cpu\"")
+    slug = _slug(skipped, attached)
+    if usable:
+        board, plan = max(usable, key=lambda bp: _rank(bp[1]))
+        choice = _settle(bundle, options, plan, how="auto", board=board, fallback=slug,
+                         reason=f"{missing}; using plan {board} ({_tpus(plan)})", **settle)
+    else:
+        choice = _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
+                         fallback=slug, reason=f"{missing}; whole encoder on the CPU", **settle)
+    _log.warning("edgecap: %s", choice.reason)
+    return choice
+
+
+def cpu_instead(bundle: Bundle, options: CaptionerOptions, start: Choice, error: EdgecapError) -> Optional[Choice]:
+    """The CPU plan for when ``auto``'s TPU plan will not open, or None where that is not wanted.
+
+    libedgetpu missing, the device busy or not permitted: run on the CPU
+    rather than not at all, with one warning line and a reason for metrics.
+
+    Args:
+      bundle: The loaded bundle.
+      options: The captioner's options.
+      start: The choice that failed to open.
+      error: Why it failed.
+
+    Returns:
+      The CPU ``Choice``, or None unless ``start`` was auto's bundle plan and
+      ``on_missing_tpu`` is ``cpu``.
+    """
+    if start.how != "auto" or not start.board or options.on_missing_tpu != "cpu":
+        return None
+    choice = _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
+                     reason=f"{error}; whole encoder on the CPU", fallback="tpu-open-failed",
+                     attached=0, skipped=start.skipped)
+    _log.warning("edgecap: %s", choice.reason)
+    return choice
+
+
+def choose_after(bundle: Bundle, options: CaptionerOptions, start: Choice, failed: Sequence[DeviceSpec],
+                 tpus: Sequence[DeviceSpec], candidates: BundlePlans) -> Choice:
+    """Decides what runs where after devices failed (or came back), trying in turn:
+
+    1. with no device failed, the start's choice (``original``);
+    2. the bundle's best plan for the start plan's board that needs no more
+       TPUs than are left (most TPUs, then the fastest predicted bottleneck),
+       its TPU stages on the TPUs left in order (``bundle``);
+    3. re-partitioning for that board with the TPUs left, when the compiler is
+       installed (``compiler``);
+    4. the start's plan with each failed device's stage on a CPU worker of its
+       own, ``cpu:1``, ``cpu:2``, ... (``cpu``).
+
+    Args:
+      bundle: The loaded bundle.
+      options: The captioner's options.
+      start: The choice the captioner started with.
+      failed: The EdgeTPU workers that do not answer.
+      tpus: The board's EdgeTPUs a plan may move onto (``board_tpus``), in order.
+      candidates: ``bundle_plans(bundle, window, start.plan.board)``, loaded once by the caller.
+
+    Returns:
+      The ``Choice``.
+    """
+    if not failed:
+        return dataclasses.replace(start, how="original", reason="every device answers again")
+    left = [d for d in tpus if d not in failed]
+    real = any(d.kind == "tpu" for d in left)
+    fitting = [plan for _, plan in candidates.usable if tpus_used(plan) <= len(left)
+               and not (real and _uncompiled(plan))]
+    lost = ", ".join(map(str, failed))
+    if fitting:
+        best = max(fitting, key=_rank)
+        return _onto(bundle, options, best, left, "bundle", f"{lost} failed: the bundle's plan for "
+                     f"{best.board} on {len(left)} EdgeTPU(s)")
+    board = options.board if options.board != "auto" else start.board
+    if board:
+        from edgecap.planning import plan_for_board  # the one door to the compiler
+
+        try:
+            planned = (plan_for_board(bundle, board, tpus=len(left), window=options.window(bundle.window))
+                       if left else single_cpu_plan(bundle.encoder_model))
+            return _onto(bundle, options, planned, left, "compiler",
+                         f"{lost} failed: re-partitioned for {board} on {len(left)} EdgeTPU(s)")
+        except EdgecapError as exc:  # not installed, or the board refused
+            _log.warning("edgecap: re-partitioning for %s failed (%s); failed stages go to the CPU",
+                         board, exc)
+    overrides: Dict[DeviceSpec, DeviceSpec] = {}
+    spare = 1
+    for run in start.stages:
+        if run.worker in failed:
+            overrides[run.stage.spec] = DeviceSpec("cpu", spare)
+            spare += 1
+        else:
+            overrides[run.stage.spec] = run.worker
+    return _settle(bundle, options, start.plan, how="cpu", overrides=overrides, attached=0,
+                   reason=f"{lost} failed: its stage(s) on CPU workers of their own")
+
+
+def board_tpus(choice: Choice) -> List[DeviceSpec]:
+    """The EdgeTPUs a failover may move onto: the choice's, then the board's others.
+
+    A plan need not use every TPU of its board (the demo's ``devboard-usb``
+    plan leaves the USB accelerator idle); when a TPU it uses fails, an idle
+    one is a better place than the CPU.
+
+    Args:
+      choice: The running choice.
+
+    Returns:
+      The choice's TPU workers first; then, for real EdgeTPUs, the other
+      attached ones (``tpu:N``); for emulated ones, ``emu-tpu:N`` up to the
+      plan's ``board_tpus`` (a plan compiled with ``--tpus`` below the
+      board's records that many).
+    """
+    used = choice.tpus
+    if any(w.kind == "tpu" for w in used):
+        taken = set(used)
+        extra, per_bus = [], {}
+        for info in devices.list_devices():
+            if info.kind not in ("pci", "usb"):
+                continue
+            i = per_bus[info.kind] = per_bus.get(info.kind, -1) + 1
+            # The same device by either name: tpu:N in enumeration order, or its bus and index there.
+            spec = parse_device(info.device)
+            names = {spec, DeviceSpec("tpu", i, info.kind)}
+            if i == 0:
+                names.add(DeviceSpec("tpu", None, info.kind))  # "pci": the first on that bus
+            if not names & taken:
+                extra.append(spec)
+        return used + extra
+    others = [DeviceSpec("emu-tpu", i) for i in range(choice.plan.board_tpus or 0)]
+    return used + [d for d in others if d not in used]
+
+
+def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measured") -> HostSchedule:
+    """The host rule: how a CPU-only run uses ``cores`` cores.
+
+    * One core: ``sequential``, nothing to overlap.
+    * A CNN under ``SUB_MS_CNN`` on one thread: ``sequential`` too. Each
+      hand-off between threads (a put and a wake-up) costs tens of
+      microseconds of CPU on each side, and kernel threads cost more than
+      they save on so little work: measured on the demo on a quiet host,
+      every pipelined schedule, batched or not, ran at 0.56-0.83x the
+      one-thread sequential path (docs/runtime.md).
+    * Otherwise, with the CNN taking ``t`` ms a frame on all cores (taken as
+      ``cnn_ms / cores``: linear scaling, the best case for threads) and the
+      RNN ``r`` ms a frame: ``threads`` takes ``t + r`` a frame, ``pipeline``
+      ``max(t * C / (C - 1), r)``, so pipelining pays only when ``r > t / (C - 1)``.
+
+    Args:
+      cnn_ms: The CNN's invoke time on one thread, in ms.
+      rnn_ms: The RNN encoder steps of one frame, in ms.
+      cores: The physical cores to use.
+      source: Where the times came from (``measured``, ``predicted``), for the reason.
+
+    Returns:
+      The ``HostSchedule``.
+    """
+    cores = max(1, cores)
+    said = f"CNN {cnn_ms:.2f} ms on one thread, RNN {rnn_ms:.2f} ms a frame ({source})"
+    if cores == 1:
+        return HostSchedule("sequential", 1, pipelined=False, reason=f"{said}; one core: nothing to overlap")
+    if cnn_ms < SUB_MS_CNN:
+        return HostSchedule("sequential", 1, pipelined=False,
+                            reason=f"{said}; under {SUB_MS_CNN:g} ms: a hand-off between threads costs "
+                                   "more than overlapping saves")
+    t = cnn_ms / cores
+    pipelined = max(t * cores / (cores - 1), rnn_ms)
+    compared = f"{said}: threads {t + rnn_ms:.2f} ms, pipeline {pipelined:.2f} ms a frame on {cores} cores"
+    if rnn_ms > t / (cores - 1):
+        return HostSchedule("pipeline", cores - 1, cnn_worker=DeviceSpec("cpu", 1), reason=compared)
+    return HostSchedule("threads", cores, reason=compared)
+
+
+def measure_host(bundle: Bundle, plan: Plan, window: WindowSpec) -> Tuple[float, float]:
+    """Measures the CNN's one-thread invoke and the RNN steps of a frame on this CPU, in ms.
+
+    One warm-up invoke each, then the fastest of two: the rule compares
+    regimes a factor apart, and a start-up should stay short.
+
+    Returns:
+      ``(cnn_ms, rnn_ms)``.
+    """
+    from edgecap.interpreter import make_cpu_interpreter
+    from edgecap.rnn import RnnEncoder, State
+
+    cnn = make_cpu_interpreter(plan.active_stages[0].segment, 1)
+    rnn = RnnEncoder(bundle.encoder_step, 1)
+    state = State.zeros(bundle.hidden_size)
+    feature = np.zeros(bundle.feature_size, np.float32)
+
+    def fastest(call) -> float:
+        call()
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        return min(times) * 1e3
+
+    cnn_ms = fastest(cnn.invoke)
+    step_ms = fastest(lambda: rnn.step(feature, state))
+    return cnn_ms, step_ms * windows_per_frame(window.frames, window.stride)
+
+
+def deadlines(stage: Stage, worker: DeviceSpec, options: CaptionerOptions) -> Tuple[Optional[float], Optional[float]]:
+    """The one deadline policy: how long an EdgeTPU invoke may take before its device counts as hung.
+
+    ``deadline_factor`` times the stage's predicted time, never below
+    ``deadline_floor_s`` (what a loaded host may add); ``UNPREDICTED_DEADLINE_S``
+    (or the floor, if longer) where the plan predicts none. The first invoke
+    gets ``FIRST_INVOKE_GRACE`` times as long. A CPU worker is never watched.
+
+    Returns:
+      ``(deadline_s, first_deadline_s)``, or ``(None, None)`` for a CPU worker.
+    """
+    if worker.kind not in TPU_KINDS:
+        return None, None
+    if stage.predicted_ms is None:
+        deadline = max(options.deadline_floor_s, UNPREDICTED_DEADLINE_S)
+    else:
+        deadline = max(options.deadline_floor_s, options.deadline_factor * stage.predicted_ms / 1e3)
+    return deadline, deadline * FIRST_INVOKE_GRACE
+
+
+def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, reason: str,
+            overrides: Optional[Mapping[DeviceSpec, DeviceSpec]] = None, attached: Optional[int] = None,
+            board: Optional[str] = None, fallback: Optional[str] = None,
+            skipped: Tuple[Tuple[str, str], ...] = ()) -> Choice:
+    """Places a plan's stages on workers and decides how each runs."""
+    wanted = dict(options.devices_map if overrides is None else overrides)
+    planned = [s.spec for s in plan.active_stages]
+    unknown = sorted(str(k) for k in wanted if k not in planned)
+    if unknown:
+        raise ConfigError(
+            f"devices_map names {', '.join(unknown)}, which the plan does not use; "
+            f"map the plan's devices: {', '.join(str(p) for p in planned)}"
+        )
+    tpus = [spec for spec in planned if spec.kind == "tpu"]
+    emulate = options.emulate
+    if emulate is None and tpus:
+        if attached is None:
+            attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb"))
+        emulate = len(tpus) > attached
+    workers: Dict[str, DeviceSpec] = {}
+    for spec in planned:
+        if spec in wanted:
+            workers[str(spec)] = wanted[spec]
+        elif spec.kind == "tpu" and emulate:
+            # Emulated TPUs are numbered in pipeline order: pci:0 and usb:0 are two TPUs.
+            workers[str(spec)] = DeviceSpec("emu-tpu", tpus.index(spec))
+        elif spec.kind == "cpu":
+            workers[str(spec)] = CPU
+        else:
+            workers[str(spec)] = spec
+    emulated = bool(emulate) or any(w.kind == "emu-tpu" for w in workers.values())
+    pace_cpu = emulated and all(s.predicted_ms is not None for s in plan.active_stages)
+    host = None
+    cpu_only = all(w.kind == "cpu" for w in workers.values())
+    if cpu_only and not emulated and overrides is None and _host_rule_applies(options):
+        host = _host(bundle, plan, options)
+        workers = {device: host.cnn_worker for device in workers}
+    stages = tuple(_stage_run(s, workers[s.device], plan, options, pace_cpu, host) for s in plan.active_stages)
+    rnn_pace = (plan.rnn_ms or 0.0) if pace_cpu else 0.0
+    pipelined = options.pipelined if options.pipelined is not None else (host.pipelined if host else True)
+    batch = options.batch if options.batch is not None else (host.batch if host else 1)
+    return Choice(plan=plan, workers=workers, stages=stages, rnn_pace_ms=rnn_pace,
+                  rnn_compute=not (options.timing_only and rnn_pace > 0), pipelined=pipelined,
+                  batch=batch, emulated=emulated, how=how, reason=reason, board=board,
+                  fallback=fallback, skipped=skipped, host=host)
+
+
+def _host_rule_applies(options: CaptionerOptions) -> bool:
+    """The host rule decides only what the caller left open."""
+    return (options.num_threads is None and options.pipelined is None and options.batch is None
+            and not options.devices_map)
+
+
+def _host(bundle: Bundle, plan: Plan, options: CaptionerOptions) -> HostSchedule:
+    """The host rule for a plan whose CNN is one CPU stage (a plan of several CPU stages keeps them)."""
+    cores = devices.cpu_cores()
+    if len(plan.active_stages) != 1:
+        return HostSchedule("threads", cores, reason="several CPU stages: every core to each")
+    cnn_ms, rnn_ms = measure_host(bundle, plan, options.window(bundle.window))
+    return host_schedule(cnn_ms, rnn_ms, cores)
+
+
+def _stage_run(stage: Stage, worker: DeviceSpec, plan: Plan, options: CaptionerOptions, pace_cpu: bool,
+               host: Optional[HostSchedule]) -> StageRun:
+    """How one stage runs on its worker: threads, pace, isolation and deadlines."""
+    on_cpu = stage.spec.kind == "cpu"
+    pace_ms: Optional[float] = None
+    if worker.kind == "emu-tpu":
+        if stage.predicted_ms is None:
+            raise ConfigError(f"stage {stage.index} on {worker}: pacing needs the stage's predicted_ms; "
+                              "use a plan from `edgecap compile`")
+        pace_ms = stage.predicted_ms
+    elif on_cpu and pace_cpu:
+        # The board's CPU stage time includes the RNN steps (one per window the
+        # frame feeds), which the RNN step paces on its own.
+        pace_ms = max(0.0, stage.predicted_ms - plan.rnn_frame_ms)
+    if host is not None:
+        threads = host.num_threads
+    else:
+        threads = (options.num_threads or devices.cpu_cores()) if on_cpu else 1
+    tpu = worker.kind in TPU_KINDS
+    isolate = options.isolate
+    if isolate is None:
+        # Real EdgeTPUs by default (libedgetpu aborts on a USB error); an
+        # injected abort or segfault must strike a worker process, not this one.
+        isolate = (isolation.SUPPORTED and worker.kind == "tpu") or faults.current().crashes(str(worker))
+    deadline, first = deadlines(stage, worker, options)
+    return StageRun(stage=stage, worker=worker, threads=threads, pace_ms=pace_ms,
+                    compute=not (options.timing_only and pace_ms is not None),
+                    isolate=bool(isolate) and tpu,  # a CPU stage has no delegate to abort
+                    deadline_s=deadline, first_deadline_s=first)
+
+
+def _onto(bundle: Bundle, options: CaptionerOptions, plan: Plan, left: Sequence[DeviceSpec], how: str,
+          reason: str) -> Choice:
+    """Places ``plan`` with its TPU stages, in order, on the TPUs left."""
+    tpus = list(dict.fromkeys(s.spec for s in plan.active_stages if s.spec.kind == "tpu"))
+    overrides = {spec: left[i] for i, spec in enumerate(tpus)}
+    overrides.update({s.spec: CPU for s in plan.active_stages if s.spec.kind == "cpu"})
+    return _settle(bundle, options, plan, how=how, reason=reason, overrides=overrides, attached=len(left))
+
+
+def _unfit(plan: Plan, hardware: Hardware) -> Optional[str]:
+    """Why a bundle plan cannot run on the attached hardware, or None if it can."""
+    needed, attached = tpus_used(plan), len(hardware.tpus)
+    if needed > attached:
+        return f"needs {needed} EdgeTPU(s), {attached} attached"
+    # A plan that names a bus (pci:N, usb:N) opens only a TPU on that bus.
+    for bus, label in (("pci", "PCIe"), ("usb", "USB")):
+        on_bus = len({s.spec for s in plan.active_stages if s.spec.bus == bus})
+        there = sum(1 for t in hardware.tpus if t.kind == bus)
+        if on_bus > there:
+            return f"needs {on_bus} {label} EdgeTPU(s), {there} attached"
+    uncompiled = [s.index for s in plan.active_stages if s.spec.kind == "tpu" and s.compiled_segment is None]
+    if uncompiled:
+        return f"stage(s) {', '.join(map(str, uncompiled))} not compiled by edgetpu_compiler"
+    return None
+
+
+def _uncompiled(plan: Plan) -> bool:
+    return any(s.spec.kind == "tpu" and s.compiled_segment is None for s in plan.active_stages)
+
+
+def _slug(skipped: Sequence[Tuple[str, str]], attached: int) -> str:
+    whys = [why for _, why in skipped]
+    if attached == 0:
+        return "no-tpu"
+    for prefix, slug in (("needs", "fewer-tpus"), ("stage", "uncompiled"), ("made for", "other-window")):
+        if any(why.startswith(prefix) for why in whys):
+            return slug
+    return "bad-plan" if whys else "no-plan-for-board"
+
+
+def _rank(plan: Plan) -> Tuple[int, float]:
+    """The best plan: most TPUs, then the fastest predicted bottleneck."""
+    return tpus_used(plan), -(plan.predicted.bottleneck_ms if plan.predicted else float("inf"))
+
+
+def _tpus(plan: Plan) -> str:
+    n = tpus_used(plan)
+    return f"{n} EdgeTPU{'s' if n != 1 else ''} + CPU"
+
+
+def _reference_plan(bundle: Bundle) -> Plan:
+    if bundle.reference_encoder is None:
+        raise ConfigError(f"{bundle.root}: bundle has no reference_encoder; re-export it with the float encoder")
+    try:
+        model, _ = open_model(bundle.reference_encoder)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise BundleError(f"{bundle.reference_encoder}: not a TFLite model ({exc}); re-export the bundle") from None
+    return single_cpu_plan(model)
+
+
+def _check_fits(plan: Plan, bundle: Bundle) -> None:
+    """Raises PlanError unless the plan was compiled from the bundle's encoder."""
+    want_in = (1, bundle.input.height, bundle.input.width, bundle.input.channels)
+    where = plan.path or "plan"
+    if len(plan.inputs) != 1 or plan.inputs[0].shape != want_in:
+        raise PlanError(f"{where}: takes {[list(t.shape) for t in plan.inputs]} but the bundle's encoder "
+                        f"takes {list(want_in)}; compile the bundle's encoder.tflite")
+    if len(plan.outputs) != 1 or int(np.prod(plan.outputs[0].shape)) != bundle.feature_size:
+        raise PlanError(f"{where}: outputs {[list(t.shape) for t in plan.outputs]}, not the bundle's "
+                        f"{bundle.feature_size} features; compile the bundle's encoder.tflite")
+    if plan.model_sha256 != bundle.encoder_model.sha256:
+        raise PlanError(f"{where}: compiled from another model than {bundle.encoder} "
+                        f"(sha256 differs); re-run `edgecap compile {bundle.root}`")

@@ -1,0 +1,395 @@
+"""Failure recovery beside the frame path: a device fails, the run goes on.
+
+A ``Supervisor`` runs a captioner's frames through its pipeline and, when an
+EdgeTPU fails mid-stream (``DeviceFailed``), asks the planner for what runs
+next (``planner.choose_after``), starts that pipeline and resumes every
+stream where its captions stopped: in file mode the frames of each window not
+yet captioned are run again (nothing is lost); in live mode the frames in
+flight and the windows open then are lost and counted. A ``Prober`` re-probes
+each failed device (``edgecap.failover``); when one answers again the
+supervisor switches back after the next frame.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple
+
+from edgecap import planner
+from edgecap.bundle import Bundle, WindowSpec
+from edgecap.devices import DeviceSpec
+from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled
+from edgecap.failover import Prober
+from edgecap.options import CaptionerOptions
+from edgecap.planner import Choice
+from edgecap.scheduler import Pipeline
+from edgecap.sources import Frame, FrameSource
+from edgecap.stats import FailoverRecord, PipelineStats
+from edgecap.trace import Tracer
+
+_log = logging.getLogger("edgecap")
+
+Items = Iterator[Tuple[Optional[Hashable], Optional[Frame]]]
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """One pipeline run of a ``stream()`` or ``run_frames()`` call (compared by identity).
+
+    Attributes:
+      windows: The window spec of each stream (key).
+      resume: Per stream, after a failover: the sample number its first
+        frame in this run has, and the first window to open (the earlier
+        ones were captioned, or are lost in live mode).
+    """
+
+    windows: Mapping[Hashable, WindowSpec]
+    resume: Mapping[Hashable, Tuple[int, int]] = field(default_factory=dict)
+
+
+def _resume_point(consumed: int, spec: WindowSpec, live: bool) -> Tuple[int, int, int]:
+    """Where a stream resumes on a new pipeline after ``consumed`` of its frames came out.
+
+    Returns:
+      ``(k, first, lost)``: the sample number to resume at, the first window
+      to open, and the windows lost. In file mode it resumes at the start of
+      the earliest window not yet captioned (nothing lost); in live mode at the
+      next frame, losing the windows open then.
+    """
+    earliest = max(0, -(-(consumed - spec.frames + 1) // spec.stride))  # not yet captioned
+    if not live:
+        return min(earliest * spec.stride, consumed), earliest, 0
+    first = -(-consumed // spec.stride)
+    return consumed, first, max(0, first - earliest)
+
+
+
+class _Source:
+    """The input of one ``stream()`` or ``run_frames()`` call, read once, held for replays.
+
+    Each pipeline run's feeder reads it through ``jobs``; the consumer reports
+    every job that came out (``consumed``). With ``hold`` (file mode) it keeps,
+    per stream, the jobs from the first frame of its earliest window not yet
+    captioned on, so that after a failover a new pipeline runs them again.
+    """
+
+    def __init__(self, items: Iterator[Tuple[Optional[Hashable], Optional[Frame]]],
+                 make_job: Callable[..., Any], windows: Mapping[Hashable, WindowSpec],
+                 default: WindowSpec, hold: bool) -> None:
+        self._items = items
+        self._make_job = make_job
+        self._windows, self._default = windows, default
+        self._hold = hold
+        # Reads are serialised: a replaced pipeline's feeder may still be in one.
+        self._read_lock = threading.Lock()
+        self._lock = threading.Lock()  # the held jobs: the feeder adds, the consumer trims
+        self._held: Dict[Optional[Hashable], Deque[Tuple[int, Any]]] = {}
+        self._counts: Dict[Optional[Hashable], int] = {}  # frames read, per stream
+        self._pos = 0
+        self._read = 0
+        self._generation = 0  # of the newest jobs(): a replaced run's feeder stops reading
+        self._ended = False
+        self.consumed_frames: Dict[Optional[Hashable], int] = {}
+        self.next_out = 0
+
+    def jobs(self, run: Run, resume: Mapping[Hashable, Tuple[int, int]]) -> Iterator[Any]:
+        """The jobs of one pipeline run: the held ones from each stream's resume point, then new ones.
+
+        From this call on, the generator of an earlier run reads no more: a
+        replaced pipeline's feeder could otherwise take a frame the new run
+        never sees.
+        """
+        with self._read_lock:  # waits out a read of the replaced pipeline's feeder
+            self._generation += 1
+            generation = self._generation
+        return self._jobs(run, resume, generation)
+
+    def _jobs(self, run: Run, resume: Mapping[Hashable, Tuple[int, int]],
+              generation: int) -> Iterator[Any]:
+        with self._read_lock:
+            with self._lock:
+                again = sorted((job for key, held in self._held.items() for k, job in held
+                                if k >= resume.get(key, (0, 0))[0]), key=lambda job: job.pos)
+        for job in again:
+            yield dataclasses.replace(job, stream=(run, job.stream[1]), tensors=dict(job.tensors),
+                                      ms=dict(job.ms), finished=[], captions=[], device_ms={})
+        while True:
+            with self._read_lock:
+                if self._ended or generation != self._generation:
+                    return
+                try:
+                    key, frame = next(self._items)
+                except StopIteration:
+                    self._ended = True
+                    return
+                job = self._make_job((run, key), frame, self._pos)
+                self._pos += 1
+                if frame is not None:
+                    self._read += 1
+                    k = self._counts.get(key, 0)
+                    self._counts[key] = k + 1
+                    if self._hold:  # a pristine copy: the stages replace tensors and add to ms
+                        held = dataclasses.replace(job, tensors=dict(job.tensors), ms=dict(job.ms))
+                        with self._lock:
+                            self._held.setdefault(key, collections.deque()).append((k, held))
+            yield job
+
+    def consumed(self, job: Any) -> bool:
+        """Counts a job that came out; False for one that came out before a failover (not yielded again)."""
+        if job.pos < self.next_out:
+            return False
+        self.next_out = job.pos + 1
+        if job.frame is not None:
+            key = job.stream[1]
+            c = self.consumed_frames[key] = self.consumed_frames.get(key, 0) + 1
+            if self._hold:
+                start = _resume_point(c, self._windows.get(key, self._default), False)[0]
+                with self._lock:
+                    held = self._held[key]
+                    while held and held[0][0] < start:
+                        held.popleft()
+        return True
+
+    def resume(self, live: bool) -> Tuple[Dict[Hashable, Tuple[int, int]], int]:
+        """Each stream's resume point (``Run.resume``) and the windows lost, for a new pipeline."""
+        resume, lost = {}, 0
+        for key, c in self.consumed_frames.items():
+            k, first, gone = _resume_point(c, self._windows.get(key, self._default), live)
+            resume[key] = (k, first)
+            lost += gone
+        return resume, lost
+
+    def replay_count(self, resume: Mapping[Hashable, Tuple[int, int]]) -> int:
+        """Held frames a run from ``resume`` runs again."""
+        with self._lock:
+            return sum(1 for key, held in self._held.items() for k, _ in held
+                       if k >= resume.get(key, (0, 0))[0])
+
+    def in_flight(self) -> int:
+        """Frames read that did not come out (lost in live mode)."""
+        return self._read - sum(self.consumed_frames.values())
+
+
+class Supervisor:
+    """Runs a captioner's frames through its pipeline, re-planning when a device fails or returns.
+
+    Owns the running ``Choice`` and its pipeline, the failed devices, the
+    prober that watches them, and the pipelines replaced (joined on close).
+
+    Args:
+      bundle: The loaded bundle.
+      options: The captioner's options.
+      start: The planner's choice at start.
+      open_pipeline: ``(choice, released) -> Pipeline``: opens every step of a
+        choice (``released`` ends its emulated hangs when it is replaced).
+      tracer: Where failovers are marked, or None.
+
+    Raises:
+      EdgecapError: If the start's pipeline cannot be opened.
+    """
+
+    def __init__(self, bundle: Bundle, options: CaptionerOptions, start: Choice,
+                 open_pipeline: Callable[[Choice, threading.Event], Pipeline],
+                 tracer: Optional[Tracer] = None) -> None:
+        self._bundle, self._options = bundle, options
+        self._window = options.window(bundle.window)
+        self._start, self.choice = start, start
+        self._open = open_pipeline
+        self._tracer = tracer
+        self._release = threading.Event()  # ends the current pipeline's emulated hangs
+        self.pipeline = open_pipeline(start, self._release)
+        # Failover may move onto any TPU of the board, not only those the plan uses.
+        self._tpus = planner.board_tpus(start)
+        self._by_name = {str(d): d for d in self._tpus}
+        self._candidates: Optional[planner.BundlePlans] = None  # loaded at the first failure
+        self._failed: List[DeviceSpec] = []
+        self._returned: List[DeviceSpec] = []
+        # Reentrant: close() may run in a signal handler that interrupted this thread holding it.
+        self._lock = threading.RLock()
+        self._closed = False
+        self._prober = Prober(self._on_return)
+        self._retired: List[Pipeline] = []
+        self._source: Optional[FrameSource] = None
+        self._failovers: List[FailoverRecord] = []
+        self._carried = (0, 0, 0)  # frames in, out, dropped of the replaced pipelines' runs
+        self._replayed = 0
+
+    def run(self, items: Items, windows: Mapping[Hashable, WindowSpec], live: bool,
+            src: Optional[FrameSource], make_job: Callable[..., Any]) -> Iterator[Any]:
+        """Runs ``items`` through the pipeline, failing over when a device fails; yields each job once.
+
+        In file mode the source keeps the frames of every window not yet
+        captioned, and a new pipeline runs them again (their jobs that came
+        out before are not yielded again); in live mode the frames in flight
+        and the open windows are lost and counted.
+
+        Args:
+          items: ``(key, frame)`` pairs (a None frame is a heartbeat).
+          windows: The window spec per key (default: the captioner's).
+          live: A live source: keep the newest frame, lose what is in flight at a failure.
+          src: The frame source whose drops ``stats`` counts, or None.
+          make_job: ``(stream, frame, pos) -> job``, run on the feeder thread.
+        """
+        hold = not live and self._options.failover and bool(self._tpus)
+        source = _Source(items, make_job, windows, self._window, hold)
+        resume: Dict[Hashable, Tuple[int, int]] = {}
+        first = True
+        pending: Optional[float] = None  # when the latest failover began, until a frame comes out
+        while True:
+            run = Run(dict(windows), resume)
+            results = self.pipeline.run(source.jobs(run, resume), live=live)
+            if first:
+                # Not before: a run refused as busy must not replace the running one's source or stats.
+                self._source, first = src, False
+                self._failovers, self._carried, self._replayed = [], (0, 0, 0), 0
+            switch: Optional[DeviceFailed] = None
+            returned = False
+            try:
+                for job in results:
+                    if pending is not None:
+                        self._failovers[-1] = dataclasses.replace(
+                            self._failovers[-1], took_s=round(time.perf_counter() - pending, 4))
+                        pending = None
+                    if not source.consumed(job):
+                        continue
+                    yield job
+                    if self._returned:
+                        returned = True
+                        break
+                else:
+                    return
+            except DeviceFailed as exc:
+                if not self._fails_over(exc):
+                    raise
+                switch = exc
+            finally:
+                if switch is not None or returned:
+                    self.pipeline.stop()  # first: the feeder then stops at once
+                results.close(wait=switch is None and not returned)
+            pending = time.perf_counter()
+            resume = self._switch(switch, source, live)
+
+    def stats(self) -> Optional[PipelineStats]:
+        """The current run's statistics, with the replaced pipelines' frames and the source's drops."""
+        stats = self.pipeline.stats()
+        if stats is None:
+            return stats
+        if self._failovers:
+            fin, fout, drop = self._carried
+            stats = dataclasses.replace(stats, frames_in=stats.frames_in + fin,
+                                        frames_out=stats.frames_out + fout, dropped=stats.dropped + drop,
+                                        failovers=tuple(self._failovers), replayed=self._replayed)
+        if self._source is not None:
+            stats = dataclasses.replace(stats, dropped=stats.dropped + self._source.dropped)
+        return stats
+
+    def close(self) -> None:
+        """Stops the run in progress, the prober and every pipeline; idempotent, signal-safe."""
+        with self._lock:  # a failover starting a pipeline now closes it itself (see _switch)
+            self._closed = True
+            pipeline = self.pipeline
+        self._release.set()
+        self._prober.close()
+        pipeline.close()
+        for old in self._retired:
+            old.join()
+        self._retired = []
+
+    def _fails_over(self, exc: DeviceFailed) -> bool:
+        device = self._by_name.get(exc.device)
+        return (self._options.failover and device is not None
+                and device in self.choice.workers.values())
+
+    def _on_return(self, device: DeviceSpec) -> None:
+        # On the prober's thread: the consumer switches after its next frame.
+        with self._lock:
+            self._returned.append(device)
+
+    def _switch(self, cause: Optional[DeviceFailed], source: "_Source",
+                live: bool) -> Dict[Hashable, Tuple[int, int]]:
+        """Replaces the pipeline: onto the devices left after ``cause``, or onto those back again.
+
+        Returns:
+          Where each stream resumes (see ``Run.resume``).
+        """
+        t0, at = time.perf_counter(), time.time()
+        before = self.choice.describe()
+        old = self.pipeline
+        self._release.set()  # emulated hangs of the old pipeline end
+        self._retired = [p for p in self._retired if p.running()] + [old]
+        s = old.stats()
+        if s is not None:
+            fin, fout, drop = self._carried
+            self._carried = (fin + s.frames_in, fout + s.frames_out, drop + s.dropped)
+        back: List[DeviceSpec] = []
+        if cause is not None:
+            failed = self._by_name[cause.device]
+            device, kind, detail = cause.device, cause.kind, str(cause)
+            self._failed.append(failed)
+            self._prober.watch(failed)
+        else:
+            with self._lock:
+                back, self._returned = self._returned, []
+            device, kind = ", ".join(map(str, back)), "returned"
+            detail = f"{device}: returned: answers probes again"
+            self._failed = [d for d in self._failed if d not in back]
+        resume, lost_windows = source.resume(live)
+        # Frames read that never came out, less those already counted as dropped
+        # (by a replaced pipeline's live head, or lost at an earlier switch).
+        lost_frames = max(0, source.in_flight() - self._carried[2]) if live else 0
+        replayed = source.replay_count(resume) if not live else 0
+        while True:
+            choice = self._choose()
+            self._release = threading.Event()
+            try:
+                pipeline = self._open(choice, self._release)
+                break
+            except EdgecapError as exc:
+                # A device that fails as it opens is failed again: the one named,
+                # else (a device just back that will not open) those that came back.
+                if isinstance(exc, DeviceFailed) and exc.device in self._by_name:
+                    again = [self._by_name[exc.device]]
+                elif cause is None:
+                    again = [d for d in back if d in choice.workers.values()]
+                else:
+                    again = []
+                if not again:
+                    raise
+                for d in again:
+                    self._failed.append(d)
+                    self._prober.watch(d)
+        self.choice = choice
+        with self._lock:  # close() sets _closed under it, then closes self.pipeline
+            if not self._closed:
+                self.pipeline = pipeline
+        # Read again: a signal handler's close() may have run inside the block.
+        if self._closed:
+            pipeline.close()  # idempotent, if close() closed it too
+            raise RunCancelled("the captioner was closed during a failover; "
+                               "create a new EdgeCaptioner to caption more video")
+        self._replayed += replayed
+        record = FailoverRecord(device=device, kind=kind, detail=detail, at=at, took_s=None,
+                                plan_before=before, plan_after=choice.describe(),
+                                how=choice.how, replayed=replayed, lost_frames=lost_frames,
+                                lost_windows=lost_windows)
+        self._failovers.append(record)
+        fin, fout, drop = self._carried
+        self._carried = (fin, fout, drop + lost_frames)
+        if self._tracer is not None:
+            self._tracer.instant("failover", t0, {k: v for k, v in dataclasses.asdict(record).items()
+                                                  if k not in ("at", "took_s")})
+        _log.warning("edgecap: %s; now %s (%s)", detail, record.plan_after, choice.how)
+        return resume
+
+    def _choose(self) -> Choice:
+        if self._failed and self._candidates is None:  # at the first failure
+            board = self._start.plan.board
+            self._candidates = (planner.bundle_plans(self._bundle, self._window, board) if board
+                                else planner.BundlePlans())
+        return planner.choose_after(self._bundle, self._options, self._start, self._failed, self._tpus,
+                                    self._candidates or planner.BundlePlans())
