@@ -23,10 +23,10 @@ import pytest
 
 from edgecap import faults, isolation, scheduler
 from edgecap.bundle import load_bundle
+from edgecap.devices import parse_device
 from edgecap.errors import DeviceFailed, RunCancelled
 from edgecap.planning import plan_for_board
 from edgecap.scheduler import Pipeline, Step, sleep_until
-from edgecap.stages import open_stage
 
 pytestmark = pytest.mark.fast
 
@@ -188,6 +188,11 @@ def stage(shipped_bundle):
     return plan_for_board(load_bundle(shipped_bundle), "devboard-usb").active_stages[0]
 
 
+def _isolated(stage, **deadlines) -> isolation.IsolatedSegment:
+    """The stage on emu-tpu:0 in a worker process (as the planner opens an isolated stage)."""
+    return isolation.IsolatedSegment(stage, parse_device("emu-tpu:0"), **deadlines)
+
+
 def _frame(stage, seed: int = 0) -> dict:
     spec = stage.inputs[0]
     return {spec.name: np.random.default_rng(seed).integers(-128, 128, spec.shape, dtype=spec.dtype)}
@@ -195,7 +200,7 @@ def _frame(stage, seed: int = 0) -> dict:
 
 @pytest.mark.skipif(not isolation.SUPPORTED, reason="process isolation is POSIX only")
 def test_only_the_first_isolated_invoke_gets_the_grace(stage):
-    seg = open_stage(stage, "emu-tpu:0", isolate=True, deadline_s=0.3, first_deadline_s=4.0)
+    seg = _isolated(stage, deadline_s=0.3, first_deadline_s=4.0)
     try:
         seg(_frame(stage))  # the first invoke, within its grace
         t0 = time.perf_counter()
@@ -211,7 +216,7 @@ def test_a_worker_that_cannot_answer_is_killed_at_its_deadline(stage, monkeypatc
     # Stopped, the worker cannot act on its lifeline either: only a kill ends it. Closing
     # the segment would kill it too, after STOP_TIMEOUT_S: made long, that is unmistakable.
     monkeypatch.setattr(isolation, "STOP_TIMEOUT_S", 30.0)
-    seg = open_stage(stage, "emu-tpu:0", isolate=True, deadline_s=0.3)
+    seg = _isolated(stage, deadline_s=0.3)
     pid = seg.pid
     try:
         seg(_frame(stage))

@@ -18,8 +18,8 @@ import pytest
 from edgecap import faults
 from edgecap.bundle import WindowSpec
 from edgecap.captioner import EdgeCaptioner
-# The one import of the private resume point: the supervisor may take it over.
-from edgecap.captioner import _resume_point
+# The one import of the private resume point.
+from edgecap.supervisor import _resume_point
 
 pytestmark = pytest.mark.fast
 

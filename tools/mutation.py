@@ -44,6 +44,8 @@ TESTS: Dict[str, List[str]] = {
                              "tests/test_deadlines.py"],
     "edgecap/isolation.py": ["tests/test_isolation.py", "tests/test_failover.py", "tests/test_deadlines.py",
                              "tests/test_crash_isolation.py"],
+    # Not in the measured table yet (docs/testing.md): run with --modules edgecap/supervisor.py.
+    "edgecap/supervisor.py": ["tests/test_failover.py", "tests/test_window_state.py", "tests/test_replay.py"],
     # test_serve.py runs the service as a subprocess and has no fast test.
     "edgecap/service/service.py": ["tests/test_service_devices.py", "tests/test_serve_exit.py"],
 }
@@ -132,7 +134,8 @@ def _score(results: Dict[str, dict]) -> tuple:
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modules", nargs="+", default=list(TESTS), help="files to mutate (keys of TESTS)")
+    p.add_argument("--modules", nargs="+", help="files to mutate (keys of TESTS; default: the table's three)",
+                   default=["edgecap/scheduler.py", "edgecap/isolation.py", "edgecap/service/service.py"])
     p.add_argument("--sample", type=int, default=30, help="mutants per module (0: all)")
     p.add_argument("--seed", type=int, default=15)
     p.add_argument("--full-after", action="store_true", help="run every sampled mutant again after")
