@@ -2,13 +2,20 @@
 # virtual environment on first use (.venv, .venv-test) and reuses it afterwards.
 PYTHON ?= python3
 
-.PHONY: demo test clean
+.PHONY: demo test test-fast clean
 
 demo: .venv/.installed
 	.venv/bin/edgecap caption
 
 test: .venv-test/.installed
 	.venv-test/bin/python -m pytest -q
+
+# The fast tier (under a minute on 2 cores; tests/fast_tier.py, docs/testing.md): every
+# module's core behaviour. `make test` stays the whole suite and what CI runs. Compiled
+# and assertion-rewritten test modules are cached (PYTHONDONTWRITEBYTECODE cleared):
+# rewriting 80 test files again on every run costs ~10 s here.
+test-fast: .venv-test/.installed
+	PYTHONDONTWRITEBYTECODE= .venv-test/bin/python -m pytest -q -m "fast and not slow and not tf and not tpu"
 
 .venv/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv

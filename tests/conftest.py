@@ -19,6 +19,25 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Marks the fast tier's tests (tests/fast_tier.py) with ``fast``; a listed name that is gone is an error."""
+    from fast_tier import FAST_FILES, FAST_TESTS
+
+    seen = set()
+    for item in items:
+        file = Path(str(item.fspath)).name
+        name = getattr(item, "originalname", None) or item.name.split("[")[0]
+        if file in FAST_FILES or name in FAST_TESTS.get(file, ()):
+            item.add_marker(pytest.mark.fast)
+            seen.add((file, name))
+    collected = {Path(str(item.fspath)).name for item in items}
+    missing = [f"{file}::{name}" for file, names in FAST_TESTS.items() if file in collected
+               for name in names if (file, name) not in seen]
+    if missing:
+        raise pytest.UsageError(f"tests/fast_tier.py lists tests that do not exist: {', '.join(missing)}; "
+                                "update the list")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory) -> Iterator[Path]:
     """Points $XDG_CACHE_HOME at a session temp dir, so no test writes plans into the user's cache.

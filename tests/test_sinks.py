@@ -312,3 +312,31 @@ def test_a_full_disk_fails_the_jsonl_sink_alone(caplog):
     assert sum("jsonl sink failed" in r.getMessage() for r in caplog.records) == 1
     assert "No space left on device" in caplog.text
     sinks.close()
+
+
+@pytest.mark.fast
+def test_jsonl_rotates_only_when_a_line_would_pass_max_bytes(tmp_path, monkeypatch):
+    import types
+
+    from edgecap.service import sinks
+
+    # A still wall clock: every record is then exactly as long as the one measured.
+    monkeypatch.setattr(sinks, "time", types.SimpleNamespace(time=lambda: 1_700_000_000.125,
+                                                             monotonic=sinks.time.monotonic))
+    line = len((json.dumps(caption_record("front", make_caption(0)), ensure_ascii=False) + "\n").encode())
+
+    def files_after(max_bytes: int, lines: int) -> dict:
+        folder = tmp_path / str(max_bytes)
+        folder.mkdir()
+        sink = JsonlSink(folder / "captions.jsonl", max_bytes=max_bytes, backups=3)
+        for _ in range(lines):
+            sink.caption("front", make_caption(0))
+        sink.close()
+        assert sink.counters()["written"] == lines
+        return {p.name: p.stat().st_size for p in sorted(folder.iterdir())}
+
+    # Two lines fill the file to the byte: they stay together; a third starts a new file.
+    assert files_after(2 * line, 2) == {"captions.jsonl": 2 * line}
+    assert files_after(2 * line + 1, 3) == {"captions.jsonl": line, "captions.jsonl.1": 2 * line}
+    # One byte short of two lines: the second one rotates.
+    assert files_after(2 * line - 1, 2) == {"captions.jsonl": line, "captions.jsonl.1": line}

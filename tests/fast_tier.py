@@ -1,0 +1,85 @@
+"""The fast tier (``make test-fast``): which tests carry the ``fast`` marker, in one place.
+
+Budget: under 60 s wall on a loaded 2-core machine, and every module of
+edgecap/, edgecap/service/ and compile/ exercised on its main path (see
+docs/testing.md for the map and how it was measured). Files written for the
+tier mark themselves (``pytestmark = pytest.mark.fast``); for the rest the
+choice is listed here, chosen from measured durations, so that it is one
+reviewable list and not a decorator scattered over sixty files.
+
+``FAST_FILES``: every test of the file. ``FAST_TESTS``: by file, the test
+functions (names without parameters; every parameter set of a listed function
+is in). conftest.py applies both, and refuses a name that matches no test of
+a collected file, so a renamed test cannot drop out of the tier unnoticed.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, FrozenSet, List
+
+FAST_FILES: FrozenSet[str] = frozenset({
+    # Whole files that cost about a second or less in all.
+    "test_bad_bundle.py", "test_bad_frames.py", "test_bad_models.py", "test_bad_outputs.py",
+    "test_bench_headline.py", "test_bundle.py", "test_bundle_branches.py", "test_camera_latest.py",
+    "test_captioner.py", "test_compile_benchmark.py", "test_compile_cost_model.py",
+    "test_compile_graph.py", "test_compile_partitioner.py", "test_compile_rnn_charge.py",
+    "test_compile_validity.py", "test_devices.py", "test_http.py", "test_latency_stats.py",
+    "test_metrics.py", "test_notify.py", "test_plan.py", "test_preprocess.py", "test_scheduler.py",
+    "test_service_config.py", "test_service_devices.py", "test_service_state.py", "test_sinks.py",
+    "test_sources.py", "test_startup.py", "test_tflite_verify.py", "test_windows.py",
+})
+
+FAST_TESTS: Dict[str, List[str]] = {
+    "test_autoplan.py": ["test_the_plan_for_the_board_is_taken_when_its_tpus_are_there",
+                         "test_fewer_tpus_than_planned_falls_back_to_the_best_plan_for_what_is_there",
+                         "test_the_board_is_recognised_from_its_device_tree"],
+    "test_bad_input_cli.py": ["test_compile_out_folder_in_a_bad_place"],
+    "test_bad_media.py": ["test_a_clip_damaged_in_the_middle_says_where_it_stopped",
+                          "test_an_intact_clip_ends_without_an_error"],
+    "test_bad_plan.py": ["test_a_tpu_index_the_board_lacks", "test_a_segment_symlinked_out_of_the_directory"],
+    "test_bench.py": ["test_null_stage_overhead_is_measured", "test_bound_charges_the_rnn_step_once_per_open_window",
+                      "test_board_name_plans_on_the_fly_with_emulated_tpus", "test_unknown_board_is_a_one_line_error"],
+    "test_cameras.py": ["test_stop_from_another_thread_ends_the_iteration_promptly",
+                        "test_the_mux_beats_while_no_camera_has_a_frame",
+                        "test_a_camera_that_never_sends_a_frame_is_offline_after_stall_seconds",
+                        "test_a_failing_callback_does_not_stop_the_camera"],
+    "test_cli.py": ["test_help_lists_every_command", "test_validate", "test_bad_bundle", "test_unknown_board",
+                    "test_not_a_video"],
+    "test_compile_calibration.py": ["test_tpu_segments_are_timed_on_the_named_tpu_with_the_repeats",
+                                    "test_calibration_for_another_board_is_refused"],
+    "test_compile_cli.py": ["test_bad_input_is_one_line", "test_report_writes_a_table_and_a_picture"],
+    "test_compile_edgetpu.py": ["test_without_the_compiler_segments_stay_uncompiled",
+                                "test_compiles_each_tpu_segment_and_records_the_log"],
+    "test_compile_planning.py": ["test_fixed_ranges_replace_the_search", "test_whole_on_tpu_plan_is_the_compilers_plan",
+                                 "test_ranges_that_do_not_split_the_model_are_one_line"],
+    "test_compile_segments.py": ["test_segments_keep_names_and_only_what_they_reference",
+                                 "test_demo_encoder_chains_bit_identically"],
+    "test_dataset.py": ["test_write_then_read_round_trips", "test_captions_follow_the_template_and_circles_never_rotate",
+                        "test_read_dataset_rejects_missing_files"],
+    "test_edgetpu_runtime.py": ["test_the_table_is_valid_and_every_row_has_a_source",
+                                "test_the_backend_for_tpu_stages_follows_the_table",
+                                "test_builds_are_told_apart_by_their_package_version",
+                                "test_a_missing_library_gives_one_line"],
+    "test_failover.py": ["test_the_sequential_schedule_fails_over_too",
+                         "test_a_fault_fires_once_at_its_invoke_and_the_device_answers_after_its_delay",
+                         "test_the_watchdog_fails_a_run_whose_step_outlives_its_deadline",
+                         "test_with_failover_off_the_error_reaches_the_caller",
+                         "test_the_tpus_left_are_the_boards_not_only_the_plans"],
+    "test_fuzz_loaders.py": ["test_the_unmutated_documents_load", "test_what_the_long_run_found_stays_fixed"],
+    "test_isolation.py": ["test_isolated_stages_equal_in_process_ones_bit_for_bit",
+                          "test_a_stage_in_a_worker_checks_its_deadline"],
+    "test_pipeline_captions.py": ["test_tpu_stages_run_on_their_own_emulated_devices",
+                                  "test_device_override_runs_tpu_stages_on_cpu_workers",
+                                  "test_timing_only_emulation_still_yields_every_window",
+                                  "test_plan_for_another_model_is_rejected"],
+    "test_quality.py": ["test_eval_report"],
+    "test_soak.py": ["test_the_command_writes_its_figures", "test_the_command_refuses_a_soak_shorter_than_its_warm_up"],
+    "test_stopping.py": ["test_cancel_stops_the_run_and_keeps_the_workers_for_the_next",
+                         "test_close_from_another_thread_while_the_consumer_holds_an_item",
+                         "test_errors_come_after_the_items_before_them_even_from_the_first_worker",
+                         "test_a_captioner_is_stopped_from_another_thread_and_refuses_a_second_stream",
+                         "test_bad_options_are_config_errors"],
+    "test_trace.py": ["test_slices_from_many_threads_are_all_kept_under_the_budget"],
+    "test_window_state.py": ["test_back_to_back_windows_caption_their_own_clip",
+                             "test_a_second_stream_starts_from_no_open_window"],
+}
