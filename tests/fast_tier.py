@@ -26,13 +26,19 @@ FAST_FILES: FrozenSet[str] = frozenset({
     "test_compile_validity.py", "test_devices.py", "test_http.py", "test_latency_stats.py",
     "test_metrics.py", "test_notify.py", "test_plan.py", "test_preprocess.py", "test_scheduler.py",
     "test_service_config.py", "test_service_devices.py", "test_service_state.py", "test_sinks.py",
-    "test_sources.py", "test_startup.py", "test_tflite_verify.py", "test_windows.py",
+    "test_sources.py", "test_startup.py", "test_tflite_verify.py", "test_windows.py", "test_imports.py",
 })
 
 FAST_TESTS: Dict[str, List[str]] = {
-    "test_autoplan.py": ["test_the_plan_for_the_board_is_taken_when_its_tpus_are_there",
-                         "test_fewer_tpus_than_planned_falls_back_to_the_best_plan_for_what_is_there",
-                         "test_the_board_is_recognised_from_its_device_tree"],
+    "test_planner.py": ["test_a_bundled_plan_made_for_another_window_is_skipped_with_one_warning",
+                        "test_after_a_failure_only_plans_for_the_running_window_are_candidates",
+                        "test_one_deadline_policy_for_every_tpu_stage",
+                        "test_a_pending_crash_fault_isolates_that_device_only", "test_the_host_rule",
+                        "test_the_captioners_stages_carry_the_planners_deadlines_and_isolation",
+                        "test_a_cpu_only_captioner_runs_the_host_rule_unless_told_otherwise",
+                        "test_the_plan_for_the_board_is_taken_when_its_tpus_are_there",
+                        "test_fewer_tpus_than_planned_falls_back_to_the_best_plan_for_what_is_there",
+                        "test_the_board_is_recognised_from_its_device_tree"],
     "test_bad_input_cli.py": ["test_compile_out_folder_in_a_bad_place"],
     "test_bad_media.py": ["test_a_clip_damaged_in_the_middle_says_where_it_stopped",
                           "test_an_intact_clip_ends_without_an_error"],
