@@ -97,7 +97,6 @@ class HostSchedule:
         (the CNN on ``cpu:1`` with a core fewer, the RNN on ``cpu`` at the same time).
       num_threads: Threads of the CNN's interpreter.
       pipelined: Whether the steps run on worker threads.
-      batch: Frames of a file source per hand-off.
       cnn_worker: The CNN stage's worker.
       reason: One line: what was measured or predicted and compared.
     """
@@ -105,7 +104,6 @@ class HostSchedule:
     kind: str
     num_threads: int
     pipelined: bool = True
-    batch: int = 1
     cnn_worker: DeviceSpec = CPU
     reason: str = ""
 
@@ -551,7 +549,7 @@ def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, 
     stages = tuple(_stage_run(s, workers[s.device], plan, options, pace_cpu, host) for s in plan.active_stages)
     rnn_pace = (plan.rnn_ms or 0.0) if pace_cpu else 0.0
     pipelined = options.pipelined if options.pipelined is not None else (host.pipelined if host else True)
-    batch = options.batch if options.batch is not None else (host.batch if host else 1)
+    batch = options.batch if options.batch is not None else 1
     return Choice(plan=plan, workers=workers, stages=stages, rnn_pace_ms=rnn_pace,
                   rnn_compute=not (options.timing_only and rnn_pace > 0), pipelined=pipelined,
                   batch=batch, emulated=emulated, how=how, reason=reason, board=board,

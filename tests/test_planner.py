@@ -208,20 +208,19 @@ def test_a_pending_crash_fault_isolates_that_device_only(shipped_bundle, two_tpu
                                                                  "cpu": False}
 
 
-@pytest.mark.parametrize("cnn_ms, rnn_ms, cores, kind, threads, worker, batch, pipelined", [
-    (200.0, 5.0, 2, "threads", 2, "cpu", 1, True),      # a big CNN: every core to it
-    (2.0, 1.5, 2, "pipeline", 1, "cpu:1", 1, True),     # RNN 1.5 > t / (C - 1) = 1: overlap them
-    (2.0, 0.9, 2, "threads", 2, "cpu", 1, True),        # r < t / (C - 1)
-    (12.0, 1.1, 4, "pipeline", 3, "cpu:1", 1, True),    # r > t / (C - 1) = 1.0
-    (12.0, 0.9, 4, "threads", 4, "cpu", 1, True),
-    (0.2, 0.02, 2, "sequential", 1, "cpu", 1, False),  # sub-millisecond CNN: hand-offs cost more
-    (5.0, 5.0, 1, "sequential", 1, "cpu", 1, False),    # one core: nothing to overlap onto
-    (0.2, 0.02, 1, "sequential", 1, "cpu", 1, False),
+@pytest.mark.parametrize("cnn_ms, rnn_ms, cores, kind, threads, worker, pipelined", [
+    (200.0, 5.0, 2, "threads", 2, "cpu", True),         # a big CNN: every core to it
+    (2.0, 1.5, 2, "pipeline", 1, "cpu:1", True),        # RNN 1.5 > t / (C - 1) = 1: overlap them
+    (2.0, 0.9, 2, "threads", 2, "cpu", True),           # r < t / (C - 1)
+    (12.0, 1.1, 4, "pipeline", 3, "cpu:1", True),       # r > t / (C - 1) = 1.0
+    (12.0, 0.9, 4, "threads", 4, "cpu", True),
+    (0.2, 0.02, 2, "sequential", 1, "cpu", False),      # sub-millisecond CNN: hand-offs cost more
+    (5.0, 5.0, 1, "sequential", 1, "cpu", False),       # one core: nothing to overlap onto
+    (0.2, 0.02, 1, "sequential", 1, "cpu", False),
 ])
-def test_the_host_rule(cnn_ms, rnn_ms, cores, kind, threads, worker, batch, pipelined):
+def test_the_host_rule(cnn_ms, rnn_ms, cores, kind, threads, worker, pipelined):
     got = planner.host_schedule(cnn_ms, rnn_ms, cores)
-    assert (got.kind, got.num_threads, str(got.cnn_worker), got.batch, got.pipelined) == (
-        kind, threads, worker, batch, pipelined)
+    assert (got.kind, got.num_threads, str(got.cnn_worker), got.pipelined) == (kind, threads, worker, pipelined)
     assert got.reason
 
 
