@@ -237,3 +237,62 @@ def test_a_cpu_only_captioner_runs_the_host_rule_unless_told_otherwise(shipped_b
         assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     with EdgeCaptioner(shipped_bundle, num_threads=2) as cap:  # the caller decided
         assert cap.choice.host is None and cap.devices == {"cpu": "cpu"} and cap.choice.pipelined
+
+
+def test_the_board_filter_keeps_each_boards_plans_whatever_their_order(bundle_with_plans):
+    bundle = load_bundle(bundle_with_plans)
+    for board in bundle.plans:
+        found = planner.bundle_plans(bundle, bundle.window, board)
+        assert [b for b, _ in found.usable] == [board]
+
+
+def test_among_plans_with_as_many_tpus_the_fastest_bottleneck_wins(bundle_with_plans, tmp_path):
+    bundle = load_bundle(bundle_with_plans)
+    (_, plan), = planner.bundle_plans(bundle, bundle.window, "devboard").usable
+    slow = dataclasses.replace(plan, predicted=dataclasses.replace(plan.predicted,
+                                                                  bottleneck_ms=plan.predicted.bottleneck_ms * 3))
+    assert planner._rank(plan) > planner._rank(slow)
+    assert max([slow, plan, slow], key=planner._rank) is plan
+
+
+def test_a_plan_with_more_tpu_stages_than_attached_tpus_is_emulated(shipped_bundle, two_tpu_board, monkeypatch):
+    from edgecap.devices import DeviceInfo
+
+    one = [DeviceInfo("cpu", "cpu", "", ""), DeviceInfo("tpu:0", "pci", "/dev/apex_0", "")]
+    monkeypatch.setattr(devices, "list_devices", lambda root="/": one)
+    choice = choose(load_bundle(shipped_bundle), CaptionerOptions(board=two_tpu_board, num_threads=1))
+    assert choice.emulated and [str(d) for d in choice.tpus] == ["emu-tpu:0", "emu-tpu:1"]
+
+
+def test_after_a_failure_the_compiler_replans_for_the_tpus_left(shipped_bundle, two_tpu_board):
+    bundle = load_bundle(shipped_bundle)
+    options = CaptionerOptions(board=two_tpu_board, num_threads=1)
+    start = choose(bundle, options)
+    tpus = planner.board_tpus(start)
+    first, second = tpus
+    one_left = planner.choose_after(bundle, options, start, [first], tpus, planner.BundlePlans())
+    assert (one_left.how, tpus_used(one_left.plan), one_left.tpus) == ("compiler", 1, [second])
+    none_left = planner.choose_after(bundle, options, start, tpus, tpus, planner.BundlePlans())
+    assert (none_left.how, tpus_used(none_left.plan), none_left.tpus) == ("compiler", 0, [])
+    assert planner.choose_after(bundle, options, start, [], tpus, planner.BundlePlans()).how == "original"
+
+
+def test_the_host_rules_reason_gives_both_schedules_times():
+    assert "threads 102.50 ms, pipeline 200.00 ms a frame" in planner.host_schedule(200.0, 2.5, 2).reason
+
+
+def test_a_plan_must_be_the_bundles_encoders(shipped_bundle, tmp_path):
+    from runtime_plans import write_plan
+
+    from edgecap.errors import PlanError
+    from edgecap.plan import single_cpu_plan
+
+    bundle = load_bundle(shipped_bundle)
+    tiny = Path(__file__).resolve().parent / "data" / "runtime" / "tiny_encoder.tflite"
+    write_plan(tiny, [1], ["tpu:0", "cpu"], tmp_path / "tiny", [1.0, 1.0])
+    with pytest.raises(PlanError, match="but the bundle's encoder takes"):
+        choose(bundle, CaptionerOptions(plan=tmp_path / "tiny", num_threads=1))
+    ours = single_cpu_plan(bundle.encoder_model)
+    with pytest.raises(PlanError, match="compiled from another model"):
+        choose(bundle, CaptionerOptions(plan=dataclasses.replace(ours, model_sha256="0" * 64), num_threads=1))
+    assert choose(bundle, CaptionerOptions(plan=ours, num_threads=1)).how == "plan"
