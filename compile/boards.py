@@ -101,7 +101,8 @@ class Board:
       version: Profile version, recorded in plan.json.
       description: What the board is.
       cpu: The CPU.
-      tpus: The EdgeTPUs in pipeline order (``tpu:0`` first).
+      tpus: The EdgeTPUs in the profile's order (``tpu:0`` first); a plan may
+        run them along the chain in another order.
       sources: Where each figure comes from, keyed by field path.
     """
 

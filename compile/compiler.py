@@ -94,6 +94,10 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
                   ranges: Optional[Sequence[Tuple[int, int]]] = None) -> CompileResult:
     """Splits an int8 model into TPU segments and a CPU tail and writes them with plan.json.
 
+    The split is the partitioner's optimum over the cut points and the order
+    the board's TPUs run in along the chain; plan.json's stages name the TPUs
+    in that order.
+
     Args:
       source: A .tflite model, a bundle directory or a loaded ``Bundle`` (its
         encoder is split and its RNN encoder step's time is charged to the CPU stage).
@@ -105,7 +109,8 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
       report: Also write report.md and split.png.
       min_runtime_version: edgetpu_compiler ``-m`` value.
       ranges: A fixed split instead of the best one: one ``(start, end)`` op
-        range per stage (TPUs, then the CPU), contiguous from op 0 to the last.
+        range per stage (the TPUs in the profile's order, then the CPU),
+        contiguous from op 0 to the last.
 
     Returns:
       The ``CompileResult``.
@@ -131,7 +136,11 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
     rnn_ms = rnn_step_ms(model_source.rnn_step, chosen) if model_source.rnn_step else 0.0
     model = CostModel(graph, [*chosen.tpus, chosen.cpu], rnn_ms, window=model_source.window)
     costs = [model.matrix(k) for k in range(stages)]
-    split = partition(costs) if ranges is None else _fixed_split(costs, ranges, graph.name)
+    if ranges is None:
+        split = partition(costs, tpus=len(chosen.tpus))
+        model = model.in_order(split.order)
+    else:
+        split = _fixed_split(costs, ranges, graph.name)
 
     staging = _staging_dir(out)
     try:
@@ -200,8 +209,9 @@ def _write_and_compile(graph, split: Partition, board: Board, model: CostModel, 
 
     edgetpu_compiler reports each segment's on-chip and off-chip parameter bytes.
     A segment that streams more than the cost model predicted had less usable
-    SRAM than the profile says: that TPU's budget is lowered by the excess and
-    the model re-partitioned, at most ``RESPLITS`` times (not for a fixed split).
+    SRAM than the profile says: every TPU's budget is capped at that TPU's
+    budget less the excess and the model re-partitioned (cuts and TPU order),
+    at most ``RESPLITS`` times (not for a fixed split).
 
     Returns:
       ``(split, board, model, segments, edgetpu)`` as finally written.
@@ -215,15 +225,21 @@ def _write_and_compile(graph, split: Partition, board: Board, model: CostModel, 
         excess = _excess_streaming(model, split, edgetpu)
         if fixed or not excess or attempt == RESPLITS:
             return split, board, model, segments, edgetpu
-        tpus = list(board.tpus)
+        # edgetpu_compiler has one target: a segment caches and streams the same
+        # bytes whichever TPU runs it, so what one stage showed caps every TPU's
+        # budget (else the re-split would move the segment to a TPU still
+        # credited with the SRAM the compiler does not use).
+        budget = min(max(1, model.devices[k].sram_bytes - extra) for k, extra in excess.items())
         for k, extra in excess.items():
             _log.warning("%s: edgetpu_compiler streams %d bytes more than predicted; lowering "
-                         "its SRAM budget to %d bytes and re-splitting", tpus[k].name, extra,
-                         max(1, tpus[k].sram_bytes - extra))
-            tpus[k] = dataclasses.replace(tpus[k], sram_bytes=max(1, tpus[k].sram_bytes - extra))
+                         "every TPU's SRAM budget to at most %d bytes and re-splitting",
+                         model.devices[k].name, extra, budget)
+        tpus = [dataclasses.replace(t, sram_bytes=min(t.sram_bytes, budget)) for t in board.tpus]
         board = dataclasses.replace(board, tpus=tpus)
         model = CostModel(graph, [*board.tpus, board.cpu], model.rnn_ms, window=model.window)
-        resplit = partition([model.matrix(k) for k in range(len(model.devices))])
+        resplit = partition([model.matrix(k) for k in range(len(model.devices))],
+                            tpus=len(board.tpus))
+        model = model.in_order(resplit.order)
         if resplit.cuts == split.cuts:
             # The same segments again: only the predictions change, to the lowered budgets.
             return resplit, board, model, segments, edgetpu

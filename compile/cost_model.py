@@ -13,6 +13,7 @@ Tensors that merely pass a stage by stay in host memory and cost nothing.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -145,6 +146,12 @@ class CostModel:
         self._params = np.concatenate(
             [[0], np.cumsum([op.param_bytes for op in ops], dtype=np.int64)])
         self._io = boundary_bytes(graph)
+
+    def in_order(self, order: Sequence[int]) -> "CostModel":
+        """Returns the cost model with stage k on ``devices[order[k]]`` (a partition's ``order``)."""
+        out = copy.copy(self)
+        out.devices = [self.devices[d] for d in order]
+        return out
 
     @property
     def n_ops(self) -> int:

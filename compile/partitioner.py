@@ -1,18 +1,26 @@
 """The partitioner: cut an op chain into pipeline stages with the smallest bottleneck.
 
-Stage k takes a contiguous op range on a fixed device; ``costs[k][a, b]`` is its
-time for ops ``[a, b)`` (inf where a > b). The exact optimum is found in two
-dynamic programs: the first finds the smallest bottleneck B*, the second the
-smallest end-to-end latency among the partitions whose every stage fits in B*.
-(One lexicographic program would not be exact: a prefix with a worse
-bottleneck but a better latency can win once a later stage dominates.)
+``costs[d][a, b]`` is device d's time for ops ``[a, b)`` (inf where a > b); the
+devices are the board's TPUs, then the CPU. A plan runs the devices along the
+chain in some order, the CPU last, and gives each a contiguous op range (empty
+ones included). For one order the exact optimum is found in two dynamic
+programs: the first finds the smallest bottleneck B*, the second the smallest
+end-to-end latency among the partitions whose every stage fits in B*. (One
+lexicographic program would not be exact: a prefix with a worse bottleneck but
+a better latency can win once a later stage dominates.) TPUs differ (a PCIe
+and a USB one have different link rates), so the order matters too: every
+order of the TPUs is searched (a board has at most a few, 4! = 24 orders) and
+the best (bottleneck, latency) of the per-order optima is the optimum over
+orders and cuts together, as the minimum over a union of sets is the minimum
+of their minima.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,16 +30,18 @@ _TOLERANCE = 1e-9
 
 @dataclass(frozen=True)
 class Partition:
-    """Cut points and the resulting stage times.
+    """Cut points, the device of each stage and the resulting stage times.
 
     Attributes:
       cuts: ``K + 1`` op boundaries, ``0 = cuts[0] <= ... <= cuts[K] = n``; stage k
         runs ops ``[cuts[k], cuts[k+1])``.
       stage_ms: Predicted time of each stage.
+      order: Stage k runs on device ``order[k]`` (an index into ``costs``).
     """
 
     cuts: Tuple[int, ...]
     stage_ms: Tuple[float, ...]
+    order: Tuple[int, ...]
 
     @property
     def bottleneck_ms(self) -> float:
@@ -50,10 +60,91 @@ class Partition:
         return tuple(zip(self.cuts[:-1], self.cuts[1:]))
 
 
-def evaluate(costs: Sequence[np.ndarray], cuts: Sequence[int]) -> Partition:
-    """Returns the partition with the given cut points under ``costs``."""
+def evaluate(costs: Sequence[np.ndarray], cuts: Sequence[int],
+             order: Optional[Sequence[int]] = None) -> Partition:
+    """Returns the partition with the given cut points and device order under ``costs``.
+
+    Args:
+      costs: One ``(n+1, n+1)`` matrix per device.
+      cuts: ``len(costs) + 1`` op boundaries.
+      order: Device of each stage (default: device k runs stage k).
+
+    Returns:
+      The ``Partition``.
+    """
     cuts = tuple(int(c) for c in cuts)
-    return Partition(cuts, tuple(float(c[a, b]) for c, (a, b) in zip(costs, zip(cuts, cuts[1:]))))
+    order = tuple(range(len(costs))) if order is None else tuple(int(d) for d in order)
+    return Partition(cuts, tuple(float(costs[d][a, b]) for d, a, b in zip(order, cuts, cuts[1:])),
+                     order)
+
+
+def _better(candidate: Partition, best: Partition) -> bool:
+    # Smaller bottleneck (beyond the tolerance), else smaller latency.
+    b, best_b = candidate.bottleneck_ms, best.bottleneck_ms
+    return b < best_b * (1 - _TOLERANCE) or (
+        b <= best_b * (1 + _TOLERANCE) and candidate.latency_ms < best.latency_ms)
+
+
+def _tied(a: Partition, b: Partition) -> bool:
+    # Equal bottleneck and latency, up to the tolerance.
+    return (abs(a.bottleneck_ms - b.bottleneck_ms) <= _TOLERANCE * b.bottleneck_ms
+            and abs(a.latency_ms - b.latency_ms) <= _TOLERANCE * b.latency_ms)
+
+
+def _empty_stages(p: Partition) -> Tuple[bool, ...]:
+    return tuple(a == b for a, b in p.ranges)
+
+
+def orders(costs: Sequence[np.ndarray], tpus: int) -> List[Tuple[int, ...]]:
+    """Returns the device orders worth searching: every order of the first ``tpus`` devices.
+
+    The devices after them (the CPU) keep their places. Of orders that differ
+    only by swapping devices with equal cost matrices (two identical USB
+    accelerators) only the first is kept: they give the same partitions.
+
+    Args:
+      costs: One matrix per device, the ``tpus`` TPUs first.
+      tpus: How many leading devices may be reordered.
+
+    Returns:
+      Orders in ``itertools.permutations`` order, the given order first.
+    """
+    same = [next(j for j in range(i + 1) if np.array_equal(costs[i], costs[j]))
+            for i in range(tpus)]
+    seen = set()
+    out = []
+    for head in itertools.permutations(range(tpus)):
+        key = tuple(same[d] for d in head)
+        if key not in seen:
+            seen.add(key)
+            out.append(head + tuple(range(tpus, len(costs))))
+    return out
+
+
+def best_order(costs: Sequence[np.ndarray], tpus: int,
+               split: Callable[[List[np.ndarray]], Partition]) -> Partition:
+    """Applies a split rule on every order of the TPUs and keeps the best result.
+
+    Args:
+      costs: One matrix per device, the ``tpus`` TPUs first, then the CPU.
+      tpus: How many leading devices may be reordered.
+      split: Takes the matrices in one stage order and returns its partition
+        (with ``order`` relative to that list).
+
+    Returns:
+      The partition with the smallest (bottleneck, latency), ``order`` naming
+      devices of ``costs``. Among ties the one whose empty stages come last
+      (an unused TPU leads no chain: an empty stage costs the same anywhere
+      under the cost model), then the first order of ``orders``.
+    """
+    best = None
+    for order in orders(costs, tpus):
+        found = split([costs[d] for d in order])
+        found = dataclasses.replace(found, order=tuple(order[d] for d in found.order))
+        if best is None or (_empty_stages(found) < _empty_stages(best) if _tied(found, best)
+                            else _better(found, best)):
+            best = found
+    return best
 
 
 def _backtrack(choice: Sequence[np.ndarray], n: int) -> Tuple[int, ...]:
@@ -63,15 +154,8 @@ def _backtrack(choice: Sequence[np.ndarray], n: int) -> Tuple[int, ...]:
     return tuple(reversed(cuts))
 
 
-def partition(costs: Sequence[np.ndarray]) -> Partition:
-    """Finds the partition with the smallest bottleneck, ties broken by the smallest latency.
-
-    Args:
-      costs: One ``(n+1, n+1)`` matrix per stage, in pipeline order.
-
-    Returns:
-      The optimal ``Partition``; among exact ties, later stages get fewer ops.
-    """
+def _fixed_order(costs: Sequence[np.ndarray]) -> Partition:
+    # The two dynamic programs for stage k on device k.
     n = costs[0].shape[0] - 1
     # Pass 1: best[b] = smallest bottleneck of stages 0..k covering ops [0, b).
     best = np.full(n + 1, np.inf)
@@ -92,32 +176,53 @@ def partition(costs: Sequence[np.ndarray]) -> Partition:
     return evaluate(costs, _backtrack(choice, n))
 
 
-def exhaustive(costs: Sequence[np.ndarray]) -> Partition:
-    """Finds the optimum by trying every set of cut points (for checking ``partition``).
+def partition(costs: Sequence[np.ndarray], tpus: int = 0) -> Partition:
+    """Finds the partition with the smallest bottleneck, ties broken by the smallest latency.
+
+    Args:
+      costs: One ``(n+1, n+1)`` matrix per device: the TPUs, then the CPU.
+      tpus: How many leading devices (the TPUs) run in any order along the
+        chain; 0 keeps the given order (stage k on device k).
+
+    Returns:
+      The optimal ``Partition`` over cut points and TPU orders; among exact
+      ties later stages get fewer ops, so the TPUs a model does not need are
+      the last ones (``best_order``).
+    """
+    return best_order(costs, tpus, _fixed_order)
+
+
+def exhaustive(costs: Sequence[np.ndarray], tpus: int = 0) -> Partition:
+    """Finds the optimum by trying every TPU order and every set of cut points (checks ``partition``).
+
+    Every permutation is tried, identical devices included, without
+    ``orders`` or ``best_order``: the check shares no search code with
+    ``partition``.
 
     Args:
       costs: As for ``partition``.
+      tpus: As for ``partition``.
 
     Returns:
       The partition with the smallest (bottleneck, latency).
     """
     n = costs[0].shape[0] - 1
     best = None
-    best_key = (np.inf, np.inf)
-    for inner in itertools.combinations_with_replacement(range(n + 1), len(costs) - 1):
-        cuts = (0, *inner, n)
-        stage = [c[a, b] for c, a, b in zip(costs, cuts, cuts[1:])]
-        key = (max(stage), sum(stage))
-        if key[0] < best_key[0] * (1 - _TOLERANCE) or (
-                key[0] <= best_key[0] * (1 + _TOLERANCE) and key[1] < best_key[1]):
-            best, best_key = cuts, key
-    return evaluate(costs, best)
+    for head in itertools.permutations(range(tpus)):
+        order = head + tuple(range(tpus, len(costs)))
+        for inner in itertools.combinations_with_replacement(range(n + 1), len(costs) - 1):
+            found = evaluate(costs, (0, *inner, n), order)
+            if best is None or _better(found, best):
+                best = found
+    return best
 
 
 def equal_param_split(costs: Sequence[np.ndarray], param_prefix: np.ndarray,
                       n_tpus: int) -> Partition:
-    """The split ``edgetpu_compiler --num_segments N`` makes: N TPU segments of about equal
-    parameter bytes covering the whole model, the CPU stage left with no ops.
+    """The split ``edgetpu_compiler --num_segments N`` makes, on the best order of the TPUs.
+
+    N TPU segments of about equal parameter bytes cover the whole model and the
+    CPU stage runs no op; the cuts ignore the costs, the order does not.
 
     Args:
       costs: ``n_tpus`` TPU matrices then the CPU matrix.
@@ -125,7 +230,8 @@ def equal_param_split(costs: Sequence[np.ndarray], param_prefix: np.ndarray,
       n_tpus: Number of TPU segments.
 
     Returns:
-      The partition, evaluated under ``costs``.
+      The partition, evaluated under ``costs``, in the TPU order with the
+      smallest (bottleneck, latency).
     """
     n = len(param_prefix) - 1
     if n_tpus == 0:
@@ -136,4 +242,42 @@ def equal_param_split(costs: Sequence[np.ndarray], param_prefix: np.ndarray,
         target = total * k / n_tpus
         cut = int(np.argmin(np.abs(param_prefix[cuts[-1]:] - target))) + cuts[-1]
         cuts.append(cut)
-    return evaluate(costs, (*cuts, n, n))
+    return best_order(costs, n_tpus, lambda ordered: evaluate(ordered, (*cuts, n, n)))
+
+
+def whole_on_one_tpu(costs: Sequence[np.ndarray], n_tpus: int) -> Partition:
+    """Every op on one TPU (the one that runs the model fastest), the CPU stage with none.
+
+    Args:
+      costs: ``n_tpus`` TPU matrices then the CPU matrix.
+      n_tpus: Number of TPUs (0: every op on the CPU).
+
+    Returns:
+      The partition, evaluated under ``costs``.
+    """
+    n = costs[0].shape[0] - 1
+    return best_order(costs, n_tpus,
+                      lambda ordered: evaluate(ordered, (0,) + (n,) * len(ordered)))
+
+
+def balanced_tpu_split(costs: Sequence[np.ndarray], n_tpus: int) -> Partition:
+    """Every op on the TPUs, cut to the smallest bottleneck of the TPU stages, in the best order.
+
+    What Coral's profiling partitioner aims for: the model split over the TPUs
+    only, balancing their (here modelled) segment times; the CPU stage runs
+    no op and keeps only what it carries besides (the RNN step). Within each
+    order the cuts minimise the TPU stages' bottleneck, then their latency
+    (a TPU may stay empty); the order is chosen on the whole pipeline.
+
+    Args:
+      costs: ``n_tpus`` TPU matrices then the CPU matrix.
+      n_tpus: Number of TPUs (0: every op on the CPU).
+
+    Returns:
+      The partition, evaluated under ``costs``.
+    """
+    n = costs[0].shape[0] - 1
+    if n_tpus == 0:
+        return evaluate(costs, (0, n))
+    return best_order(costs, n_tpus, lambda ordered: evaluate(
+        ordered, (*_fixed_order(ordered[:n_tpus]).cuts, n)))

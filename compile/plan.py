@@ -6,6 +6,7 @@ module only fills the record in.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from edgecap.devices import parse_device
@@ -29,7 +30,7 @@ _BUS = {"pcie": "pci", "pci": "pci", "usb": "usb", "usb2": "usb", "usb3": "usb"}
 
 
 def plan_devices(board: Board) -> List[str]:
-    """Returns the device string of each of the board's TPUs, in pipeline order.
+    """Returns the device string of each of the board's TPUs, in the profile's order.
 
     libedgetpu numbers ``:N`` in its driver registration order, which differs
     between machines; a TPU whose profile names its link gets the bus-qualified
@@ -76,7 +77,8 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
       graph: The split model.
       model_file: Its path as recorded in the plan (relative to the bundle, if any).
       board: The board profile (with the TPU count and SRAM budget used).
-      model: The cost model the split was chosen under.
+      model: The cost model the split was chosen under, its devices in stage
+        order (the split's TPU order, then the CPU).
       split: The chosen partition.
       segments: The written segment files, one per non-empty stage.
       edgetpu: Report of each TPU stage, by stage index.
@@ -85,7 +87,8 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
       The ``Plan`` (not yet written; see ``edgecap.plan.write_plan``).
     """
     by_range = {s.ops: s for s in segments}
-    names = plan_devices(board) + ["cpu"]
+    # Stages run the board's TPUs in the split's order: each keeps its profile's name.
+    names = dict(zip((t.name for t in board.tpus), plan_devices(board)))
     stages = []
     stage_ms = []
     for k, (start, end) in enumerate(split.ranges):
@@ -102,7 +105,7 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
         stage_ms.append(ms)
         stages.append(Stage(
             index=k,
-            spec=parse_device(names[k] if device.is_tpu else device.name),
+            spec=parse_device(names[device.name] if device.is_tpu else device.name),
             segment=segment.path.resolve() if segment else None,
             ops=(start, end),
             inputs=tuple(_tensor(graph, t) for t in (segment.inputs if segment else ())),
@@ -116,7 +119,7 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             macs=int(cost.macs),
             edgetpu=compiled,
         ))
-    timed = Partition(split.cuts, tuple(stage_ms))
+    timed = dataclasses.replace(split, stage_ms=tuple(stage_ms))
     return Plan(
         path=None,
         board=board.name,

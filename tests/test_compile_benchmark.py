@@ -53,9 +53,36 @@ def test_sram_sensitivity_compares_both_splits_at_each_budget(monkeypatch):
     assert [r["sram_usable_mib"] for r in rows] == list(budgets)
     for r in rows:
         ours, equal = r["ours"]["bottleneck_ms"], r["equal_param"]["bottleneck_ms"]
-        # The equal-parameter split is one of the partitions ours chooses among.
-        assert ours <= equal * (1 + 1e-9)
+        balanced = r["balanced_tpu"]["bottleneck_ms"]
+        # Both baselines are among the partitions ours chooses among.
+        assert ours <= equal * (1 + 1e-9) and ours <= balanced * (1 + 1e-9)
         assert r["ours_over_equal"] == pytest.approx(ours / equal, abs=1e-4)
+        assert r["ours_over_balanced"] == pytest.approx(ours / balanced, abs=1e-4)
+        assert r["balanced_tpu"]["devices"][-1] == "cpu" and r["balanced_tpu"]["cuts"][-2] == \
+            r["balanced_tpu"]["cuts"][-1]  # no CNN op on the CPU
     # Less cache streams more: neither split gets faster as the budget shrinks.
     equal = [r["equal_param"]["bottleneck_ms"] for r in rows]
     assert equal == sorted(equal, reverse=True) and equal[0] > equal[-1]
+
+
+def test_every_row_checks_the_search_against_brute_force_and_the_baselines(monkeypatch,
+                                                                            shipped_bundle):
+    # The benchmark on a fixture in place of the Keras models (which need
+    # TensorFlow), on both boards: every row's search equals brute force over
+    # cuts and TPU orders, and no baseline beats it.
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "data" / "compile" / "tiny_inception.tflite"
+    monkeypatch.setattr(benchmark, "model_path", lambda name: fixture)
+    monkeypatch.setattr(benchmark, "time_cli_compile", lambda model, board: [0.5])
+    doc = benchmark.benchmark(["tiny"], list(benchmark.BOARDS),
+                              shipped_bundle / "rnn_encoder_step.tflite")
+    assert [r["board"] for r in doc["rows"]] == list(benchmark.BOARDS)
+    for r in doc["rows"]:
+        assert r["ours_is_optimal"] and r["bit_exact"]
+        ours = r["ours"]["bottleneck_ms"]
+        for baseline in ("ours_profile_order", "equal_param", "balanced_tpu", "one_tpu"):
+            assert ours <= r[baseline]["bottleneck_ms"] * (1 + 1e-9), baseline
+        assert sorted(r["ours"]["devices"]) == sorted(r["exhaustive"]["devices"])
+    text = benchmark.markdown(doc)
+    assert "balanced TPU-only" in text and "ours = optimum on every row: met" in text

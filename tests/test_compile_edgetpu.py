@@ -185,7 +185,7 @@ def test_a_segment_streaming_more_than_predicted_is_resplit(stand_in, tmp_path, 
     tpu_stages = [s for s in plan["stages"] if s["device"] != "cpu" and s["segment"]]
     # The new split moved the cuts, so its segments were compiled again.
     assert 1 <= len(tpu_stages) < len(calls) <= (RESPLITS + 1) * 2
-    assert "more than predicted; lowering its SRAM budget" in caplog.text
+    assert "more than predicted; lowering every TPU's SRAM budget" in caplog.text
     assert plan["sram_bytes"] < 60_000
     for stage in tpu_stages:
         size = (tmp_path / "out" / stage["segment"]).stat().st_size
@@ -201,6 +201,51 @@ def test_a_segment_streaming_more_than_predicted_is_resplit(stand_in, tmp_path, 
         s["edgetpu"]["compiled_segment"].replace(".tflite", ".log"))}
     expected |= {s["segment"] for s in plan["stages"] if s["segment"]}
     assert kept == expected
+
+
+def _slow_pcie_board(tmp_path: Path, link_bytes_per_s: float = None) -> str:
+    # The slow-CPU devboard-usb with its PCIe TPU (tpus[0]) computing at a
+    # hundredth of the USB one's rate: the split runs the USB TPU first.
+    profile = json.loads(Path(_slow_cpu_board(tmp_path, "devboard-usb")).read_text())
+    pcie, usb = profile["tpus"]
+    pcie["macs_per_s"] = pcie["elements_per_s"] = usb["macs_per_s"] / 100
+    if link_bytes_per_s is not None:
+        for tpu in profile["tpus"]:
+            tpu["link_bytes_per_s"] = link_bytes_per_s
+    path = tmp_path / "slow-pcie.json"
+    path.write_text(json.dumps(profile))
+    return str(path)
+
+
+def test_the_plan_names_the_tpus_in_the_order_the_split_runs_them(tmp_path):
+    from edgecap.plan import load_plan
+
+    result = compile_model(MODEL, _slow_pcie_board(tmp_path), tmp_path / "out", sram=20_000)
+    plan = load_plan(result.plan_path)  # the runtime reads it
+    assert [s.device for s in plan.stages] == ["usb:0", "pci:0", "cpu"]
+    assert not plan.stages[0].empty and plan.board_tpus == 2
+    # The same cuts in the profile's order (a fixed split keeps it) are slower.
+    fixed = compile_model(MODEL, _slow_pcie_board(tmp_path), tmp_path / "fixed", sram=20_000,
+                          ranges=[s.ops for s in plan.stages]).plan
+    assert [s.device for s in fixed.stages] == ["pci:0", "usb:0", "cpu"]
+    assert fixed.predicted.bottleneck_ms > plan.predicted.bottleneck_ms
+
+
+def test_a_resplit_lowers_the_budget_of_the_tpu_that_ran_the_segment(stand_in, tmp_path,
+                                                                     monkeypatch, caplog):
+    # The USB TPU (the profile's tpus[1], usb:0) runs stage 0 first. What its
+    # segment streamed beyond the prediction caps both TPUs' budgets: the
+    # segment streams as much on either, and every plan's prediction says so.
+    monkeypatch.setenv("STAND_IN_CACHE_BYTES", "2000")
+    with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
+        result = compile_model(MODEL, _slow_pcie_board(tmp_path, 1e6), tmp_path / "out",
+                               sram=60_000)
+    warned = [r.getMessage().split(": ")[0] for r in caplog.records
+              if "more than predicted" in r.getMessage()]
+    assert warned[0] == "tpu:1"
+    for stage in result.plan.stages[:2]:
+        if not stage.empty:
+            assert stage.param_bytes.streamed + STREAM_TOLERANCE >= stage.edgetpu.off_chip_bytes
 
 
 def test_a_fixed_split_is_not_resplit(stand_in, tmp_path, monkeypatch):

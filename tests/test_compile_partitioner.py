@@ -1,16 +1,23 @@
-"""Partitioner: exact against brute force, tie-break by latency, empty stages, baselines."""
+"""Partitioner: exact against brute force over cuts and TPU orders, tie-break by latency,
+empty stages, baselines."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
 
+from edgecap_compile import benchmark
 from edgecap_compile.boards import load_board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import read_graph
-from edgecap_compile.partitioner import equal_param_split, evaluate, exhaustive, partition
+from edgecap_compile.partitioner import (balanced_tpu_split, equal_param_split, evaluate,
+                                         exhaustive, orders, partition, whole_on_one_tpu)
 
 DATA = Path(__file__).parent / "data" / "compile"
 
@@ -98,3 +105,153 @@ def test_unneeded_stages_are_the_last_ones():
     split = partition([same, same.copy(), same.copy()])
     assert split.cuts == (0, 4, 4, 4)
     assert split.bottleneck_ms == pytest.approx(1.04)
+
+
+# Quarters give exact ties (empty stages, equal TPUs); floats give the rest.
+_MS = st.one_of(st.integers(0, 40).map(lambda v: v / 4), st.floats(0.0, 10.0))
+
+
+@st.composite
+def _boards(draw):
+    """``(tpus, costs)``: random non-monotone matrices for 0-4 TPUs and the CPU, some TPUs equal."""
+    tpus = draw(st.integers(0, 4))
+    n = draw(st.integers(1, 4 if tpus == 4 else 6))
+    costs = []
+    for d in range(tpus + 1):
+        if 0 < d < tpus and draw(st.booleans()):
+            costs.append(costs[draw(st.integers(0, d - 1))].copy())  # two identical accelerators
+            continue
+        c = draw(hnp.arrays(np.float64, (n + 1, n + 1), elements=_MS))
+        c[np.tril_indices(n + 1, -1)] = np.inf
+        costs.append(c)
+    return tpus, costs
+
+
+def _no_worse(a, b) -> bool:
+    # (bottleneck, latency) of a is at most b's, up to the partitioner's tolerance.
+    if a.bottleneck_ms < b.bottleneck_ms * (1 - 1e-9):
+        return True
+    return (a.bottleneck_ms <= b.bottleneck_ms * (1 + 1e-9)
+            and a.latency_ms <= b.latency_ms + 1e-9 * max(1.0, b.latency_ms))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_boards())
+def test_order_search_equals_brute_force_over_every_order_and_cut(board):
+    tpus, costs = board
+    ours, best = partition(costs, tpus), exhaustive(costs, tpus)
+    assert ours.bottleneck_ms == pytest.approx(best.bottleneck_ms, rel=1e-12)
+    assert ours.latency_ms == pytest.approx(best.latency_ms, rel=1e-12)
+    assert ours == evaluate(costs, ours.cuts, ours.order)
+    assert sorted(ours.order[:tpus]) == list(range(tpus)) and ours.order[tpus:] == (tpus,)
+    # Every fixed order: the single-order DP is exact there, and no order beats the search.
+    for head in itertools.permutations(range(tpus)):
+        ordered = [costs[d] for d in (*head, tpus)]
+        fixed, brute = partition(ordered), exhaustive(ordered)
+        assert fixed.bottleneck_ms == pytest.approx(brute.bottleneck_ms, rel=1e-12)
+        assert fixed.latency_ms == pytest.approx(brute.latency_ms, rel=1e-12)
+        assert _no_worse(ours, fixed)
+
+
+def test_orders_skip_swaps_of_identical_tpus_only():
+    a, b, cpu = (np.full((3, 3), v) for v in (1.0, 2.0, 3.0))
+    assert orders([a, b, cpu], 2) == [(0, 1, 2), (1, 0, 2)]
+    assert orders([a, a.copy(), cpu], 2) == [(0, 1, 2)]
+    assert orders([a, b, a.copy(), cpu], 3) == [(0, 1, 2, 3), (0, 2, 1, 3), (1, 0, 2, 3)]
+    assert orders([cpu], 0) == [(0,)]
+
+
+def _faster_second_tpu():
+    # devboard-usb whose PCIe TPU computes at a hundredth of the USB one's rate
+    # and whose CPU is slow (on the real profiles the tiny fixtures are best on
+    # the CPU): the order the profile lists the TPUs in is the worse one.
+    board = load_board("devboard-usb").with_sram(20_000)
+    slow = dataclasses.replace(board.tpus[0], macs_per_s=board.tpus[1].macs_per_s / 100,
+                               elements_per_s=board.tpus[1].elements_per_s / 100)
+    return board.with_device(slow).with_device(dataclasses.replace(board.cpu, macs_per_s=1e8))
+
+
+def test_a_faster_tpu_later_in_the_profile_runs_first():
+    graph = read_graph(DATA / "tiny_inception.tflite")
+    board = _faster_second_tpu()
+    model = CostModel(graph, [*board.tpus, board.cpu], rnn_ms=0.3)
+    costs = [model.matrix(k) for k in range(3)]
+    ours, fixed = partition(costs, tpus=2), partition(costs)
+    assert ours.order == (1, 0, 2)
+    assert ours.bottleneck_ms < fixed.bottleneck_ms * (1 - 1e-6)
+    assert ours == exhaustive(costs, tpus=2)
+    # The stage order's own cost model prices the same stages.
+    staged = model.in_order(ours.order)
+    assert [staged.stage(k, a, b).total_ms for k, (a, b) in enumerate(ours.ranges)] == \
+        pytest.approx(ours.stage_ms, rel=1e-12)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_mobilenet", "tiny_inception", "tiny_densenet"])
+@pytest.mark.parametrize("board_name", benchmark.BOARDS)
+@pytest.mark.parametrize("tpus", [1, 2, 3])
+def test_search_and_brute_force_agree_on_benchmark_boards(fixture, board_name, tpus,
+                                                           shipped_bundle):
+    # The benchmark's rows on its boards and window, with the demo RNN step on the
+    # CPU; a small cache makes the fixtures stream as the benchmark's CNNs do.
+    from edgecap_compile.compiler import rnn_step_ms
+
+    graph = read_graph(DATA / f"{fixture}.tflite")
+    board = load_board(board_name).with_tpus(tpus).with_sram(20_000)
+    # TPUs that differ, as on devboard-usb, the profile's first the slower.
+    slower = dataclasses.replace(board.tpus[0], link_bytes_per_s=board.tpus[0].link_bytes_per_s / 4)
+    board = board.with_device(slower)
+    rnn = rnn_step_ms(shipped_bundle / "rnn_encoder_step.tflite", board)
+    model = CostModel(graph, [*board.tpus, board.cpu], rnn, window=benchmark.WINDOW)
+    costs = [model.matrix(k) for k in range(tpus + 1)]
+    ours, best = partition(costs, tpus), exhaustive(costs, tpus)
+    assert ours.bottleneck_ms == pytest.approx(best.bottleneck_ms, rel=1e-12)
+    assert ours.latency_ms == pytest.approx(best.latency_ms, rel=1e-12)
+    prefix = np.array([model.param_bytes(0, i) for i in range(len(graph.ops) + 1)])
+    for baseline in (equal_param_split(costs, prefix, tpus), whole_on_one_tpu(costs, tpus),
+                     balanced_tpu_split(costs, tpus)):
+        assert _no_worse(ours, baseline)
+
+
+def test_baselines_take_their_best_tpu_order():
+    graph = read_graph(DATA / "tiny_densenet.tflite")
+    board = _faster_second_tpu()
+    model = CostModel(graph, [*board.tpus, board.cpu], rnn_ms=0.2)
+    costs = [model.matrix(k) for k in range(3)]
+    n = len(graph.ops)
+    prefix = np.array([model.param_bytes(0, i) for i in range(n + 1)])
+    equal = equal_param_split(costs, prefix, 2)
+    assert equal == min((evaluate(costs, equal.cuts, o) for o in [(0, 1, 2), (1, 0, 2)]),
+                        key=lambda p: (p.bottleneck_ms, p.latency_ms))
+    one = whole_on_one_tpu(costs, 2)
+    assert one.cuts == (0, n, n, n) and one.order == (1, 0, 2)  # the fast TPU alone
+    assert one.bottleneck_ms < evaluate(costs, (0, n, n, n)).bottleneck_ms
+
+
+def test_balanced_split_keeps_every_op_on_the_tpus_and_balances_them():
+    graph = read_graph(DATA / "tiny_inception.tflite")
+    board = _faster_second_tpu()
+    model = CostModel(graph, [*board.tpus, board.cpu], rnn_ms=0.3)
+    costs = [model.matrix(k) for k in range(3)]
+    n = len(graph.ops)
+    split = balanced_tpu_split(costs, 2)
+    assert split.ranges[-1] == (n, n) and split.stage_ms[-1] == pytest.approx(0.3)
+    # Brute force over the TPU cuts and orders: no TPU-only split has a smaller
+    # TPU bottleneck.
+    tpu_bottleneck = max(split.stage_ms[:2])
+    for order in [(0, 1, 2), (1, 0, 2)]:
+        for cut in range(n + 1):
+            other = evaluate(costs, (0, cut, n, n), order)
+            assert tpu_bottleneck <= max(other.stage_ms[:2]) * (1 + 1e-9)
+    assert _no_worse(partition(costs, 2), split)
+
+
+def test_an_unneeded_tpu_is_left_empty_at_the_end_of_the_chain():
+    graph = read_graph(DATA / "tiny_inception.tflite")
+    board = _faster_second_tpu()
+    useless = dataclasses.replace(board.tpus[0], macs_per_s=1e6, elements_per_s=1e6)
+    model = CostModel(graph, [useless, board.tpus[1], board.cpu], rnn_ms=0.3)
+    costs = [model.matrix(k) for k in range(3)]
+    fixed, ours = partition(costs), partition(costs, tpus=2)
+    assert fixed.ranges[0] == (0, 0)  # in the profile's order the useless TPU leads, empty
+    assert ours.order == (1, 0, 2) and ours.ranges[1][0] == ours.ranges[1][1]
+    assert ours.bottleneck_ms == fixed.bottleneck_ms and ours.latency_ms == fixed.latency_ms
