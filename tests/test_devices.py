@@ -324,13 +324,14 @@ def test_real_edgetpu_runs_a_compiled_segment_like_the_cpu(plan) -> None:
 @pytest.mark.tpu
 def test_real_edgetpu_captions_like_the_cpu(shipped_bundle) -> None:
     from conftest import SAMPLE_CLIP
-    from edgecap.autoplan import choose_plan, tpus_used
     from edgecap.bundle import load_bundle
     from edgecap.captioner import EdgeCaptioner
+    from edgecap.options import CaptionerOptions
     from edgecap.plan import single_cpu_plan
+    from edgecap.planner import choose, tpus_used
 
     bundle = load_bundle(shipped_bundle)
-    choice = choose_plan(bundle, devices.detect_hardware())
+    choice = choose(bundle, CaptionerOptions(), devices.detect_hardware())
     if not tpus_used(choice.plan):
         pytest.skip(f"no bundle plan runs on the attached EdgeTPUs: {choice.reason}")
     with EdgeCaptioner(bundle, plan=choice.plan, emulate=False) as cap:
