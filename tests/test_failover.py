@@ -424,12 +424,11 @@ def test_a_stopped_run_in_a_tpu_stage_is_no_device_failure(monkeypatch, shipped_
 
 
 def test_the_tpus_left_are_the_boards_not_only_the_plans(monkeypatch, shipped_bundle):
-    from edgecap import devices
-    from edgecap.devices import DeviceInfo
     import dataclasses
 
+    from edgecap import devices
     from edgecap.bundle import load_bundle
-    from edgecap.devices import parse_device
+    from edgecap.devices import DeviceInfo
     from edgecap.options import CaptionerOptions
     from edgecap.planner import board_tpus, choose
 
