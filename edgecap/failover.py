@@ -2,8 +2,8 @@
 
 What runs after a failure is the planner's (``edgecap.planner.choose_after``)
 and switching is the supervisor's (``edgecap.supervisor``). A ``Prober``
-thread probes each failed device again with exponential backoff (``PROBE_FIRST_S`` doubling up to ``PROBE_MAX_S``) and reports it
-when it answers, so the captioner can re-plan onto every device again.
+thread probes each failed device again with exponential backoff
+(``PROBE_FIRST_S`` doubling up to ``PROBE_MAX_S``) and reports it when it answers, so the captioner can re-plan onto every device again.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ class CaptionerOptions:
         has more TPU stages than EdgeTPUs are attached.
       devices_map: Plan device -> device to run it on, e.g. ``{"tpu:0": "cpu:1"}``
         (any spelling ``parse_device`` reads; held parsed, as ``DeviceSpec``s);
-        overrides ``emulate`` for those devices. Each device needs a worker of its own: ``cpu`` is the last
-        stage's and the RNN step's.
+        overrides ``emulate`` for those devices. Each device needs a worker of
+        its own: ``cpu`` is the last stage's and the RNN step's.
       timing_only: Emulated stages compute nothing (zero outputs): for
         scheduler benchmarks; captions are then meaningless.
       pipelined: Run each device on its own thread; False runs every step in
@@ -61,13 +61,14 @@ class CaptionerOptions:
       batch: Frames of a file source handed between devices at once. A
         hand-off costs tens of microseconds of CPU, which matters only when
         stages take well under a millisecond; a camera's newest frame is
-        always handed over alone. None: 1, or the host rule's.
+        always handed over alone. None: 1 (the host rule never batches).
       frames: Sampled frames per window (default: the bundle's).
       stride: Sampled frames between window starts (default: the bundle's).
       sample_fps: Rate frames are sampled from sources; 0 keeps every frame
         (default: the bundle's).
       num_threads: CPU threads of each CPU encoder stage's interpreter
-        (default: the physical cores, or on a CPU-only run the host rule's); the RNN step models use one.
+        (default: the physical cores, or on a CPU-only run the host rule's);
+        the RNN step models use one.
       reference_encoder: Use the bundle's float reference encoder instead of
         the int8 one (for measuring quantisation loss); CPU only.
       trace: Write a Chrome trace-event JSON of the runs here (on ``close()``

@@ -256,7 +256,17 @@ def choose(bundle: Bundle, options: CaptionerOptions, hardware: Optional[Hardwar
 
 
 def _auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, hardware: Hardware) -> Choice:
-    """``board="auto"``: the bundle's plan for the attached hardware, else the best that runs, else the CPU."""
+    """``board="auto"``: the bundle's plan for the attached hardware, else the best that runs, else the CPU.
+
+    A fallback is one warning line.
+    """
+    choice = _pick_auto(bundle, options, window, hardware)
+    if choice.fallback:
+        _log.warning("edgecap: %s", choice.reason)
+    return choice
+
+
+def _pick_auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, hardware: Hardware) -> Choice:
     attached = len(hardware.tpus)
     found = bundle_plans(bundle, window)
     usable: List[Tuple[str, Plan]] = []
@@ -274,13 +284,10 @@ def _auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, hardwar
             return _settle(bundle, options, plan, how="auto", board=board,
                            reason=f"plan for {board}: {_tpus(plan)} on {hardware.describe()}", **settle)
     if not bundle.plans:
-        choice = _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
-                         reason=f"the bundle carries no compiled plan; whole encoder on the CPU "
-                                f"({hardware.describe()})",
-                         fallback=None if not attached else "no-plan-for-board", **settle)
-        if choice.fallback:
-            _log.warning("edgecap: %s", choice.reason)
-        return choice
+        return _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
+                       reason=f"the bundle carries no compiled plan; whole encoder on the CPU "
+                              f"({hardware.describe()})",
+                       fallback=None if not attached else "no-plan-for-board", **settle)
     missing = (f"{hardware.describe()}: "
                + ("; ".join(f"plan {b}: {w}" for b, w in skipped) or f"no plan for {target or 'this board'}"))
     if options.on_missing_tpu == "fail":
@@ -289,13 +296,10 @@ def _auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, hardwar
     slug = _slug(skipped, attached)
     if usable:
         board, plan = max(usable, key=lambda bp: _rank(bp[1]))
-        choice = _settle(bundle, options, plan, how="auto", board=board, fallback=slug,
-                         reason=f"{missing}; using plan {board} ({_tpus(plan)})", **settle)
-    else:
-        choice = _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
-                         fallback=slug, reason=f"{missing}; whole encoder on the CPU", **settle)
-    _log.warning("edgecap: %s", choice.reason)
-    return choice
+        return _settle(bundle, options, plan, how="auto", board=board, fallback=slug,
+                       reason=f"{missing}; using plan {board} ({_tpus(plan)})", **settle)
+    return _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
+                   fallback=slug, reason=f"{missing}; whole encoder on the CPU", **settle)
 
 
 def cpu_instead(bundle: Bundle, options: CaptionerOptions, start: Choice, error: EdgecapError) -> Optional[Choice]:
@@ -622,14 +626,15 @@ def _unfit(plan: Plan, hardware: Hardware) -> Optional[str]:
         there = sum(1 for t in hardware.tpus if t.kind == bus)
         if on_bus > there:
             return f"needs {on_bus} {label} EdgeTPU(s), {there} attached"
-    uncompiled = [s.index for s in plan.active_stages if s.spec.kind == "tpu" and s.compiled_segment is None]
+    uncompiled = _uncompiled(plan)
     if uncompiled:
         return f"stage(s) {', '.join(map(str, uncompiled))} not compiled by edgetpu_compiler"
     return None
 
 
-def _uncompiled(plan: Plan) -> bool:
-    return any(s.spec.kind == "tpu" and s.compiled_segment is None for s in plan.active_stages)
+def _uncompiled(plan: Plan) -> List[int]:
+    """The TPU stages edgetpu_compiler did not compile (libedgetpu would run them on the CPU)."""
+    return [s.index for s in plan.active_stages if s.spec.kind == "tpu" and s.compiled_segment is None]
 
 
 def _slug(skipped: Sequence[Tuple[str, str]], attached: int) -> str:

@@ -1,8 +1,8 @@
 """What runs a plan stage: segment runners on the CPU, a Coral EdgeTPU or an emulated one.
 
 ``open_stage`` returns a ``SegmentRunner``: a callable from the tensors named
-in the plan to the tensors the stage outputs. Call it in the thread that will run the stage,
-which then owns its interpreter. Which devices exist is ``edgecap.devices``.
+in the plan to the tensors the stage outputs. Call it in the thread that will
+run the stage, which then owns its interpreter. Which devices exist is ``edgecap.devices``.
 
 An emulated EdgeTPU (``emu-tpu:N``) runs its segment on the CPU (outputs
 exact) and paces every invoke to the stage's ``predicted_ms``, so a pipeline
@@ -63,8 +63,7 @@ class SegmentRunner:
         self._names = [t.name for t in stage.outputs]
         self._zeros = {t.name: np.zeros(t.shape, dtype=t.dtype) for t in stage.outputs} if io is None else {}
         self._pace_s = None if pace_ms is None else pace_ms / 1000.0
-        if self._pace_s is not None:
-            Pacer()
+        self._pacer = None if pace_ms is None else Pacer()
         self._closed = False
         self._label = f"stage {stage.index}"
 
@@ -74,8 +73,8 @@ class SegmentRunner:
         start = time.perf_counter()
         out = self._zeros if self._io is None else self._io(tensors)
         result = {name: out[name] if name in out else tensors[name] for name in self._names}
-        if self._pace_s is not None:
-            sleep_until(start + self._pace_s)
+        if self._pacer is not None:
+            self._pacer.wait_until(start + self._pace_s)
         return result
 
     def close(self) -> None:
