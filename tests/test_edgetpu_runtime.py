@@ -8,7 +8,6 @@ finds no device, and a working stub whose delegate leaves every op to the CPU.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -17,13 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgecap import devices, edgetpu_runtime, interpreter, stages
-from edgecap.captioner import EdgeCaptioner
+from edgecap import edgetpu_runtime, interpreter, stages
 from edgecap.devices import parse_device
 from edgecap.edgetpu_runtime import Build, identify, loads, preferred_backend
 from edgecap.errors import EdgecapError
 
-from test_planner import PHANBELL, _hardware, bundle_with_plans  # noqa: F401 (a fixture)
+from test_planner import auto_on_a_dev_board_captions_on_the_cpu, bundle_with_plans  # noqa: F401 (a fixture)
 
 FAKES = Path(__file__).parent / "fake_libedgetpu"
 TINY = Path(__file__).parent / "data" / "compile" / "tiny_float.tflite"
@@ -136,14 +134,8 @@ def test_the_probe_runs_once_per_library_and_device(fakes, monkeypatch) -> None:
 def test_a_crashing_libedgetpu_makes_auto_caption_on_the_cpu(bundle_with_plans, fakes, tmp_path,  # noqa: F811
                                                               monkeypatch, caplog) -> None:
     _use(monkeypatch, fakes["segfault"])
-    hw = _hardware(tmp_path, PHANBELL, pci=1)
-    monkeypatch.setattr(devices, "detect_hardware", lambda root="/": hw)
-    with caplog.at_level(logging.WARNING, logger="edgecap"):
-        with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
-            assert cap.choice.fallback == "tpu-open-failed"
-            assert [s.device for s in cap.plan.active_stages] == ["cpu"]
-            assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
-    warnings = [r.getMessage() for r in caplog.records if "crashed the probe" in r.getMessage()]
+    logged = auto_on_a_dev_board_captions_on_the_cpu(bundle_with_plans, tmp_path, monkeypatch, caplog)
+    warnings = [w for w in logged if "crashed the probe" in w]
     assert len(warnings) == 1 and "\n" not in warnings[0]
 
 

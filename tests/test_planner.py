@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import List
 
 import numpy as np
 import pytest
@@ -135,16 +136,26 @@ def test_auto_on_this_host_warns_once_and_captions_on_the_cpu(bundle_with_plans,
     assert len([r for r in caplog.records if "no EdgeTPU" in r.getMessage()]) == 1
 
 
-def test_a_tpu_that_will_not_open_falls_back_to_the_cpu(bundle_with_plans, tmp_path, monkeypatch, caplog):
-    # auto found a Dev Board's TPU, but libedgetpu is not installed: captions, on the CPU.
+def auto_on_a_dev_board_captions_on_the_cpu(bundle: Path, tmp_path: Path, monkeypatch, caplog) -> List[str]:
+    """Runs auto on a fake Dev Board whose TPU will not open; asserts it captions on the CPU.
+
+    Returns:
+      The warning lines logged.
+    """
     hw = _hardware(tmp_path, PHANBELL, pci=1)
     monkeypatch.setattr(devices, "detect_hardware", lambda root="/": hw)
     with caplog.at_level(logging.WARNING, logger="edgecap"):
-        with EdgeCaptioner(bundle_with_plans, num_threads=1) as cap:
+        with EdgeCaptioner(bundle, num_threads=1) as cap:
             assert cap.choice.fallback == "tpu-open-failed"
             assert [s.device for s in cap.plan.active_stages] == ["cpu"]
             assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
-    assert any("libedgetpu" in r.getMessage() for r in caplog.records)
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_tpu_that_will_not_open_falls_back_to_the_cpu(bundle_with_plans, tmp_path, monkeypatch, caplog):
+    # auto found a Dev Board's TPU, but libedgetpu is not installed: captions, on the CPU.
+    warnings = auto_on_a_dev_board_captions_on_the_cpu(bundle_with_plans, tmp_path, monkeypatch, caplog)
+    assert any("libedgetpu" in w for w in warnings)
     with pytest.raises(EdgecapError, match="libedgetpu"):
         EdgeCaptioner(bundle_with_plans, num_threads=1, on_missing_tpu="fail")
 
