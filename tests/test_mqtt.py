@@ -343,7 +343,7 @@ def make_pki(directory: Path) -> Path:
     ``client`` are signed by it, and so is ``misnamed`` (a name that is not
     127.0.0.1). ``other-ca`` signs ``rogue`` (127.0.0.1, localhost): a
     certificate with the right name from a CA the sink does not trust.
-    Keys are P-256 (fast to make) and mode 0600, as openssl writes them.
+    ``client-encrypted.key`` is the client's key under a passphrase. Keys are P-256 (fast to make) and mode 0600, as openssl writes them.
     """
     def openssl(*args: str) -> None:
         subprocess.run([OPENSSL, *args], cwd=directory, check=True, capture_output=True, timeout=30)
@@ -374,6 +374,7 @@ def make_pki(directory: Path) -> Path:
     leaf("client", "ca", "DNS:edgecap-client")
     leaf("misnamed", "ca", "DNS:broker.elsewhere.example")
     leaf("rogue", "other-ca", local)
+    openssl("pkey", "-in", "client.key", "-aes256", "-passout", "pass:x", "-out", "client-encrypted.key")
     for pem in directory.glob("*.key"):
         pem.chmod(0o600)  # as openssl writes them, whatever this openssl's umask habits
     return directory
@@ -467,8 +468,8 @@ def test_the_client_certificate_is_presented_when_the_broker_requires_one(tls_br
 @pytest.mark.parametrize("tls_broker, reason", [
     ({"server": "rogue"}, "unable to get local issuer certificate"),  # signed by another CA
     ({"server": "misnamed"}, "IP address mismatch, certificate is not valid for '127.0.0.1')"),  # our CA, another name
-], indirect=["tls_broker"])
-def test_a_broker_that_fails_verification_is_refused_in_one_line(tls_broker, reason, pki, caplog):
+], indirect=["tls_broker"], ids=["another-ca", "another-name"])
+def test_a_broker_that_fails_verification_is_refused_in_one_line(tls_broker, reason, pki, caplog, capfd):
     prefix = "edgecap-" + uuid.uuid4().hex[:6]
     sink = MqttSink(tls_config(tls_broker.port, prefix, pki), reconnect_delay=FAST)
     try:
@@ -478,6 +479,7 @@ def test_a_broker_that_fails_verification_is_refused_in_one_line(tls_broker, rea
     assert line.startswith(f"MQTT broker 127.0.0.1:{tls_broker.port} refused: its TLS certificate failed "
                            f"verification ({reason}"), line
     assert "sinks.mqtt.ca_file must hold the CA that signed it" in line
+    assert "Traceback" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("tls_broker", [{"server": "rogue"}], indirect=True)
@@ -521,13 +523,9 @@ def test_a_tls_client_against_a_plain_listener_fails_clearly(broker, pki, caplog
      "sinks.mqtt.cert_file: cannot load the client certificate {pki}/client.crt with the key {pki}/server.key "
      "(key values mismatch); give a PEM certificate and its private key"),
     (lambda pki: {"cert_file": str(pki / "client.crt"), "key_file": str(pki / "client-encrypted.key")},
-     "sinks.mqtt.key_file: {pki}/client-encrypted.key is encrypted; store it decrypted"),
-])
+     "sinks.mqtt.key_file: {pki}/client-encrypted.key holds an encrypted key; store it decrypted"),
+], ids=["ca-not-a-certificate", "key-of-another-certificate", "encrypted-key"])
 def test_tls_files_that_do_not_load_are_one_line_config_errors(pki, tmp_path, make, message):
-    encrypted = pki / "client-encrypted.key"
-    if not encrypted.exists():
-        subprocess.run([OPENSSL, "pkey", "-in", str(pki / "client.key"), "-aes256", "-passout", "pass:x",
-                        "-out", str(encrypted)], check=True, capture_output=True, timeout=30)
     config = MqttSinkConfig(host="127.0.0.1", port=free_port(), tls=True, **make(pki))
     with pytest.raises(ConfigError) as info:
         tls_context(config)  # no terminal prompt for the encrypted key's password, no hang

@@ -329,7 +329,7 @@ def test_token_and_token_file_together_are_refused(tmp_path):
     ('[http]\naddress = "0.0.0.0"\ntoken = "Xq7vR2mK9pLw4tZb8nC3"\n', 3, "http.token",
      ", or move the token into a file named by http.token_file"),
     ('[sinks.mqtt]\nhost = "broker.lan"\nusername = "u"\npassword = "p"\n', 4, "sinks.mqtt.password", ""),
-])
+], ids=["http-token", "mqtt-password"])
 def test_an_inline_secret_in_a_world_readable_config_is_refused(tmp_path, secret, line, key, fix):
     path = write(tmp_path, secret + MINIMAL, mode=0o644)
     assert error_of(path) == (f"{path}:{line}: {key}: {path} holds this secret and is readable by every user; "
@@ -373,18 +373,23 @@ def test_mqtt_tls_keys_are_read_with_paths_relative_to_the_file(tmp_path):
     ('tls = true\nca_file = "nowhere.crt"\n', 4, "sinks.mqtt.ca_file: cannot read {d}/nowhere.crt (No such file"),
     ('tls = true\nca_file = "."\n', 4, "sinks.mqtt.ca_file: {d} is not a regular file; give a PEM file"),
     ('tls = true\nca_file = "fifo"\n', 4, "sinks.mqtt.ca_file: {d}/fifo is not a regular file"),
+    ('tls = true\nca_file = "huge.crt"\n', 4, "sinks.mqtt.ca_file: {d}/huge.crt is 4194305 bytes, more than a "
+                                               "PEM file of certificates (4194304 at most); give a PEM file"),
     ('tls = true\ncert_file = "client.crt"\nkey_file = "open.key"\n', 5,
      "sinks.mqtt.key_file: {d}/open.key holds the client's private key and is readable by every user; "
      "run `chmod o-r {d}/open.key`"),
     # One PEM with certificate and key: the certificate file is the private one.
     ('tls = true\ncert_file = "open.key"\n', 4,
      "sinks.mqtt.cert_file: {d}/open.key holds the client's private key and is readable by every user"),
-])
+], ids=["ca-without-tls", "insecure-without-tls", "key-without-cert", "missing", "directory", "fifo", "huge",
+        "world-readable-key", "world-readable-cert-with-key"])
 def test_bad_mqtt_tls_keys_are_one_line(tmp_path, table, line, problem):
     for name, mode in (("client.crt", 0o644), ("client.key", 0o600), ("open.key", 0o644)):
         (tmp_path / name).write_text("PEM\n")
         (tmp_path / name).chmod(mode)
     os.mkfifo(tmp_path / "fifo")  # opened, it would block: checked by stat alone
+    with open(tmp_path / "huge.crt", "wb") as f:
+        f.truncate(4 * 1024 * 1024 + 1)  # sparse: no disk
     path = write(tmp_path, '[sinks.mqtt]\nhost = "broker.lan"\n' + table + MINIMAL)
     message = error_of(path)
     assert message.startswith(f"{path}:{line}: " + problem.format(d=tmp_path)), message

@@ -52,6 +52,8 @@ CameraFps = Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)]
 Seconds = Annotated[float, msgspec.Meta(gt=0.0, le=86_400.0)]
 WindowFrames = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
 SampleFps = Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]
+# A system CA bundle is about 200 kB; OpenSSL reads a TLS file whole.
+MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
 # MQTT wildcards and NUL have no place in a topic someone publishes to.
 TopicPrefix = Annotated[str, msgspec.Meta(pattern=r"^[^#+\x00]+$", max_length=256)]
 
@@ -608,6 +610,9 @@ def _check_tls_file(path: Path, text: str, name: str, file: Path, private: bool,
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(_message(path, text, key, f"{file} is not a regular file", applied,
                                    "give a PEM file"))
+    if st.st_size > MAX_TLS_FILE_BYTES:  # OpenSSL reads it whole
+        raise ConfigError(_message(path, text, key, f"{file} is {st.st_size} bytes, more than a PEM file of "
+                                   f"certificates ({MAX_TLS_FILE_BYTES} at most)", applied, "give a PEM file"))
     if private and st.st_mode & stat.S_IROTH:
         raise ConfigError(_message(path, text, key, f"{file} holds the client's private key and is readable "
                                    "by every user", applied, f"run `chmod o-r {file}`"))

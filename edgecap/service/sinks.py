@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, NoReturn, Optional, TextIO, Tuple
 
 from edgecap.errors import ConfigError
 
@@ -281,11 +281,11 @@ def tls_context(config: "MqttSinkConfig") -> ssl.SSLContext:
                           f"({_ssl_reason(exc)}); give the PEM file of the CA that signed the "
                           "broker's certificate") from None
     if config.cert_file:
-        key = config.key_file or config.cert_file
+        key, key_name = (config.key_file, "key_file") if config.key_file else (config.cert_file, "cert_file")
 
-        def no_password() -> str:
+        def no_password() -> NoReturn:
             # Without this OpenSSL would prompt on the terminal, which a service has not.
-            raise ConfigError(f"sinks.mqtt.key_file: {key} is encrypted; store it decrypted "
+            raise ConfigError(f"sinks.mqtt.{key_name}: {key} holds an encrypted key; store it decrypted "
                               f"(`openssl pkey -in {key} -out NEW`) and `chmod o-r` it")
 
         try:
@@ -464,8 +464,7 @@ class MqttSink(Sink):
             # Closed before the broker's CONNACK: what a TLS listener does to a
             # client without TLS, or without the client certificate it requires.
             self._unreachable_said = True
-            hint = ("if it requires a client certificate, set sinks.mqtt.cert_file and key_file" if self._tls
-                    else "if it is a TLS listener (usually port 8883), set sinks.mqtt.tls = true")
+            hint = _NEEDS_CERT if self._tls else _NEEDS_TLS
             log.warning("MQTT broker %s closed the connection before accepting it (%s); %s; retrying with "
                         "backoff, buffering up to %d captions", self._where, self._last_error or reason, hint,
                         self._capacity)
@@ -531,6 +530,11 @@ class MqttSink(Sink):
             log.warning("MQTT: closing the connection to %s: %s", self._where, exc)
 
 
+# The fix for a broker that hangs up before its CONNACK.
+_NEEDS_TLS = "if it is a TLS listener (usually port 8883), set sinks.mqtt.tls = true"
+_NEEDS_CERT = "if it requires a client certificate, set sinks.mqtt.cert_file and key_file"
+
+
 def _connect_failure(cause: Optional[BaseException], tls: bool) -> str:
     """Why a connection attempt failed, in words for the log, with the fix where there is one.
 
@@ -544,10 +548,15 @@ def _connect_failure(cause: Optional[BaseException], tls: bool) -> str:
     if isinstance(cause, ssl.SSLCertVerificationError):
         return (f"refused: its TLS certificate failed verification ({_ssl_reason(cause)}); sinks.mqtt.ca_file "
                 "must hold the CA that signed it and sinks.mqtt.host a name it was issued for")
-    # A reset comes after the TCP connect: in the handshake (a plain listener hangs up on a ClientHello).
-    if isinstance(cause, ssl.SSLError) or (tls and isinstance(cause, (ConnectionResetError, BrokenPipeError))):
+    # A reset comes after the TCP connect: in the TLS handshake (a plain
+    # listener hangs up on a ClientHello), or as the CONNECT is sent (a TLS
+    # listener hangs up on plain MQTT).
+    hung_up = isinstance(cause, (ConnectionResetError, BrokenPipeError))
+    if isinstance(cause, ssl.SSLError) or (tls and hung_up):
         return (f"refused: the TLS handshake failed ({_ssl_reason(cause)}); check that the port is the "
                 "broker's TLS listener (usually 8883)")
+    if hung_up:
+        return f"closed the connection before accepting it ({_ssl_reason(cause)}); {_NEEDS_TLS}"
     if isinstance(cause, OSError):
         return f"not reachable ({_ssl_reason(cause)})"
     return "not reachable"
