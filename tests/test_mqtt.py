@@ -343,7 +343,8 @@ def make_pki(directory: Path) -> Path:
     ``client`` are signed by it, and so is ``misnamed`` (a name that is not
     127.0.0.1). ``other-ca`` signs ``rogue`` (127.0.0.1, localhost): a
     certificate with the right name from a CA the sink does not trust.
-    ``client-encrypted.key`` is the client's key under a passphrase. Keys are P-256 (fast to make) and mode 0600, as openssl writes them.
+    ``client-encrypted.key`` is the client's key under a passphrase. Keys are
+    P-256 (fast to make) and mode 0600, as openssl writes them.
     """
     def openssl(*args: str) -> None:
         subprocess.run([OPENSSL, *args], cwd=directory, check=True, capture_output=True, timeout=30)
@@ -395,7 +396,7 @@ def tls_listener(pki: Path, server: str = "server", require_certificate: bool = 
 
 @pytest.fixture
 def tls_broker(tmp_path, pki, request):
-    """A TLS-only broker; ``@pytest.mark.parametrize("tls_broker", [{...}], indirect=True)`` passes tls_listener's options."""
+    """A TLS-only broker; an indirect parametrize of ``tls_broker`` passes tls_listener's options."""
     if MOSQUITTO is None:
         pytest.skip("mosquitto is not installed (apt-get install mosquitto; .ci/run does)")
     b = Broker(tmp_path, tls_listener(pki, **getattr(request, "param", {})))
