@@ -13,9 +13,12 @@ import hashlib
 import os
 import re
 import shutil
+import signal
+import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -196,6 +199,65 @@ def test_hardening_leaves_the_tpu_usb_and_camera_reachable(tmp_path):
     # systemd calls < 2.0 "OK"; this unit is at 1.5 (systemd 252) after giving up
     # PrivateDevices=, PrivateNetwork= and MemoryDenyWriteExecute= for good reasons.
     assert level <= 2.0, text
+
+
+# --- stopping before READY=1 -----------------------------------------------------
+
+
+def catches_sigterm(pid: int) -> bool:
+    """True once the process has a SIGTERM handler (SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs Linux /proc")
+@pytest.mark.parametrize("delay", [0.0, 0.1])
+def test_sigterm_before_ready_is_a_clean_stop(tmp_path, delay):
+    """systemd may stop the unit while it starts (a TimeoutStartSec=, a `systemctl stop`
+    during boot): the main process must exit 0, not 143, or systemd logs a failure."""
+    config = tmp_path / "edgecap.toml"
+    # A device camera that is not there: the service starts and waits for it, so
+    # READY=1 would come only after stall_seconds (60 s), long after the signal.
+    config.write_text(f'bundle = "{REPO / "models/demo/bundle"}"\n[http]\nport = 0\n'
+                      '[[cameras]]\nname = "gone"\nsource = "/dev/video99"\nstall_seconds = 60.0\n')
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.setblocking(False)
+    env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "notify.sock"), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "edgecap.cli", "serve", "--config", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        # The handler goes in as the command starts, before the service's imports and
+        # its bundle load: a signal now lands in the start, the window systemd hits.
+        while not catches_sigterm(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.005)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    said = []
+    while True:
+        try:
+            said.append(notify.recv(4096).decode())
+        except BlockingIOError:
+            break
+    notify.close()
+    assert not any("READY=1" in m for m in said), said
+    assert proc.returncode == 0, (proc.returncode, stderr)
+    assert "Traceback" not in stderr, stderr
+
+
+def test_the_unit_counts_143_as_a_clean_stop():
+    # serve exits 0 on a stop (above); 143 is what every other edgecap command exits
+    # on SIGTERM (edgecap.command), kept clean here should a stop ever end that way.
+    service = unit_entries(UNIT.read_text())["Service"]
+    assert "143" in " ".join(values(service, "SuccessExitStatus")).split()
 
 
 # --- udev -----------------------------------------------------------------------
