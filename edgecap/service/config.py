@@ -29,7 +29,7 @@ else:  # pragma: no cover - exercised on Python 3.9/3.10 only
     import tomli as tomllib
 
 from edgecap import schema
-from edgecap.errors import ConfigError
+from edgecap.errors import ConfigError, SourceError
 
 try:  # Annotated is in typing from 3.9 on
     from typing import Annotated, Literal
@@ -240,7 +240,8 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
     Raises:
       ConfigError: One line naming the file, the line and the key, for an
         unreadable file, malformed TOML, an unknown key, a wrong type, a value
-        out of range, duplicate or malformed camera names, an off-loopback
+        out of range, duplicate or malformed camera names, a file camera that is
+        missing or not a video (a device camera may be absent), an off-loopback
         address without a token, or a token file that is unreadable or
         readable by everyone.
     """
@@ -269,6 +270,7 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
         raise ConfigError(f"{path}: override {bad[0] if bad else '?'}: {schema.NOT_UNICODE} (bytes that are "
                           "not UTF-8?); pass UTF-8 text") from None
     _check_names(path, text, config, applied)
+    _check_sources(path, text, config, applied)
     return _check_http(path, text, config, applied)
 
 
@@ -512,6 +514,27 @@ def _check_names(path: Path, text: str, config: ServiceConfig, applied: Sequence
                 path, text, ("cameras", i, "source"),
                 f"{camera.source!r} is a network stream, which edgecap does not read yet", applied,
                 "use a V4L2 device (/dev/videoN), a camera index or a video file"))
+
+
+def _check_sources(path: Path, text: str, config: ServiceConfig, applied: Sequence[Key]) -> None:
+    """Refuses a file camera that is missing or not a video; a device camera may come later.
+
+    A file cannot appear by itself, so a wrong one is a config error at start
+    (exit 2, which the unit does not restart); a device (/dev/videoN, an index)
+    may be plugged in after the service starts, and the service waits for it.
+    """
+    # Imported here, not at the top: the cameras module loads OpenCV.
+    from edgecap.service.cameras import check_file_source, is_device_source
+
+    for i, camera in enumerate(config.cameras):
+        if is_device_source(camera.source):
+            continue
+        try:
+            check_file_source(camera.source)
+        except SourceError as exc:
+            raise ConfigError(_message(
+                path, text, ("cameras", i, "source"), str(exc), applied,
+                "only a device camera (/dev/videoN, an index) may be absent at start")) from None
 
 
 def is_loopback(address: str) -> bool:
