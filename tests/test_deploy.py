@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -253,8 +254,6 @@ def test_the_unit_bounds_files_tasks_and_memory():
     # Each camera has a feed thread and a reader thread: the most cameras the config
     # accepts must fit, with the pipeline's, the page's and the sinks' threads.
     config = pytest.importorskip("edgecap.service.config")
-    import typing
-
     cameras = typing.get_type_hints(config.ServiceConfig, include_extras=True)["cameras"]
     most = next(m.max_length for m in cameras.__metadata__ if getattr(m, "max_length", None))
     assert 2 * most + 64 <= tasks <= 1024
