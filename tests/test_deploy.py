@@ -326,6 +326,25 @@ def test_the_unit_counts_143_as_a_clean_stop():
     assert "143" in " ".join(values(service, "SuccessExitStatus")).split()
 
 
+# --- exit 2 at start: what the unit does not restart ---------------------------------
+
+
+def test_a_bad_camera_file_stops_serve_at_start_with_one_line_and_exit_2(tmp_path):
+    # RestartPreventExitStatus=2: a file camera that is not there cannot come back by
+    # itself (tests/test_camera_config.py has the cases; a device camera is waited for).
+    path = tmp_path / "edgecap.toml"
+    path.write_text('[[cameras]]\nname = "front"\nsource = "gone.mp4"\n')
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "edgecap.cli", "serve", "--config", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "2" in values(unit_entries(UNIT.read_text())["Service"], "RestartPreventExitStatus")[0].split()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cameras[0].source" in lines[0] and "no such video file" in lines[0]
+    # At start, not after the camera's stall time and retries (stall_seconds is 20 s).
+    assert time.monotonic() - started < 20
+
+
 # --- no wait for network-online.target ------------------------------------------
 
 
