@@ -5,7 +5,8 @@ compiler (``compile``, ``calibrate``) is imported only when those commands
 run, so the runtime's commands never load it. SIGINT and SIGTERM stop any
 command with the exit policy every edgecap command shares
 (``edgecap.command.run_command``): the run in progress is closed on the way
-out, and the exit code is 130 for SIGINT and 143 for SIGTERM.
+out, and the exit code is 130 for SIGINT and 143 for SIGTERM (0 for ``serve``,
+which a stop ends normally).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
 from edgecap import __version__
 from edgecap.bundle import DEMO_DIR, default_bundle
-from edgecap.command import run_command
+from edgecap.command import EXIT_SIGTERM, run_command
 from edgecap.errors import EdgecapError
 from edgecap.outputs import atomic_path, check_output, write_text
 
@@ -535,9 +536,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Returns:
       The exit code: 0 on success, 2 on bad input, 130 on SIGINT (Ctrl-C),
-      143 on SIGTERM.
+      143 on SIGTERM; ``serve`` exits 0 on SIGTERM.
     """
-    return run_command("edgecap", lambda: run(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # SIGTERM is how systemd stops a service, at any point of its life: for serve it
+    # is the normal end (0), also during the start, before READY=1, where 143 would
+    # count as a failure. serve's own handler takes over once it runs (Service.run).
+    sigterm_exit = 0 if argv[:1] == ["serve"] else EXIT_SIGTERM
+    return run_command("edgecap", lambda: run(argv), sigterm_exit)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def _sigterm_like_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_command(prog: str, body: Callable[[], int]) -> int:
+def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIGTERM) -> int:
     """Runs a command's body with ``edgecap``'s exit policy.
 
     Bad input is one line, ``PROG: error: ...``, and exit code 2; SIGINT
@@ -54,6 +54,8 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
     Args:
       prog: The command's name, for the error line (e.g. ``edgecap caption``).
       body: Does the work; returns the exit code.
+      sigterm_exit: The exit code of a SIGTERM that unwinds the body: 0 for a
+        service, whose normal end is a stop (``edgecap serve``).
 
     Returns:
       The exit code.
@@ -65,7 +67,7 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except Terminated:
-        return EXIT_SIGTERM
+        return sigterm_exit
     except KeyboardInterrupt:
         return EXIT_SIGINT
     except BrokenPipeError:  # e.g. `edgecap caption clip.mp4 | head -1`

@@ -124,7 +124,8 @@ def test_absent_keys_take_the_documented_defaults(tmp_path):
 def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     etc = tmp_path / "etc"
     etc.mkdir()
-    (etc / "clip.mp4").write_bytes(b"")
+    # A real video: a file camera that is not one is refused (tests/test_camera_config.py).
+    (etc / "clip.mp4").write_bytes((Path(__file__).parent.parent / "models/demo/sample.mp4").read_bytes())
     write(etc, """\
         bundle = "bundle"
         plan = "plans/devboard"

@@ -36,7 +36,7 @@ else:  # pragma: no cover - exercised on Python 3.9/3.10 only
     import tomli as tomllib
 
 from edgecap import schema
-from edgecap.errors import ConfigError
+from edgecap.errors import ConfigError, SourceError
 
 try:  # Annotated is in typing from 3.9 on
     from typing import Annotated, Literal
@@ -266,7 +266,8 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
     Raises:
       ConfigError: One line naming the file, the line and the key, for an
         unreadable file, malformed TOML, an unknown key, a wrong type, a value
-        out of range, duplicate or malformed camera names, an off-loopback
+        out of range, duplicate or malformed camera names, a file camera that is
+        missing or not a video (a device camera may be absent), an off-loopback
         address without a token, a token file or MQTT private key that is
         unreadable or readable by everyone, MQTT TLS files without ``tls``, or
         an inline token or MQTT password in a file readable by everyone.
@@ -298,6 +299,7 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
                           "not UTF-8?); pass UTF-8 text") from None
     _check_names(path, text, config, applied)
     _check_mqtt(path, text, config.sinks.mqtt, applied)
+    _check_sources(path, text, config, applied)
     return _check_http(path, text, config, applied)
 
 
@@ -619,6 +621,27 @@ def _check_tls_file(path: Path, text: str, name: str, file: Path, private: bool,
     if not os.access(file, os.R_OK):
         raise ConfigError(_message(path, text, key, f"cannot read {file} (permission denied)", applied,
                                    "make it readable by the service's user (its group may read it)"))
+
+
+def _check_sources(path: Path, text: str, config: ServiceConfig, applied: Sequence[Key]) -> None:
+    """Refuses a file camera that is missing or not a video; a device camera may come later.
+
+    A file cannot appear by itself, so a wrong one is a config error at start
+    (exit 2, which the unit does not restart); a device (/dev/videoN, an index)
+    may be plugged in after the service starts, and the service waits for it.
+    """
+    # Imported here, not at the top: the cameras module loads OpenCV.
+    from edgecap.service.cameras import check_file_source, is_device_source
+
+    for i, camera in enumerate(config.cameras):
+        if is_device_source(camera.source):
+            continue
+        try:
+            check_file_source(camera.source)
+        except SourceError as exc:
+            raise ConfigError(_message(
+                path, text, ("cameras", i, "source"), str(exc), applied,
+                "only a device camera (/dev/videoN, an index) may be absent at start")) from None
 
 
 def is_loopback(address: str) -> bool:

@@ -103,26 +103,26 @@ class Service:
                                      max_caption_age_s=max(60.0, 4 * longest))
             self.http.start()  # a port in use fails here, before any camera opens
             self._closers.append(self.http)
-        except BaseException:
+            self.feeds = [CameraFeed(self._spec(c), on_state=self._on_state, on_frame=self._on_frame,
+                                     on_drop=self._on_drop, on_reconnect=self._on_reconnect)
+                          for c in config.cameras]
+            self.mux = CameraMux(self.feeds)
+            self._names = names
+            self._stopping = threading.Event()
+            self._stop_by: Optional[float] = None
+            self._drain_timer: Optional[threading.Timer] = None
+            self._processed: Dict[str, int] = dict.fromkeys(names, 0)
+            self._counted: Dict[str, int] = dict.fromkeys(names, 0)  # at the last stats period
+            self._read: Dict[str, int] = dict.fromkeys(names, 0)
+            self._latency: Dict[str, List[float]] = {n: [] for n in names}
+            self._last_jpeg: Dict[str, float] = dict.fromkeys(names, 0.0)
+            self._last_stats = time.monotonic()
+            self._failovers = 0  # failovers counted in the metrics so far
+            # Enumerated once: the attached TPUs do not change under a running plan.
+            self._tpus = devices.list_devices()[1:]
+        except BaseException:  # a bad value, or SIGTERM while starting: close what opened
             self._close_all()
             raise
-        self.feeds = [CameraFeed(self._spec(c), on_state=self._on_state, on_frame=self._on_frame,
-                                 on_drop=self._on_drop, on_reconnect=self._on_reconnect)
-                      for c in config.cameras]
-        self.mux = CameraMux(self.feeds)
-        self._names = names
-        self._stopping = threading.Event()
-        self._stop_by: Optional[float] = None
-        self._drain_timer: Optional[threading.Timer] = None
-        self._processed: Dict[str, int] = dict.fromkeys(names, 0)
-        self._counted: Dict[str, int] = dict.fromkeys(names, 0)  # at the last stats period
-        self._read: Dict[str, int] = dict.fromkeys(names, 0)
-        self._latency: Dict[str, List[float]] = {n: [] for n in names}
-        self._last_jpeg: Dict[str, float] = dict.fromkeys(names, 0.0)
-        self._last_stats = time.monotonic()
-        self._failovers = 0  # failovers counted in the metrics so far
-        # Enumerated once: the attached TPUs do not change under a running plan.
-        self._tpus = devices.list_devices()[1:]
 
     def _spec(self, c: Any) -> CameraSpec:
         return CameraSpec(name=c.name, source=c.source, width=c.width, height=c.height, fps=c.fps,
@@ -202,9 +202,11 @@ class Service:
             code = 1
         finally:
             self.notifier.stopping()
+            # Closed before the handlers go back: a second SIGTERM while the sinks
+            # flush only asks for the stop under way again.
+            self.close()
             for s, handler in old.items():
                 signal.signal(s, handler)
-            self.close()
         return code
 
     def _frame(self, result: FrameResult, now: float) -> None:
