@@ -6,8 +6,9 @@ next (``planner.choose_after``), starts that pipeline and resumes every
 stream where its captions stopped: in file mode the frames of each window not
 yet captioned are run again (nothing is lost); in live mode the frames in
 flight and the windows open then are lost and counted. A ``Prober`` re-probes
-each failed device (``edgecap.failover``); when one answers again the
-supervisor switches back after the next frame.
+each failed device (``edgecap.failover``), waiting longer after each failure
+of a device that keeps failing; when one answers again the supervisor
+switches back after the next frame.
 """
 
 from __future__ import annotations
@@ -327,11 +328,15 @@ class Supervisor:
             fin, fout, drop = self._carried
             self._carried = (fin + s.frames_in, fout + s.frames_out, drop + s.dropped)
         back: List[DeviceSpec] = []
+        reprobe = ""
         if cause is not None:
             failed = self._by_name[cause.device]
             device, kind, detail = cause.device, cause.kind, str(cause)
             self._failed.append(failed)
-            self._prober.watch(failed)
+            wait = self._prober.watch(failed)
+            strikes = self._prober.strikes(failed)
+            reprobe = f"; probing {device} again in {wait:g} s" + (
+                f" (failure {strikes} in a row: damped)" if strikes > 1 else "")
         else:
             with self._lock:
                 back, self._returned = self._returned, []
@@ -383,7 +388,7 @@ class Supervisor:
         if self._tracer is not None:
             self._tracer.instant("failover", t0, {k: v for k, v in dataclasses.asdict(record).items()
                                                   if k not in ("at", "took_s")})
-        _log.warning("edgecap: %s; now %s (%s)", detail, record.plan_after, choice.how)
+        _log.warning("edgecap: %s; now %s (%s)%s", detail, record.plan_after, choice.how, reprobe)
         return resume
 
     def _choose(self) -> Choice:

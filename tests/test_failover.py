@@ -15,7 +15,7 @@ import pytest
 from edgecap import faults
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import DeviceFailed
-from edgecap.failover import PROBE_FIRST_S, Prober
+from edgecap.failover import Prober, Reprobe, load_recovery
 from edgecap.sources import Frame, open_source
 
 FRAMES = 160  # 20 windows of the demo bundle
@@ -209,8 +209,38 @@ def test_the_prober_backs_off_until_the_device_answers():
     gaps = np.diff([t0] + calls)
     assert len(calls) == 3 and prober.watched == []
     # 0.25 s, then 0.5 s, then 1 s: each wait at least its backoff, and longer than the one before.
-    assert all(g >= PROBE_FIRST_S * 2 ** i - 0.02 for i, g in enumerate(gaps)), gaps
+    assert all(g >= load_recovery().reprobe.first_s * 2 ** i - 0.02 for i, g in enumerate(gaps)), gaps
     assert gaps[2] > gaps[1] > gaps[0]
+
+
+def test_a_flapping_device_waits_longer_after_each_failure_until_it_runs_a_stable_period():
+    policy = Reprobe(first_s=0.01, max_s=0.04, stable_s=0.5)
+    back = threading.Event()
+    prober = Prober(lambda device: back.set(), lambda device: True, policy)
+
+    def fail_and_return() -> float:
+        back.clear()
+        wait = prober.watch("emu-tpu:0")
+        assert back.wait(10)
+        return wait
+
+    try:
+        # Each failure soon after the device was taken back doubles the first wait, up to max_s.
+        assert [fail_and_return() for _ in range(4)] == [0.01, 0.02, 0.04, 0.04]
+        assert prober.strikes("emu-tpu:0") == 4
+        time.sleep(policy.stable_s + 0.1)  # it runs a stable period: the next failure is a first one
+        assert fail_and_return() == 0.01 and prober.strikes("emu-tpu:0") == 1
+        assert prober.watch("emu-tpu:1") == 0.01  # each device has its own count
+    finally:
+        prober.close()
+
+
+def test_the_reprobe_policy_is_read_from_its_data_file_with_its_reasons():
+    policy = load_recovery().reprobe
+    assert 0 < policy.first_s < policy.max_s < policy.stable_s
+    assert set(policy.why) == {"first_s", "max_s", "stable_s"}
+    assert policy.first_wait(1) == policy.first_s and policy.first_wait(2) == 2 * policy.first_s
+    assert policy.first_wait(10_000) == policy.max_s
 
 
 @pytest.mark.parametrize("action", ["abort", "segv"])
