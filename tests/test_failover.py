@@ -318,6 +318,50 @@ def test_a_malformed_fault_is_one_line(text):
         faults.inject(text)
 
 
+@pytest.mark.parametrize("text, why", [
+    ("cpu=fail@100", "cpu is the CPU"),
+    ("cpu:1=hang@3", "cpu:1 is the CPU"),
+])
+def test_a_fault_on_the_cpu_is_refused_in_one_line(text, why):
+    from edgecap.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        faults.inject(text)
+    message = str(info.value)
+    assert "\n" not in message and f"fault {text!r} can never fire" in message and why in message
+
+
+def test_a_fault_names_its_device_as_the_worker_is_named():
+    (fault,) = faults.parse("EMU-TPU:01=fail@3+1s")
+    assert (fault.device, str(fault)) == ("emu-tpu:1", "emu-tpu:1=fail@3+1s")
+
+
+@pytest.mark.parametrize("entry, have", [
+    ("emu-tpu:2=fail@10", "its EdgeTPUs are emu-tpu:0, emu-tpu:1"),  # devboard-usb has two
+    ("tpu:0=hang@5", "its EdgeTPUs are emu-tpu:0, emu-tpu:1"),       # a real one, on an emulated board
+])
+def test_the_caption_command_refuses_a_fault_for_a_tpu_the_board_lacks(shipped_bundle, monkeypatch, capsys,
+                                                                        entry, have):
+    from edgecap.cli import main
+
+    monkeypatch.setenv(faults.ENV, entry)
+    monkeypatch.setattr(faults, "_plan", None)  # read $EDGECAP_FAULTS again
+    code = main(["caption", "--bundle", str(shipped_bundle), "--board", "devboard-usb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"EDGECAP_FAULTS: fault {entry!r} can never fire" in err[0] and have in err[0], err
+
+
+def test_the_caption_command_refuses_a_fault_on_the_cpu(shipped_bundle, monkeypatch, capsys):
+    from edgecap.cli import main
+
+    monkeypatch.setenv(faults.ENV, "cpu=fail@100")
+    monkeypatch.setattr(faults, "_plan", None)
+    code = main(["caption", "--bundle", str(shipped_bundle), "--board", "devboard-usb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "'cpu=fail@100' can never fire" in err[0], err
+
+
 def test_a_fault_fires_once_at_its_invoke_and_the_device_answers_after_its_delay():
     plan = faults.inject("emu-tpu:0=vanish@2+0.1s")
     assert [plan.take("emu-tpu:0") for _ in range(2)] == [None, None]
