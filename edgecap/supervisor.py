@@ -14,7 +14,10 @@ switches back after the next frame.
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -36,6 +39,30 @@ from edgecap.trace import Tracer
 _log = logging.getLogger("edgecap")
 
 Items = Iterator[Tuple[Optional[Hashable], Optional[Frame]]]
+
+
+@functools.lru_cache(maxsize=None)
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+def _release_freed_memory() -> None:
+    """Returns the C heap's free pages to the system, after a switch of pipelines.
+
+    Each new pipeline starts new worker threads, and glibc gives threads
+    malloc arenas of their own that keep what the old threads freed: without
+    this the soak's resident memory grew +5.4 % over 18 switches in 10,000
+    frames, +0.5 % with ``MALLOC_ARENA_MAX=2`` (docs/soak.md). A switch is
+    rare and this takes milliseconds, once the new pipeline runs.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -256,6 +283,7 @@ class Supervisor:
                         self._failovers[-1] = dataclasses.replace(
                             self._failovers[-1], took_s=round(time.perf_counter() - pending, 4))
                         pending = None
+                        _release_freed_memory()  # once the new pipeline runs: not in the failover's time
                     if not source.consumed(job):
                         continue
                     yield job
