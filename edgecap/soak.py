@@ -12,8 +12,9 @@ an EdgeTPU the running plan uses (its TPU workers in turn: the plan changes
 as devices fail and return, and a fault on a device the plan leaves idle
 would never fire), each device answering probes again ``--back`` s later, so
 the runtime fails over and takes the device back again and again. A fault
-waits, if it must, until the one before has fired, its device answers again
-and the running plan has an EdgeTPU. It measures:
+waits, if it must, until the one before has fired and the running plan has
+an EdgeTPU; one whose device the plan leaves before it fires (a device taken
+back) moves to the plan's EdgeTPU. It measures:
 
 * resident memory (psutil) after ``--warmup`` frames and at the end: growth
   goal under 5 %;
