@@ -145,7 +145,9 @@ def test_the_loop_tells_systemd_ready_pings_the_watchdog_and_says_stopping(tmp_p
     assert ready >= first_frame[0]  # not before a frame went through (the camera's stall is 30 s)
     pings = notifier.times("WATCHDOG=1")
     assert len(pings) >= 3 and pings[0] - t0 < 0.5, pings
-    assert all(b - a >= 0.05 for a, b in zip(pings, pings[1:]))  # at its period, not per result
+    # At its period, not per result (every 10 ms): the loop times a ping by the result before it and
+    # the notifier by the call, so on a loaded host one gap may come in a little under 50 ms.
+    assert all(b - a >= 0.03 for a, b in zip(pings, pings[1:])), np.diff(pings)
     assert len(pings) <= (end - t0) / 0.05 + 1
     status = [fields for _, fields in notifier.sent if any(f.startswith("STATUS=") for f in fields)]
     assert status and "front" in " ".join(status[0])
