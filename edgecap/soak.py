@@ -178,7 +178,7 @@ class _Injector:
         fault = self._fault(tpus[k % len(tpus)], self._schedule[k][1])
         self._plan.add(fault)
         self._faults.append(fault)
-        self.injected.append(f"{fault.device}={fault.action}@+0+{self._back_s:g}s (frame {frame})")
+        self.injected.append(f"{fault} (frame {frame})")
 
 
 def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warmup: int = 5_000,
