@@ -59,9 +59,10 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
     Bad input is one line, ``PROG: error: ...``, and exit code 2; a failure
     at run time (``RunFailure``, e.g. a CPU stage that raised) is one line
     too and exit code 1, its traceback logged at debug level (the
-    ``edgecap`` logger) and printed with ``$EDGECAP_DEBUG`` set; SIGINT (Ctrl-C) and SIGTERM unwind the body (its
-    ``with`` blocks close pipelines and discard half-written outputs) and
-    exit 130 and 143, without a traceback.
+    ``edgecap`` logger) and printed with ``$EDGECAP_DEBUG`` set; SIGINT
+    (Ctrl-C) and SIGTERM unwind the body (its ``with`` blocks close
+    pipelines and discard half-written outputs) and exit 130 and 143,
+    without a traceback.
 
     Args:
       prog: The command's name, for the error line (e.g. ``edgecap caption``).
