@@ -341,7 +341,9 @@ class EdgeCaptioner:
         self.window = opts.window(self.bundle.window)
         choice = planner.choose(self.bundle, opts)
         # Before anything opens: a fault for a device this board lacks could never fire.
-        faults.current().check(planner.board_tpus(choice))
+        pending = faults.current()
+        if pending:
+            pending.check(planner.board_tpus(choice))
         model_in, model_out = choice.plan.inputs[0], choice.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
         self._output_quantization = model_out.quantization
