@@ -441,8 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of the ``edgecap`` command (imports no handler's modules)."""
     parser = argparse.ArgumentParser(
         prog="edgecap", description="Caption video on ARM boards with Coral EdgeTPUs.",
-        epilog="Bad input exits with code 2 and one line on stderr; SIGINT exits with 130, "
-               "SIGTERM with 143.")
+        epilog="Bad input exits with code 2 and one line on stderr; a failure at run time with 1 "
+               "and one line (EDGECAP_DEBUG=1 adds its traceback); SIGINT exits with 130, SIGTERM with 143.")
     parser.add_argument("--version", action="version", version=f"edgecap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -535,8 +535,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       argv: Arguments without the program name (default: ``sys.argv[1:]``).
 
     Returns:
-      The exit code: 0 on success, 2 on bad input, 130 on SIGINT (Ctrl-C),
-      143 on SIGTERM; ``serve`` exits 0 on SIGTERM.
+      The exit code: 0 on success, 2 on bad input, 1 on a failure at run
+      time, 130 on SIGINT (Ctrl-C), 143 on SIGTERM; ``serve`` exits 0 on
+      SIGTERM.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     # SIGTERM is how systemd stops a service, at any point of its life: for serve it

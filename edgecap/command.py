@@ -1,4 +1,5 @@
-"""The exit policy every edgecap command shares: one line and 2 on bad input, 130 on Ctrl-C, 143 on SIGTERM.
+"""The exit policy every edgecap command shares: one line and 2 on bad input, one line and 1 on a
+failure at run time, 130 on Ctrl-C, 143 on SIGTERM.
 
 ``run_command`` wraps a command's body: the ``edgecap`` command line
 (``edgecap.cli``) and the scripts beside it (``tools/``, the compiler's
@@ -12,15 +13,23 @@ signal number, what a shell reports for a process the signal killed.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import signal
 import sys
 import threading
+import traceback
 from typing import Any, Callable, Iterator
 
-from edgecap.errors import EdgecapError
+from edgecap.errors import EdgecapError, RunFailure
 
+EXIT_RUN_FAILURE = 1
+# Set (to anything but empty), a failure at run time prints its traceback too.
+DEBUG_ENV = "EDGECAP_DEBUG"
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+
+_log = logging.getLogger("edgecap")
 
 
 class Terminated(KeyboardInterrupt):
@@ -47,9 +56,13 @@ def _sigterm_like_ctrl_c() -> Iterator[None]:
 def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIGTERM) -> int:
     """Runs a command's body with ``edgecap``'s exit policy.
 
-    Bad input is one line, ``PROG: error: ...``, and exit code 2; SIGINT
-    (Ctrl-C) and SIGTERM unwind the body (its ``with`` blocks close pipelines
-    and discard half-written outputs) and exit 130 and 143, without a traceback.
+    Bad input is one line, ``PROG: error: ...``, and exit code 2; a failure
+    at run time (``RunFailure``, e.g. a CPU stage that raised) is one line
+    too and exit code 1, its traceback logged at debug level (the
+    ``edgecap`` logger) and printed with ``$EDGECAP_DEBUG`` set; SIGINT
+    (Ctrl-C) and SIGTERM unwind the body (its ``with`` blocks close
+    pipelines and discard half-written outputs) and exit 130 and 143,
+    without a traceback.
 
     Args:
       prog: The command's name, for the error line (e.g. ``edgecap caption``).
@@ -66,6 +79,13 @@ def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIG
     except EdgecapError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except RunFailure as e:
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        else:
+            _log.debug("%s: %s", prog, e, exc_info=True)
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILURE
     except Terminated:
         return sigterm_exit
     except KeyboardInterrupt:

@@ -25,8 +25,9 @@ MAX_WINDOW_FRAMES = 10_000
 MAX_SAMPLE_FPS = 10_000.0
 MAX_QUEUE = 1024
 MAX_DEADLINE = 1e6
-# A stage's first invoke may take this many times its deadline: a delegate
-# loads the segment's parameters onto the EdgeTPU then.
+# The first invoke of a stage the plan predicts no time for may take this many
+# times its deadline: a delegate loads the segment's parameters onto the EdgeTPU
+# then, and there is no prediction to base that on (edgecap.planner.deadlines).
 FIRST_INVOKE_GRACE = 10.0
 
 
@@ -81,8 +82,8 @@ class CaptionerOptions:
         its device is treated as failed.
       deadline_floor_s: The shortest deadline, in seconds: what a loaded host
         may add to an invoke without it counting as hung. A stage's first
-        invoke gets ``FIRST_INVOKE_GRACE`` times its deadline (a delegate
-        loads the segment's parameters then).
+        invoke also gets the predicted time of loading its parameters onto
+        the EdgeTPU (``edgecap.planner.deadlines``).
       isolate: Run EdgeTPU stages (real or emulated) in worker processes, so
         that a native crash (libedgetpu's abort) kills the worker, not the
         captioner; CPU stages always run in-process. None isolates real

@@ -38,7 +38,7 @@ import cv2
 from edgecap import devices
 from edgecap.bundle import WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner, FrameResult
-from edgecap.errors import EdgecapError, RunCancelled
+from edgecap.errors import EdgecapError, RunCancelled, RunFailure
 from edgecap.options import CaptionerOptions
 from edgecap.service.cameras import CameraFeed, CameraMux, CameraSpec
 from edgecap.service.config import ServiceConfig
@@ -164,7 +164,8 @@ class Service:
 
         Returns:
           0 after a stop; 1 when a stage failed at run time and could not fail
-          over (one error line is logged), which systemd's
+          over, or a CPU step raised (one error line is logged, the
+          traceback at debug level), which systemd's
           ``Restart=on-failure`` restarts. An EdgeTPU that fails is re-planned
           around by the captioner (``edgecap_failovers_total``) and the service
           goes on. Exit code 2 stays for bad input found before the start,
@@ -197,7 +198,11 @@ class Service:
                     last_stats = now
         except RunCancelled:
             _log.warning("edgecap: a stage did not drain within %.0f s; stopped it", STOP_BUDGET_S)
-        except EdgecapError as exc:
+        except (EdgecapError, RunFailure) as exc:
+            # A CPU step that raised (RunFailure) fails every camera's run, not one camera's:
+            # a fresh process is the restart that can help, so the service exits through its
+            # drain (STOPPING=1, the captioner closed) and systemd restarts it.
+            _log.debug("edgecap: the run failed", exc_info=True)
             _log.error("edgecap: error: %s; exiting for systemd to restart the service", exc)
             code = 1
         finally:
