@@ -45,6 +45,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edgecap import files
 from edgecap.bundle import load_bundle
 from edgecap.command import run_command
 from edgecap.interpreter import make_cpu_interpreter
@@ -102,7 +103,7 @@ def chain_matches(model: Path, plan_dir: Path, inputs: int = 3) -> bool:
     inputs, and compares the model outputs with the whole model's and every boundary
     tensor with the whole graph's run in one interpreter (with random weights a
     softmax output can be the same for every input, so the outputs alone prove little)."""
-    plan = json.loads((plan_dir / "plan.json").read_text())
+    plan = json.loads(files.read_regular(plan_dir / "plan.json", "json")[0])
     graph = read_graph(model)
     index = {t.name: t.index for t in graph.tensors}
     boundaries = sorted({index[t["name"]] for s in plan["stages"] for t in s["outputs"]

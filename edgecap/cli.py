@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
-from edgecap import __version__
+from edgecap import __version__, files
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import run_command
 from edgecap.errors import EdgecapError
@@ -112,7 +112,8 @@ def _cmd_caption(args: argparse.Namespace) -> int:
         source = str(DEMO_DIR / "sample.mp4")
         truth = DEMO_DIR / "sample.json"
         if truth.is_file():
-            expected = [w["caption"] for w in json.loads(truth.read_text())["windows"]]
+            doc = json.loads(files.read_bytes(truth, what="ground truth", fix="reinstall edgecap"))
+            expected = [w["caption"] for w in doc["windows"]]
     captions = []
     with EdgeCaptioner(bundle, _captioner_options(args)) as cap:
         weights = cap.bundle.weights

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 from pathlib import Path
@@ -97,15 +96,14 @@ def test_a_directory_where_bundle_json_belongs(bundle_copy: Path) -> None:
 def test_unreadable_files_are_named_as_such(bundle_copy: Path, monkeypatch, name: str) -> None:
     # Tests run as root here, where chmod does not deny a read: the read itself is made to fail.
     target = bundle_copy / name
-    for method in ("read_bytes", "read_text"):
-        real = getattr(pathlib.Path, method)
+    real = os.open
 
-        def denied(self, *a, _real=real, **k):
-            if self.resolve() == target.resolve():
-                raise PermissionError(13, "Permission denied", str(self))
-            return _real(self, *a, **k)
+    def denied(path, *a, **k):
+        if Path(path).resolve() == target.resolve():
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *a, **k)
 
-        monkeypatch.setattr(pathlib.Path, method, denied)
+    monkeypatch.setattr(os, "open", denied)  # every file is opened by edgecap.files
     _refused(bundle_copy, rf"{name}: permission denied.* readable by this user")
 
 
