@@ -30,7 +30,6 @@ without TensorFlow and without the cached models it exits 2 with one line.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -46,8 +45,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from edgecap import files
+from edgecap.argtypes import Parser, int_in
 from edgecap.bundle import load_bundle
 from edgecap.command import run_command
+from edgecap.limits import MAX_WINDOW_FRAMES
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.outputs import check_output, write_text
 from edgecap.windows import windows_per_frame
@@ -410,15 +411,14 @@ def markdown(doc: dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the benchmark and writes the JSON and markdown files."""
-    parser = argparse.ArgumentParser(prog="python -m edgecap_compile.benchmark",
-                                     description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m edgecap_compile.benchmark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(ARCHITECTURES),
                         choices=list(ARCHITECTURES))
     parser.add_argument("--boards", nargs="+", default=list(BOARDS))
     parser.add_argument("--rnn-step", default=str(RNN_STEP),
                         help="RNN encoder step .tflite the CPU stage carries, or 'none' "
                              "(default: the demo bundle's)")
-    parser.add_argument("--window", nargs=2, type=int, default=list(WINDOW),
+    parser.add_argument("--window", nargs=2, type=int_in(1, MAX_WINDOW_FRAMES), default=list(WINDOW),
                         metavar=("FRAMES", "STRIDE"),
                         help="the CPU stage carries the RNN step once per open window "
                              "(default: %(default)s)")
