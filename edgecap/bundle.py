@@ -340,6 +340,9 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         if not 0 <= tid < len(vocab):
             raise BundleError(f"{json_path}: field 'tokens.{name}' is {tid}, outside the "
                               f"{len(vocab)} tokens of {vocab_path.name}: fix the id or the vocabulary")
+    if tokens.bos == tokens.eos:  # decoding would take the start token for the end of the caption
+        raise BundleError(f"{json_path}: fields 'tokens.bos' and 'tokens.eos' are both {tokens.bos}: "
+                          "give the start and the end of a caption different ids")
 
     enc, _ = _open_model(encoder)
     if reference is not None:

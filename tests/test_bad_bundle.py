@@ -39,6 +39,8 @@ def _refused(bundle: Path, match: str) -> str:
     (lambda d: d["window"].update(frames=10**30), r"field 'window.frames' must be int <= 10000"),
     (lambda d: d.update(max_caption_length=0), r"field 'max_caption_length' must be int >= 1"),
     (lambda d: d.update(schema_version=2), r"field 'schema_version' is 2, this edgecap reads version 1"),
+    (lambda d: d["tokens"].update(eos=d["tokens"]["bos"]),
+     r"fields 'tokens.bos' and 'tokens.eos' are both \d+: give the start and the end of a caption different ids"),
 ])
 def test_wrong_types_missing_keys_nan_and_absurd_sizes(bundle_copy: Path, edit, match: str) -> None:
     _edit(bundle_copy, edit)
