@@ -61,7 +61,8 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate", action="store_true", default=None,
                    help="run TPU stages on emulated EdgeTPUs even when TPUs are attached")
     p.add_argument("--trace", type=Path,
-                   help="write a Chrome trace-event JSON of the run (opens in ui.perfetto.dev)")
+                   help="write a Chrome trace-event JSON of the run (opens in ui.perfetto.dev); "
+                        "only a run that reaches the end of its source writes it")
     p.add_argument("--batch", type=BATCH, default=None,
                    help="frames of a video file handed between devices at once; more than 1 "
                         "pays off only when stages take well under a millisecond")

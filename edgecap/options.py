@@ -67,8 +67,9 @@ class CaptionerOptions:
         the RNN step models use one.
       reference_encoder: Use the bundle's float reference encoder instead of
         the int8 one (for measuring quantisation loss); CPU only.
-      trace: Write a Chrome trace-event JSON of the runs here (on ``close()``
-        and after each stream).
+      trace: Write a Chrome trace-event JSON of the runs here, atomically, after
+        each stream that reaches the end of its frames; a stream that fails, is
+        interrupted or is stopped early writes none.
       failover: When an EdgeTPU (real or emulated) fails mid-stream, re-plan
         onto the devices left and go on (docs/runtime.md, Failover); False
         raises ``DeviceFailed`` to the caller instead.
