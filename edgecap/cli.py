@@ -391,8 +391,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         result = calibration.calibrate(graphs, board, device=args.device, threads=args.threads,
                                        segments=args.segments, repeats=args.repeats,
                                        seed=args.seed, progress=_updater(bar))
-    with atomic_path(args.out) as tmp:
-        calibration.save_calibration(result, tmp)
+    try:
+        with atomic_path(args.out) as tmp:
+            calibration.save_calibration(result, tmp)
+    except OSError as e:  # e.g. the disk is full
+        raise EdgecapError(f"-o {args.out}: cannot write ({e.strerror}); nothing was written") from None
     d, err = result.device, result.error
     print(f"{result.board} {d.name}: {d.macs_per_s / 1e9:.1f} GMAC/s, "
           f"{d.elements_per_s / 1e9:.2f} G elements/s, {d.op_overhead_ms * 1e3:.2f} us/op, "

@@ -12,6 +12,7 @@ signal number, what a shell reports for a process the signal killed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
 import sys
 import threading
@@ -44,10 +45,15 @@ def _sigterm_like_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# A write the disk (or the device, /dev/full) has no room for.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def run_command(prog: str, body: Callable[[], int]) -> int:
     """Runs a command's body with ``edgecap``'s exit policy.
 
-    Bad input is one line, ``PROG: error: ...``, and exit code 2; SIGINT
+    Bad input is one line, ``PROG: error: ...``, and exit code 2, and so is
+    an output the disk has no room for (stdout included); SIGINT
     (Ctrl-C) and SIGTERM unwind the body (its ``with`` blocks close pipelines
     and discard half-written outputs) and exit 130 and 143, without a traceback.
 
@@ -60,7 +66,9 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
     """
     try:
         with _sigterm_like_ctrl_c():
-            return body()
+            code = body()
+            sys.stdout.flush()  # a full disk under stdout shows here, not in a traceback at exit
+            return code
     except EdgecapError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -71,3 +79,10 @@ def run_command(prog: str, body: Callable[[], int]) -> int:
     except BrokenPipeError:  # e.g. `edgecap caption clip.mp4 | head -1`
         sys.stderr.close()
         return 0
+    except OSError as e:
+        if e.errno not in _NO_ROOM:
+            raise
+        # A failed flush drops what stdout buffered, so nothing fails again at exit.
+        print(f"{prog}: error: cannot write {e.filename or 'the output'} ({e.strerror}): free space "
+              "on the disk it goes to, or send it elsewhere", file=sys.stderr)
+        return 2
