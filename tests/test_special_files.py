@@ -24,8 +24,6 @@ import pytest
 from conftest import write_noise_clip
 from runtime_plans import write_plan
 
-pytestmark = pytest.mark.fast
-
 HERE = Path(__file__).resolve().parent
 TINY = HERE / "data" / "runtime" / "tiny_encoder.tflite"
 MODEL = HERE / "data" / "compile" / "tiny_mobilenet.tflite"
@@ -166,6 +164,7 @@ def test_every_loader_refuses_a_special_file_in_one_line(special: str, shipped_b
     assert not bad, bad
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("special, says", [("fifo", "a FIFO (named pipe), not a regular file"),
                                            ("/dev/zero", "a character device, not a regular file")])
 def test_the_line_names_what_the_file_is(special: str, says: str, tmp_path: Path) -> None:
@@ -180,6 +179,7 @@ def test_the_line_names_what_the_file_is(special: str, says: str, tmp_path: Path
                               "re-run `edgecap compile`")
 
 
+@pytest.mark.fast
 def test_a_file_over_its_kinds_bound_is_refused(tmp_path: Path, monkeypatch) -> None:
     from edgecap import files
     from edgecap.errors import ConfigError
