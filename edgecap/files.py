@@ -46,6 +46,9 @@ LIMITS = {
     "trace": 1024 * MiB,
 }
 
+# Opening a FIFO must not wait for a writer; nor may a file become our terminal.
+_OPEN_FLAGS = os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -97,22 +100,19 @@ def read_regular(path: "str | os.PathLike[str]", kind: str) -> Tuple[bytes, os.s
     # stat first so that a device is never opened (opening one can have effects);
     # fstat again after opening, in case the name changed in between.
     _check(path, os.stat(path), limit)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    try:
+    fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    with open(fd, "rb", buffering=0) as f:  # owns fd from here
         st = os.fstat(fd)
         _check(path, st, limit)
-        chunks = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 16 * MiB))
-            if not chunk:
+        # One read takes a regular file whole; more only if it grew since fstat
+        # (in chunks: FileIO.read(n) allocates n bytes before it reads).
+        data = f.read(st.st_size + 1)
+        while len(data) <= limit:
+            more = f.read(min(limit + 1 - len(data), MiB))
+            if not more:
                 break
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > limit:  # it grew while read
+            data += more
+    if len(data) > limit:
         raise FileTooLarge(errno.EFBIG, f"more than the {_size(limit)} allowed", str(path))
     return data, st
 
