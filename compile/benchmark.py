@@ -48,8 +48,8 @@ from edgecap import files
 from edgecap.argtypes import Parser, int_in
 from edgecap.bundle import load_bundle
 from edgecap.command import run_command
-from edgecap.limits import MAX_WINDOW_FRAMES
 from edgecap.interpreter import make_cpu_interpreter
+from edgecap.limits import MAX_WINDOW_FRAMES
 from edgecap.outputs import check_output, write_text
 from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import load_board

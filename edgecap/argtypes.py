@@ -82,7 +82,16 @@ def float_in(low: float, high: float) -> Callable[[str], float]:
 
 
 def int_list_in(low: int, high: int) -> Callable[[str], list]:
-    """Returns an argparse type: comma-separated whole numbers, each from ``low`` to ``high``."""
+    """Returns an argparse type: comma-separated whole numbers, each from ``low`` to ``high``.
+
+    Args:
+      low: The smallest value accepted.
+      high: The largest value accepted.
+
+    Returns:
+      A function that parses the option's text into a non-empty list, raising
+      ``argparse.ArgumentTypeError``.
+    """
     one = int_in(low, high)
 
     def parse(text: str) -> list:

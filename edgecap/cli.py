@@ -45,6 +45,7 @@ RUNTIME_VERSIONS = (10, 99)  # compile --min-runtime-version: edgetpu_compiler -
 MAX_CALIBRATION_SEGMENTS = 10_000  # calibrate --segments
 MAX_REPEATS = 10_000  # calibrate --repeats
 
+
 def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", type=Path, default=None,
                    help="model bundle directory (default: $EDGECAP_BUNDLE or the shipped demo)")

@@ -310,7 +310,7 @@ def load_plan(path: "str | os.PathLike[str]") -> Plan:
     if path.is_dir() and path.name != PLAN_FILE:  # a plan.json that is a directory is reported as one
         path = path / PLAN_FILE
     data = files.read_bytes(path, what="plan", fix=_FIX, error=PlanError,
-                             missing_fix="write one with `edgecap compile`")
+                            missing_fix="write one with `edgecap compile`")
     where = str(path)
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).plan_version
