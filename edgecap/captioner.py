@@ -431,7 +431,7 @@ class EdgeCaptioner:
         finally:
             frames.close()
             src.close()
-            self._write_trace()
+        self._write_trace()
 
     def _job(self, stream: Tuple[Run, Optional[Hashable]], frame: Optional[Frame], pos: int) -> _FrameJob:
         # Runs on the pipeline's feeder thread: preprocess.
@@ -475,11 +475,9 @@ class EdgeCaptioner:
         """
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
-        try:
-            for job in self._supervisor.run(iter(frames), dict(windows or {}), live, None, self._job):
-                yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms)
-        finally:
-            self._write_trace()
+        for job in self._supervisor.run(iter(frames), dict(windows or {}), live, None, self._job):
+            yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms)
+        self._write_trace()
 
     def stats(self) -> Optional[PipelineStats]:
         """Statistics of the current or latest stream (None before the first).
@@ -497,9 +495,10 @@ class EdgeCaptioner:
         """Stops the run in progress and joins every worker thread; idempotent."""
         self._closed = True
         self._supervisor.close()
-        self._write_trace()
 
     def _write_trace(self) -> None:
+        # Only a run that reached the end of its frames writes the trace: a run that
+        # failed, was interrupted or was stopped early writes none (docs/runtime.md).
         if self._tracer is not None:
             self._tracer.write(self.options.trace)
 

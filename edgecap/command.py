@@ -13,6 +13,7 @@ signal number, what a shell reports for a process the signal killed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -53,16 +54,20 @@ def _sigterm_like_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# A write the disk (or the device, /dev/full) has no room for.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIGTERM) -> int:
     """Runs a command's body with ``edgecap``'s exit policy.
 
-    Bad input is one line, ``PROG: error: ...``, and exit code 2; a failure
-    at run time (``RunFailure``, e.g. a CPU stage that raised) is one line
-    too and exit code 1, its traceback logged at debug level (the
-    ``edgecap`` logger) and printed with ``$EDGECAP_DEBUG`` set; SIGINT
-    (Ctrl-C) and SIGTERM unwind the body (its ``with`` blocks close
-    pipelines and discard half-written outputs) and exit 130 and 143,
-    without a traceback.
+    Bad input is one line, ``PROG: error: ...``, and exit code 2, and so is
+    an output the disk has no room for (stdout included); a failure at run
+    time (``RunFailure``, e.g. a CPU stage that raised) is one line too and
+    exit code 1, its traceback logged at debug level (the ``edgecap``
+    logger) and printed with ``$EDGECAP_DEBUG`` set; SIGINT (Ctrl-C) and
+    SIGTERM unwind the body (its ``with`` blocks close pipelines and discard
+    half-written outputs) and exit 130 and 143, without a traceback.
 
     Args:
       prog: The command's name, for the error line (e.g. ``edgecap caption``).
@@ -75,7 +80,9 @@ def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIG
     """
     try:
         with _sigterm_like_ctrl_c():
-            return body()
+            code = body()
+            sys.stdout.flush()  # a full disk under stdout shows here, not in a traceback at exit
+            return code
     except EdgecapError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -93,3 +100,10 @@ def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIG
     except BrokenPipeError:  # e.g. `edgecap caption clip.mp4 | head -1`
         sys.stderr.close()
         return 0
+    except OSError as e:
+        if e.errno not in _NO_ROOM:
+            raise
+        # A failed flush drops what stdout buffered, so nothing fails again at exit.
+        print(f"{prog}: error: cannot write {e.filename or 'the output'} ({e.strerror}): free space "
+              "on the disk it goes to, or send it elsewhere", file=sys.stderr)
+        return 2

@@ -35,7 +35,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.9/3.10 only
     import tomli as tomllib
 
-from edgecap import schema
+from edgecap import files, schema
 from edgecap.errors import ConfigError, SourceError
 
 try:  # Annotated is in typing from 3.9 on
@@ -273,8 +273,8 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
         an inline token or MQTT password in a file readable by everyone.
     """
     path = Path(path)
-    data = schema.read_bytes(path, what="config file", error=ConfigError,
-                             fix="give the path of a readable TOML file")
+    data = files.read_bytes(path, what="config file", error=ConfigError, kind="toml",
+                            fix="give the path of a readable TOML file")
     text = _text(path, data)
     try:
         raw = tomllib.loads(text)
@@ -681,9 +681,8 @@ def _read_token(path: Path, text: str, token_file: Path, applied: Sequence[Key])
         if not stat.S_ISREG(os.stat(token_file).st_mode):
             raise ConfigError(_message(path, text, key, f"{token_file} is not a regular file", applied,
                                        "give a file holding the token"))
-        with open(token_file, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            data = f.read(65536)
+        data, st = files.read_regular(token_file, "token")
+        mode = st.st_mode
     except OSError as exc:
         raise ConfigError(_message(path, text, key, f"cannot read {token_file} "
                                    f"({exc.strerror or exc})", applied, unreadable)) from None
