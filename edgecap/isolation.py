@@ -145,6 +145,15 @@ def _recv_fd(conn: Connection) -> int:
     return fds[0]
 
 
+def _surroundings() -> Tuple[Dict[str, str], Optional[str]]:
+    """What a child started now inherits that its stage's opening reads: environment, directory."""
+    try:
+        cwd: Optional[str] = os.getcwd()
+    except OSError:  # removed: a child started now inherits a directory that has no path
+        cwd = None
+    return dict(os.environ), cwd
+
+
 class _Process:
     """A started worker process with no stage yet: its socket and lifeline; ``stop()`` ends it.
 
@@ -169,26 +178,29 @@ class _Process:
             theirs.close()
             os.close(lifeline_r)
         self.conn = Connection(ours.detach())
-        self._started_in = (dict(os.environ), os.getcwd())
+        self._started_in = _surroundings()
         self._lock = threading.Lock()
         self._stopped = False
 
     def fits(self) -> bool:
         """Whether it still runs and would open a stage as one started now would."""
-        try:
-            here = (dict(os.environ), os.getcwd())
-        except OSError:  # the working directory is gone
-            return False
-        return self.proc.poll() is None and here == self._started_in
+        return self.proc.poll() is None and _surroundings() == self._started_in
 
-    def stop(self) -> None:
-        """Ends the child (closing its lifeline makes it exit) and reaps it; idempotent."""
+    def stop(self, kill: bool = False) -> None:
+        """Ends the child (closing its lifeline makes it exit) and reaps it; idempotent.
+
+        Args:
+          kill: Kill it at once: for a spare, which holds no device and may
+            still be importing (it reads its lifeline only after its imports).
+        """
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
         os.close(self._lifeline)
         self.conn.close()
+        if kill:
+            self.proc.kill()
         try:
             self.proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -215,13 +227,11 @@ class _Spares:
     def take(self) -> Tuple[_Process, bool]:
         """Returns a worker process for a stage, and whether it was a spare."""
         with self._lock:
-            idle, self._idle = self._idle, []
-        chosen = None
-        for process in idle:
-            if chosen is None and process.fits():
-                chosen = process
-            else:
-                process.stop()
+            stale = [p for p in self._idle if not p.fits()]
+            self._idle = [p for p in self._idle if p not in stale]
+            chosen = self._idle.pop(0) if self._idle else None
+        for process in stale:
+            process.stop(kill=True)
         return (chosen, True) if chosen is not None else (_Process(), False)
 
     def refill(self) -> None:
@@ -238,7 +248,7 @@ class _Spares:
                 if not self._closed and len(self._idle) < self.size:
                     self._idle.append(process)
                     continue
-            process.stop()
+            process.stop(kill=True)
             return
 
     def pids(self) -> List[int]:
@@ -252,7 +262,7 @@ class _Spares:
             idle, self._idle = self._idle, []
             self._closed = self._closed or final
         for process in idle:
-            process.stop()
+            process.stop(kill=True)
 
 
 _SPARES = _Spares()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
 import signal
@@ -310,13 +311,21 @@ def test_a_spare_started_under_another_environment_is_not_used(plan, monkeypatch
 
 
 @pytest.mark.usefixtures("no_leaks")
-def test_no_spare_is_kept_when_asked_for_none(plan) -> None:
+def test_as_many_spares_are_kept_as_asked_for(plan) -> None:
     with pytest.raises(EdgecapError, match="spare worker processes: -1; use 0 or more"):
         isolation.set_spares(-1)
-    isolation.set_spares(0)
     try:
+        isolation.set_spares(0)
         open_isolated(plan.active_stages[0], "emu-tpu:0").close()
         assert isolation.spare_pids() == []
+        isolation.set_spares(2)
+        open_isolated(plan.active_stages[0], "emu-tpu:0").close()
+        spares = isolation.spare_pids()
+        seg = open_isolated(plan.active_stages[0], "emu-tpu:0")
+        seg.close()
+        # One taken, the other kept, and one started in its place.
+        assert len(spares) == 2 and seg.pid == spares[0] and isolation.spare_pids()[0] == spares[1]
+        assert len(isolation.spare_pids()) == 2
     finally:
         isolation.set_spares(1)
 
@@ -346,21 +355,49 @@ def test_a_failover_opens_its_isolated_stage_in_the_spare(shipped_bundle, monkey
     del opened[:]
 
 
-@pytest.mark.slow
-def test_the_isolation_benchmark_measures_every_case(shipped_bundle, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def bench_script():
+    """tools/isolation_bench.py, loaded as a module."""
     import importlib.util
 
-    from edgecap.bench import bench_isolation, format_isolation
-
     # tools/ is scripts, not a package: load the benchmark's command line from its file.
-    spec = importlib.util.spec_from_file_location(
-        "tools_isolation_bench", Path(__file__).resolve().parent.parent / "tools" / "isolation_bench.py")
+    spec = importlib.util.spec_from_file_location("tools_isolation_bench", REPO / "tools" / "isolation_bench.py")
     script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script  # its dataclasses look their module up
     spec.loader.exec_module(script)
+    return script
+
+
+@pytest.mark.parametrize("argv", [["--failover", "0"], ["--failover", "5", "--load", "65"],
+                                  ["--failover", "1", "--settle", "-1"], ["--frames", "0"]])
+def test_the_isolation_benchmark_refuses_bad_counts_in_one_line(bench_script, argv, capsys) -> None:
+    assert bench_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: --" in err and "use " in err, err
+
+
+@pytest.mark.slow
+def test_the_isolation_benchmark_measures_every_case(bench_script, shipped_bundle, tmp_path) -> None:
+    from edgecap.bench import bench_isolation, format_isolation
 
     result = bench_isolation(load_bundle(shipped_bundle), frames=20, repeats=1)
     assert len(result.rows) == 3 and all(r.isolated_ms > 0 and r.in_process_ms > 0 for r in result.rows)
     # A worker for each of the three single-stage cases, and one per TPU stage of the plan (at least one).
     assert result.pipeline_fps["isolated"] > 0 and len(result.startup_s) >= 4
     assert "CNN stages pipelined" in format_isolation(result)
-    assert script.main(["--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
+    assert bench_script.main(["--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
+
+
+@pytest.mark.slow
+def test_the_failover_benchmark_times_each_setting_under_load(bench_script, shipped_bundle, tmp_path) -> None:
+    out = tmp_path / "failover.json"
+    assert bench_script.main(["--bundle", str(shipped_bundle), "--failover", "2", "--load", "1",
+                        "--settle", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["load"] == 1 and [r["spares"] for r in figures["results"]] == [0, 1]
+    for r in figures["results"]:
+        assert r["runs"] == len(r["took_s"]) == 2 and all(t > 0 for t in r["took_s"])
+        assert r["p50_s"] <= r["p99_s"] <= r["max_s"] == max(r["took_s"])
+        assert r["over_1s"] == sum(t > 1.0 for t in r["took_s"])
+    assert isolation.spare_pids() == [] or len(isolation.spare_pids()) == 1  # the default is back
+    assert isolation._SPARES.size == 1
