@@ -413,7 +413,7 @@ class IsolatedSegment:
         try:
             worker = _Worker(request, process)
         except BaseException:
-            process.stop()
+            process.stop(kill=True)  # no stage is open in it
             raise
         self._worker = worker
         self._finalizer = weakref.finalize(self, worker.stop)
@@ -427,12 +427,12 @@ class IsolatedSegment:
         except BaseException:
             self.close()
             raise
-        if reply[0] == "error":
-            self.close()
-            raise _rebuild(reply[1], self.device, opening=f"opening stage {stage.index}")
         self.startup_s = time.perf_counter() - t0
         # Now, not before: the spare's start-up does not slow this stage's.
         _SPARES.refill()
+        if reply[0] == "error":
+            self.close()
+            raise _rebuild(reply[1], self.device, opening=f"opening stage {stage.index}")
 
     def __call__(self, tensors: Tensors, fault: Optional[faults.Fault] = None) -> Tensors:
         """Runs the stage on ``tensors`` in the child.

@@ -173,11 +173,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(format_isolation(result))
             figures = result.to_json()
         else:
+            before = os.getloadavg()
             times = bench_failover(bundle, args.board, args.failover, args.load, args.spares, args.settle)
             print(format_failover(times, args.load))
             figures = {"argv": sys.argv[1:],
                        "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                                "python": platform.python_version(), "loadavg": list(os.getloadavg())},
+                                "python": platform.python_version(),
+                                "loadavg_before": list(before), "loadavg_after": list(os.getloadavg())},
                        "board": args.board, "load": args.load, "settle_s": args.settle,
                        "results": [dict(asdict(t), **t.summary()) for t in times]}
         if args.json is not None:
