@@ -20,7 +20,8 @@ thread in it waits for the end of a pipe only this process holds.
 Starting an interpreter and importing numpy and TFLite takes most of a second,
 more on a loaded host, and a failover opens a new stage: so a spare worker
 process is started ahead of need (after a stage opens) and waits, imports
-done, for the next stage to open (``spare_pids``, ``close_spares``).
+done, for the next stage to open (``spare_pids``, ``close_spares``,
+``set_spares``).
 
 The shared block has no name: an anonymous file (``memfd_create`` on Linux;
 elsewhere a POSIX shared-memory object unlinked as soon as it is created),
