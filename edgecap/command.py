@@ -37,21 +37,29 @@ class Terminated(KeyboardInterrupt):
     """Raised in the main thread on SIGTERM, so that it unwinds like Ctrl-C."""
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+def _stop(signum: int, frame: Any) -> None:
+    # The first signal starts the stop; later ones are ignored until the process
+    # ends, so that none interrupts the closing of workers half-way (a traceback,
+    # a worker or a file left behind). SIG_IGN, not a Python handler: Python
+    # resets its own handlers to the default at exit, which a signal then kills.
+    for other in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(other, signal.SIG_IGN)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 @contextlib.contextmanager
-def _sigterm_like_ctrl_c() -> Iterator[None]:
+def _signals_stop_once() -> Iterator[None]:
     # Only the main thread may set handlers (a command may be run from others).
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGINT) is _stop:  # no signal came: put back the caller's handlers
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 # A write the disk (or the device, /dev/full) has no room for.
@@ -67,7 +75,9 @@ def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIG
     exit code 1, its traceback logged at debug level (the ``edgecap``
     logger) and printed with ``$EDGECAP_DEBUG`` set; SIGINT (Ctrl-C) and
     SIGTERM unwind the body (its ``with`` blocks close pipelines and discard
-    half-written outputs) and exit 130 and 143, without a traceback.
+    half-written outputs) and exit 130 and 143, without a traceback. Once
+    one has come, SIGINT and SIGTERM are ignored for the rest of the
+    process's life: a second Ctrl-C cannot cut the closing short.
 
     Args:
       prog: The command's name, for the error line (e.g. ``edgecap caption``).
@@ -79,7 +89,7 @@ def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIG
       The exit code.
     """
     try:
-        with _sigterm_like_ctrl_c():
+        with _signals_stop_once():
             code = body()
             sys.stdout.flush()  # a full disk under stdout shows here, not in a traceback at exit
             return code
