@@ -428,6 +428,13 @@ class EdgeCaptioner:
         try:
             for job in self._supervisor.run(((None, f) for f in frames), {}, src.live, src, self._job):
                 yield from job.captions
+        except (KeyboardInterrupt, GeneratorExit):
+            # A camera has no end of its own: Ctrl-C, or a caller that stops
+            # reading, is how its run ends, so its trace is written; a file's
+            # run cut short is not a run that succeeded, and writes none.
+            if src.live:
+                self._write_trace()
+            raise
         finally:
             frames.close()
             src.close()
@@ -497,8 +504,9 @@ class EdgeCaptioner:
         self._supervisor.close()
 
     def _write_trace(self) -> None:
-        # Only a run that reached the end of its frames writes the trace: a run that
-        # failed, was interrupted or was stopped early writes none (docs/runtime.md).
+        # Only a run that reached the end of its frames (or a camera's run, which
+        # ends by an interrupt) writes the trace: a run that failed, or a file's run
+        # that was interrupted or stopped early, writes none (docs/runtime.md).
         if self._tracer is not None:
             self._tracer.write(self.options.trace)
 
