@@ -51,6 +51,8 @@ class Caption:
       end_time: Source timestamp (s) of the last frame.
       stage_ms: Milliseconds each stage spent on this window's frames.
       latency_ms: From the window's last frame leaving the source to this caption.
+      confidence: Mean log-probability of its tokens and eos (<= 0; nearer 0
+        is surer).
     """
 
     text: str
@@ -62,6 +64,7 @@ class Caption:
     end_time: float
     stage_ms: Dict[str, float] = field(default_factory=dict)
     latency_ms: float = 0.0
+    confidence: float = 0.0
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the record as JSON-ready plain types."""

@@ -39,6 +39,7 @@ from edgecap.errors import ConfigError
 
 if TYPE_CHECKING:  # the captioner pulls in the interpreters; sinks only need to_dict()
     from edgecap.captioner import Caption
+    from edgecap.events import Change, Event
     from edgecap.service.config import MqttSinkConfig, ServiceConfig
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,9 @@ class Sink:
 
     def caption(self, camera: str, caption: "Caption") -> None:
         """Delivers one caption of ``camera``."""
+
+    def event(self, camera: str, event: "Event", change: "Change") -> None:
+        """Delivers a change of one of ``camera``'s events (opened, extended, closed)."""
 
     def stats(self, snapshot: Dict[str, Any]) -> None:
         """Delivers the service's stats (a JSON-ready dict), called every few seconds."""
@@ -584,6 +588,15 @@ class SinkSet(Sink):
                     sink.caption(camera, caption)
                 except Exception as exc:
                     self._failed(sink, "caption", exc)
+
+    def event(self, camera: str, event: "Event", change: "Change") -> None:
+        """Delivers the event's change to every sink."""
+        with self._lock:
+            for sink in self.sinks:
+                try:
+                    sink.event(camera, event, change)
+                except Exception as exc:
+                    self._failed(sink, "event", exc)
 
     def stats(self, snapshot: Dict[str, Any]) -> None:
         """Delivers the stats snapshot to every sink."""
