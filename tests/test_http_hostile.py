@@ -19,6 +19,7 @@ import pytest
 
 from edgecap.service import http as service_http
 from edgecap.service.http import StatusServer
+from edgecap.service.metrics import Metrics
 from edgecap.service.state import ServiceState
 
 pytestmark = pytest.mark.fast
@@ -91,6 +92,18 @@ def test_a_client_trickling_its_head_is_dropped_at_the_deadline(server: StatusSe
         assert time.monotonic() - t0 < 10.0
     assert server.dropped["timeout"] == 1
     assert healthz(server)[0] == 200
+
+
+def test_drops_are_counted_in_the_metrics(state: ServiceState) -> None:
+    with StatusServer(state, Metrics(), port=0, header_timeout_s=0.2) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            assert closed_within(s, 10.0)
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    assert 'edgecap_http_connections_dropped_total{reason="timeout"} 1.0' in text
+    assert 'edgecap_http_connections_dropped_total{reason="cap"} 0.0' in text
 
 
 def test_a_client_trickling_its_body_is_dropped_at_the_deadline(state: ServiceState) -> None:

@@ -2,7 +2,8 @@
 
 Runs ``edgecap serve`` as systemd would (a notify socket, SIGTERM to stop) on
 a looping file camera (the shipped sample clip), measures the camera's frame
-rate with no client at all, then holds for ``--seconds``:
+rate with no client at all (``--baseline-seconds``), ``/healthz`` with the
+scrapers alone (as long: on a busy host, the control), then holds for ``--seconds``:
 
 * ``--slow-clients`` connections that send a partial request head and then one
   byte every ``--byte-interval`` seconds, and reconnect as soon as the server
@@ -17,7 +18,8 @@ them live. Goals: p99 at most 100 ms, frame rate unchanged (within 5 %), RSS
 bounded (growth under 50 MB).
 
 Prints a table and writes JSON (``--json``). Every figure is *measured* on this
-host. The clients run in this process, on one asyncio loop. Bad input exits 2
+host. The scrapers run in this process, the slow clients in a child of it (each on
+an asyncio loop), so that the attackers' churn does not delay the scrapers' clock. Bad input exits 2
 with one line, Ctrl-C 130 and SIGTERM 143 (the service is killed on the way out).
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -139,22 +142,46 @@ async def _scraper(port: int, interval: float, stop: asyncio.Event, counts: Coun
         await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t0)))
 
 
+def _slow_clients(port: int, n: int, byte_interval: float, stop: Any, pipe: Any) -> None:
+    """The slow clients, in a process of their own: their churn must not delay the scrapers' clock."""
+    async def attack() -> Counts:
+        counts, done = Counts(), asyncio.Event()
+        tasks = [asyncio.create_task(_slow_client(port, byte_interval, done, counts)) for _ in range(n)]
+        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+        done.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return counts
+
+    pipe.send(asyncio.run(attack()))
+
+
 async def _phase(port: int, ps: psutil.Process, seconds: float, slow: int, scrapers: int,
                  byte_interval: float, scrape_interval: float) -> Dict[str, Any]:
     """Runs the clients for ``seconds``; returns what they saw, the frame rate, RSS and CPU."""
-    counts, stop = Counts(), asyncio.Event()
-    tasks = [asyncio.create_task(_slow_client(port, byte_interval, stop, counts)) for _ in range(slow)]
-    tasks += [asyncio.create_task(_scraper(port, scrape_interval, stop, counts)) for _ in range(scrapers)]
+    fork = multiprocessing.get_context("fork")  # before this process has threads of its own
+    stop, (ours, theirs) = fork.Event(), fork.Pipe(duplex=False)
+    attacker = fork.Process(target=_slow_clients, args=(port, slow, byte_interval, stop, theirs), daemon=True)
+    if slow:
+        attacker.start()
+    counts, done = Counts(), asyncio.Event()
+    tasks = [asyncio.create_task(_scraper(port, scrape_interval, done, counts)) for _ in range(scrapers)]
     count0, cpu0, t0 = await _processed(port), sum(ps.cpu_times()[:2]), time.monotonic()
     rss = [ps.memory_info().rss]
     while time.monotonic() - t0 < seconds:
         await asyncio.sleep(min(1.0, max(0.0, seconds - (time.monotonic() - t0))))
         rss.append(ps.memory_info().rss)
     count1, cpu1, elapsed = await _processed(port), sum(ps.cpu_times()[:2]), time.monotonic() - t0
+    fds = ps.num_fds()
+    done.set()
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if slow:
+        slow_counts: Counts = ours.recv()
+        attacker.join()
+        for name in ("slow_opened", "slow_dropped", "slow_refused", "slow_held_s"):
+            setattr(counts, name, getattr(slow_counts, name))
     return {"counts": counts, "fps": (count1 - count0) / elapsed, "cpu": (cpu1 - cpu0) / elapsed,
-            "rss": rss, "seconds": elapsed, "fds": ps.num_fds()}
+            "rss": rss, "seconds": elapsed, "fds": fds}
 
 
 def _pct(values: List[float], q: float) -> float:
@@ -189,6 +216,9 @@ def run(seconds: float = 60.0, baseline_seconds: float = 20.0, slow_clients: int
             ps = psutil.Process(proc.pid)
             time.sleep(2.0)  # the first windows fill; the camera reaches its pace
             alone = asyncio.run(_phase(port, ps, baseline_seconds, 0, 0, byte_interval, scrape_interval))
+            # The same scrapers without the attack: on a busy host, what the attack adds.
+            scraped = asyncio.run(_phase(port, ps, baseline_seconds, 0, scrapers, byte_interval,
+                                         scrape_interval))
             attacked = asyncio.run(_phase(port, ps, seconds, slow_clients, scrapers, byte_interval,
                                           scrape_interval))
             proc.send_signal(signal.SIGTERM)
@@ -210,6 +240,8 @@ def run(seconds: float = 60.0, baseline_seconds: float = 20.0, slow_clients: int
         "healthz_ms_p99": round(_pct(c.scrape_ms, 0.99), 2),
         "healthz_ms_max": round(max(c.scrape_ms, default=float("nan")), 2),
         "healthz_status": c.scrape_status,
+        "healthz_ms_p50_without_attack": round(_pct(scraped["counts"].scrape_ms, 0.50), 2),
+        "healthz_ms_p99_without_attack": round(_pct(scraped["counts"].scrape_ms, 0.99), 2),
         "healthz_failed": c.scrape_failed,
         "fps_alone": round(alone["fps"], 2),
         "fps_attacked": round(attacked["fps"], 2),
@@ -242,6 +274,8 @@ def format_table(r: Dict[str, Any]) -> str:
         ("/healthz p50 / p99 / max", f"{r['healthz_ms_p50']:.1f} / {r['healthz_ms_p99']:.1f} / "
                                      f"{r['healthz_ms_max']:.1f} ms over {r['healthz_requests']} requests"),
         ("/healthz status / failed", f"{r['healthz_status']} / {r['healthz_failed']}"),
+        ("/healthz p50 / p99, scrapers alone", f"{r['healthz_ms_p50_without_attack']:.1f} / "
+                                               f"{r['healthz_ms_p99_without_attack']:.1f} ms"),
         ("camera fps alone / attacked", f"{r['fps_alone']:.2f} / {r['fps_attacked']:.2f}"),
         ("service CPU alone / attacked", f"{100 * r['cpu_alone']:.0f}% / {100 * r['cpu_attacked']:.0f}%"),
         ("RSS MB before / peak / last", f"{r['rss_mb_before']:.0f} / {r['rss_mb_peak']:.0f} / "
@@ -267,7 +301,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the attack (1 to 3600)")
     parser.add_argument("--baseline-seconds", type=float, default=20.0,
-                        help="length of the run without clients (1 to 3600)")
+                        help="length of the run without clients, and of the scrapers alone (1 to 3600)")
     parser.add_argument("--slow-clients", type=int, default=500, help="0 to 10000")
     parser.add_argument("--scrapers", type=int, default=20, help="0 to 1000")
     parser.add_argument("--byte-interval", type=float, default=10.0,

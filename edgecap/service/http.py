@@ -62,6 +62,7 @@ from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily
 
 from edgecap.errors import ConfigError
 from edgecap.service.config import TOKEN_FIX, token_weakness
@@ -164,6 +165,7 @@ class StatusServer:
         if token is not None:  # a page without a login has nothing to log out of
             self._static["index.html"] = self._static["index.html"].replace(b"<!--logout-->", _LOGOUT)
         self._httpd: Optional[_Server] = None
+        self._collecting = False
 
     @property
     def port(self) -> int:
@@ -205,6 +207,9 @@ class StatusServer:
             raise ConfigError(f"http: cannot listen on {where}: {e.strerror or e}; "
                               f"check [http] address and port") from None
         self._httpd.start()
+        if self.metrics is not None and not self._collecting:
+            self.metrics.registry.register(_DroppedCollector(self))
+            self._collecting = True
         log.info("status page on %s (at most %d connections)", self.url, self.max_connections)
         return self
 
@@ -219,6 +224,22 @@ class StatusServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _DroppedCollector:
+    """``edgecap_http_connections_dropped_total{reason}`` for ``/metrics``, read at each scrape."""
+
+    def __init__(self, app: StatusServer) -> None:
+        self._app = app
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily("edgecap_http_connections_dropped",
+                                     "Connections the status server closed before their request was in.",
+                                     labels=["reason"])
+        dropped = self._app.dropped
+        for reason in ("timeout", "cap", "head_too_large"):
+            family.add_metric([reason], dropped.get(reason, 0))
+        yield family
 
 
 def is_loopback(address: str) -> bool:
@@ -406,12 +427,17 @@ class _Server:
         try:
             while not self._stopping:
                 for key, _ in self._selector.select(self._timeout()):
-                    if key.fileobj is self.socket:
-                        self._accept()
-                    elif key.fileobj is self._wake_r:
-                        self._wake_r.recv(64)
-                    else:
-                        self._receive(key.data)
+                    try:
+                        if key.fileobj is self.socket:
+                            self._accept()
+                        elif key.fileobj is self._wake_r:
+                            self._wake_r.recv(64)
+                        else:
+                            self._receive(key.data)
+                    except Exception:  # one connection's trouble must not stop the server
+                        log.exception("http: unexpected error serving a connection")
+                        if key.data is not None and self._pending.get(key.data.sock) is key.data:
+                            self._drop(key.data, None)
                 self._expire()
         finally:
             for pending in list(self._pending.values()):
@@ -515,7 +541,10 @@ class _Server:
             self.dropped[reason] += 1
         self._selector.unregister(pending.sock)
         del self._pending[pending.sock]
-        _close(pending.sock)
+        if reason == "head_too_large":  # it has an answer to read
+            _close(pending.sock)
+        else:
+            pending.sock.close()
 
     # -- the workers ---------------------------------------------------------
 
