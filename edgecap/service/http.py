@@ -451,6 +451,8 @@ class _Server:
     def _timeout(self) -> Optional[float]:
         """Seconds until the next deadline (or the end of an accept pause), None for none."""
         now = time.monotonic()
+        while self._deadlines and self._stale(self._deadlines[0]):  # no wake-up for a connection gone
+            heapq.heappop(self._deadlines)
         times = [self._deadlines[0][0]] if self._deadlines else []
         if self._accept_paused_until:
             times.append(self._accept_paused_until)
@@ -492,11 +494,20 @@ class _Server:
         if self._accept_paused_until and self._accept_paused_until <= now:
             self._accept_paused_until = 0.0
             self._selector.register(self.socket, selectors.EVENT_READ)
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, pending = heapq.heappop(self._deadlines)
-            # Entries of connections answered since, or given a later deadline, are stale.
-            if self._pending.get(pending.sock) is pending and pending.deadline == deadline:
-                self._drop(pending, "timeout")
+        # A few at a time: a crowd that connected together expires together, and the
+        # probes that came in meanwhile are served between the batches (the select
+        # timeout is 0 while some are overdue).
+        for _ in range(64):
+            if not (self._deadlines and self._deadlines[0][0] <= now):
+                break
+            entry = heapq.heappop(self._deadlines)
+            if not self._stale(entry):
+                self._drop(entry[2], "timeout")
+
+    def _stale(self, entry: Tuple[float, int, _Pending]) -> bool:
+        """Says whether a deadline is of a connection answered or dropped since, or since given a later one."""
+        deadline, _, pending = entry
+        return self._pending.get(pending.sock) is not pending or pending.deadline != deadline
 
     def _receive(self, pending: _Pending) -> None:
         try:
