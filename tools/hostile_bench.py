@@ -18,8 +18,10 @@ them live. Goals: p99 at most 100 ms, frame rate unchanged (within 5 %), RSS
 bounded (growth under 50 MB).
 
 Prints a table and writes JSON (``--json``). Every figure is *measured* on this
-host. The scrapers run in this process, the slow clients in a child of it (each on
-an asyncio loop), so that the attackers' churn does not delay the scrapers' clock. Bad input exits 2
+host. The scrapers run in this process, the slow clients in a child of it at nice
+10 (each on an asyncio loop): a real attacker's churn costs the board no CPU, and
+here it must not delay the scrapers' clock. ``slow_opened`` and ``slow_dropped``
+show whether the attackers kept their pace. Bad input exits 2
 with one line, Ctrl-C 130 and SIGTERM 143 (the service is killed on the way out).
 """
 
@@ -54,6 +56,7 @@ PROG = "python tools/hostile_bench.py"
 GOAL_P99_MS = 100.0
 GOAL_FPS_RATIO = 0.95
 GOAL_RSS_GROWTH_MB = 50.0
+ATTACKER_NICE = 10
 _PROCESSED = re.compile(r'^edgecap_frames_processed_total\{[^}]*\} (\S+)$', re.M)
 
 
@@ -144,6 +147,10 @@ async def _scraper(port: int, interval: float, stop: asyncio.Event, counts: Coun
 
 def _slow_clients(port: int, n: int, byte_interval: float, stop: Any, pipe: Any) -> None:
     """The slow clients, in a process of their own: their churn must not delay the scrapers' clock."""
+    # A real attacker runs elsewhere; on this host it yields the CPU to the service and
+    # the scrapers when they want it (slow_opened shows whether it kept its pace).
+    os.nice(ATTACKER_NICE)
+
     async def attack() -> Counts:
         counts, done = Counts(), asyncio.Event()
         tasks = [asyncio.create_task(_slow_client(port, byte_interval, done, counts)) for _ in range(n)]
@@ -235,6 +242,7 @@ def run(seconds: float = 60.0, baseline_seconds: float = 20.0, slow_clients: int
         "slow_clients": slow_clients, "scrapers": scrapers,
         "byte_interval_s": byte_interval, "scrape_interval_s": scrape_interval,
         "service_nofile_soft": soft,
+        "attacker_nice": ATTACKER_NICE,
         "healthz_requests": len(c.scrape_ms),
         "healthz_ms_p50": round(_pct(c.scrape_ms, 0.50), 2),
         "healthz_ms_p99": round(_pct(c.scrape_ms, 0.99), 2),
