@@ -13,16 +13,17 @@ scrapers alone (as long: on a busy host, the control), then holds for ``--second
 
 and reports the ``/healthz`` latency (p50, p99, max, failures), the camera's
 frames per second with and without the attack, the service's resident memory
-and CPU, and how many slow connections the server dropped and how long it let
-them live. Goals: p99 at most 100 ms, frame rate unchanged (within 5 %), RSS
-bounded (growth under 50 MB).
+and CPU, how many slow connections the server dropped and how long it let them
+live, and the host's ``ListenOverflows`` (SYNs dropped for a full backlog)
+during the attack. Goals: p99 at most 100 ms, frame rate unchanged (within 5 %),
+RSS bounded (growth under 50 MB).
 
 Prints a table and writes JSON (``--json``). Every figure is *measured* on this
 host. The scrapers run in this process, the slow clients in a child of it at nice
 10 (each on an asyncio loop): a real attacker's churn costs the board no CPU, and
 here it must not delay the scrapers' clock. ``slow_opened`` and ``slow_dropped``
-show whether the attackers kept their pace. Bad input exits 2
-with one line, Ctrl-C 130 and SIGTERM 143 (the service is killed on the way out).
+show whether the attackers kept their pace. Bad input exits 2 with one line,
+Ctrl-C 130 and SIGTERM 143 (the service is killed on the way out).
 """
 
 from __future__ import annotations
@@ -191,6 +192,19 @@ async def _phase(port: int, ps: psutil.Process, seconds: float, slow: int, scrap
             "rss": rss, "seconds": elapsed, "fds": fds}
 
 
+def _listen_overflows() -> Optional[int]:
+    """The host's TcpExt ListenOverflows (connections the kernel dropped for a full backlog)."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            table = dict(zip(names.split()[1:], values.split()[1:]))
+            return int(table["ListenOverflows"]) if "ListenOverflows" in table else None
+    return None
+
+
 def _pct(values: List[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -226,8 +240,11 @@ def run(seconds: float = 60.0, baseline_seconds: float = 20.0, slow_clients: int
             # The same scrapers without the attack: on a busy host, what the attack adds.
             scraped = asyncio.run(_phase(port, ps, baseline_seconds, 0, scrapers, byte_interval,
                                          scrape_interval))
+            overflows = _listen_overflows()
             attacked = asyncio.run(_phase(port, ps, seconds, slow_clients, scrapers, byte_interval,
                                           scrape_interval))
+            after = _listen_overflows()
+            overflows = None if overflows is None or after is None else after - overflows
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
         finally:
@@ -259,6 +276,7 @@ def run(seconds: float = 60.0, baseline_seconds: float = 20.0, slow_clients: int
         "rss_mb_peak": round(rss_peak, 1),
         "rss_mb_last": round(attacked["rss"][-1] / 2**20, 1),
         "fds_at_end_of_attack": attacked["fds"],
+        "listen_overflows": overflows,
         "slow_opened": c.slow_opened,
         "slow_dropped": c.slow_dropped,
         "slow_refused": c.slow_refused,
@@ -291,6 +309,7 @@ def format_table(r: Dict[str, Any]) -> str:
         ("slow connections opened / dropped / refused",
          f"{r['slow_opened']} / {r['slow_dropped']} / {r['slow_refused']}"),
         ("slow connection life median / max", f"{r['slow_held_s_median']} / {r['slow_held_s_max']} s"),
+        ("ListenOverflows during the attack (host)", str(r["listen_overflows"])),
         ("service exit code", str(r["exit_code"])),
     ] + [(f"goal: {goal}", "met" if met else "MISSED") for goal, met in r["goals"].items()]
     width = max(len(k) for k, _ in rows)
