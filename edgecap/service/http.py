@@ -164,6 +164,7 @@ class StatusServer:
                         for name in ("index.html", "login.html", "app.js", "style.css")}
         if token is not None:  # a page without a login has nothing to log out of
             self._static["index.html"] = self._static["index.html"].replace(b"<!--logout-->", _LOGOUT)
+        self._dropped: "collections.Counter[str]" = collections.Counter()  # kept across restarts
         self._httpd: Optional[_Server] = None
         self._collecting = False
 
@@ -181,7 +182,7 @@ class StatusServer:
     @property
     def dropped(self) -> Dict[str, int]:
         """Connections dropped before a request, by reason (timeout, cap, head_too_large)."""
-        return dict(self._httpd.dropped) if self._httpd else {}
+        return dict(self._dropped)
 
     def start(self) -> "StatusServer":
         """Binds and serves on daemon threads; returns self.
@@ -382,7 +383,7 @@ class _Server:
             raise
         self.socket.setblocking(False)
         self.server_address = self.socket.getsockname()[:2]
-        self.dropped: "collections.Counter[str]" = collections.Counter()
+        self.dropped = app._dropped
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
