@@ -30,7 +30,6 @@ without TensorFlow and without the cached models it exits 2 with one line.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -45,9 +44,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edgecap import files
+from edgecap.argtypes import Parser, int_in
 from edgecap.bundle import load_bundle
 from edgecap.command import run_command
 from edgecap.interpreter import make_cpu_interpreter
+from edgecap.limits import MAX_WINDOW_FRAMES
 from edgecap.outputs import check_output, write_text
 from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import load_board
@@ -102,7 +104,7 @@ def chain_matches(model: Path, plan_dir: Path, inputs: int = 3) -> bool:
     inputs, and compares the model outputs with the whole model's and every boundary
     tensor with the whole graph's run in one interpreter (with random weights a
     softmax output can be the same for every input, so the outputs alone prove little)."""
-    plan = json.loads((plan_dir / "plan.json").read_text())
+    plan = json.loads(files.read_regular(plan_dir / "plan.json", "json")[0])
     graph = read_graph(model)
     index = {t.name: t.index for t in graph.tensors}
     boundaries = sorted({index[t["name"]] for s in plan["stages"] for t in s["outputs"]
@@ -409,15 +411,14 @@ def markdown(doc: dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the benchmark and writes the JSON and markdown files."""
-    parser = argparse.ArgumentParser(prog="python -m edgecap_compile.benchmark",
-                                     description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m edgecap_compile.benchmark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(ARCHITECTURES),
                         choices=list(ARCHITECTURES))
     parser.add_argument("--boards", nargs="+", default=list(BOARDS))
     parser.add_argument("--rnn-step", default=str(RNN_STEP),
                         help="RNN encoder step .tflite the CPU stage carries, or 'none' "
                              "(default: the demo bundle's)")
-    parser.add_argument("--window", nargs=2, type=int, default=list(WINDOW),
+    parser.add_argument("--window", nargs=2, type=int_in(1, MAX_WINDOW_FRAMES), default=list(WINDOW),
                         metavar=("FRAMES", "STRIDE"),
                         help="the CPU stage carries the RNN step once per open window "
                              "(default: %(default)s)")

@@ -209,7 +209,7 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
     """
     text = os.fspath(name_or_path)
     path = Path(text) if text.endswith(".json") else BOARDS_DIR / f"{text}.json"
-    if not path.is_file():
+    if not path.exists():
         raise CompileError(
             f"unknown board '{text}'; choose one of {', '.join(board_names())} "
             "or pass a profile .json file")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import msgspec
 import numpy as np
 
-from edgecap import schema
+from edgecap import files, schema
 from edgecap.devices import parse_device
 from edgecap.stages import load_edgetpu_delegate
 from edgecap.errors import EdgecapError
@@ -306,7 +306,7 @@ def apply_calibration(board: Board, path: Union[str, os.PathLike]) -> Board:
     """
     fix = "write it with `edgecap calibrate`"
     try:
-        data = Path(path).read_bytes()
+        data = files.read_regular(path, "json")[0]
     except OSError as e:
         raise CompileError(f"cannot read calibration {path}: {e.strerror or e}; {fix}") from None
     doc = schema.decode(data, _CalibrationFile, where=str(path), fix=fix, error=CompileError)

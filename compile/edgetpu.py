@@ -18,6 +18,7 @@ from typing import Optional
 
 from ai_edge_litert import schema_py_generated as schema
 
+from edgecap import files
 from edgecap.plan import EdgeTpuReport
 
 _log = logging.getLogger("edgecap_compile")
@@ -83,7 +84,7 @@ def count_custom_ops(path: Path) -> int:
       OSError: If the file cannot be read.
       ValueError: If it is not a TFLite flatbuffer.
     """
-    data = path.read_bytes()
+    data = files.read_regular(path, "model")[0]
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise ValueError(f"{path.name} is not a TFLite file")
     try:

@@ -18,6 +18,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
+from edgecap import files
 from edgecap_compile.errors import CompileError
 from edgecap_compile.op_work import OpShapes, op_work
 
@@ -189,7 +190,7 @@ def _load(source: Union[str, os.PathLike, bytes]) -> Tuple[bytes, str]:
         return bytes(source), "model"
     path = Path(source)
     try:
-        data = path.read_bytes()
+        data = files.read_regular(path, "model")[0]
     except OSError as e:
         raise CompileError(f"cannot read model {path}: {e.strerror or e}") from None
     return data, path.stem

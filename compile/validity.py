@@ -1,6 +1,7 @@
 """The cost model's validity: its predictions beside Coral's published whole-model latencies.
 
-    python -m edgecap_compile.validity
+    python -m edgecap_compile.validity                          # prints the table
+    python -m edgecap_compile.validity --out docs/cost-model    # also writes the docs
 
 For every model of Coral's benchmark table (``data/coral_published.json``, each
 figure with its source) and each of its columns (Dev Board TPU, the Dev Board's
@@ -16,12 +17,12 @@ here, so their published MAC and parameter counts stand in, as one op with no
 element work. On a TPU the parameters beyond the usable SRAM plus the input
 image and 1001 class scores cross the link. A scan
 over the usable SRAM budget shows which budget the published latencies support.
-Writes docs/cost-model.md and docs/cost-model.json.
+Prints the table; with ``--out PREFIX`` also writes PREFIX.md and PREFIX.json
+(docs/cost-model.md and .json are tracked: they are rewritten only when asked).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ import msgspec
 import numpy as np
 
 from edgecap import schema
+from edgecap.argtypes import Parser
 from edgecap.command import run_command
 from edgecap.outputs import check_output, write_text
 from edgecap_compile.boards import PRICES, Device, load_board
@@ -40,7 +42,6 @@ from edgecap_compile.cost_model import work_features
 from edgecap_compile.errors import CompileError
 
 DATA = Path(__file__).parent / "data" / "coral_published.json"
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 # Coral's classifiers end in 1001 int8 class scores.
 OUTPUT_BYTES = 1001
 # Within this relative error out of sample a row meets the goal.
@@ -270,7 +271,7 @@ def validity(path: Path = DATA) -> dict:
     works = [model_work(m) for m in data.models]
     columns = [column_table(data.models, c, works=works) for c in COLUMNS]
     return {
-        "command": "python -m edgecap_compile.validity",
+        "command": "python -m edgecap_compile.validity --out docs/cost-model",
         "source": data.source,
         "goal": f"|leave-one-out error| <= {GOAL:.0%} on every row",
         "models": [msgspec.to_builtins(m) for m in data.models],
@@ -365,19 +366,21 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Writes docs/cost-model.json and docs/cost-model.md and prints the table."""
-    parser = argparse.ArgumentParser(prog="python -m edgecap_compile.validity",
-                                     description=__doc__.split("\n\n")[0])
+    """Prints the table; with ``--out PREFIX`` also writes PREFIX.json and PREFIX.md."""
+    parser = Parser(prog="python -m edgecap_compile.validity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(DATA), help="published figures (default: %(default)s)")
-    parser.add_argument("--out", default=str(DOCS / "cost-model"),
-                        help="path prefix of the .json and .md written")
+    parser.add_argument("-o", "--out",
+                        help="also write PREFIX.json and PREFIX.md (the tracked ones: docs/cost-model); "
+                             "default: print only")
     args = parser.parse_args(argv)
-    for suffix in (".json", ".md"):
-        check_output(args.out + suffix, "--out")
+    if args.out is not None:
+        for suffix in (".json", ".md"):
+            check_output(args.out + suffix, "--out")
     doc = validity(Path(args.data))
     text = markdown(doc)
-    write_text(args.out + ".json", json.dumps(doc, indent=2) + "\n")
-    write_text(args.out + ".md", text)
+    if args.out is not None:
+        write_text(args.out + ".json", json.dumps(doc, indent=2) + "\n")
+        write_text(args.out + ".md", text)
     print(text)
     return 0
 

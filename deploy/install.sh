@@ -26,6 +26,10 @@ usage: sudo sh deploy/install.sh [options]
                       without internet: --pip-option=--no-index
                       --pip-option=--find-links=/media/usb/wheels
   --reinstall         reinstall edgecap even if the same version is installed
+  --pcie-tpu WHEN     order the service after the PCIe Edge TPU (/dev/apex_0) with
+                      the drop-in edgecap-apex.conf: auto (default: when this
+                      machine has one, PCI ID 1ac1:089a; a staging root is looked
+                      at under DIR/sys), yes, or no
   --start             start (or restart) the service after installing it
   -h, --help          this text
 EOF
@@ -42,6 +46,7 @@ ROOT=""
 PIP_OPTIONS=""
 REINSTALL=0
 START=0
+PCIE_TPU=auto
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -59,6 +64,8 @@ while [ $# -gt 0 ]; do
                       PIP_OPTIONS="$PIP_OPTIONS $2"; shift 2 ;;
         --pip-option=*) PIP_OPTIONS="$PIP_OPTIONS ${1#*=}"; shift ;;
         --reinstall) REINSTALL=1; shift ;;
+        --pcie-tpu) [ $# -ge 2 ] || die "--pcie-tpu needs auto, yes or no" 2; PCIE_TPU="$2"; shift 2 ;;
+        --pcie-tpu=*) PCIE_TPU="${1#*=}"; shift ;;
         --start) START=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown option: $1" 2 ;;
@@ -143,6 +150,7 @@ if [ -n "$WHEEL" ]; then
     case "$WHEEL" in /*) ;; *) WHEEL="$(pwd)/$WHEEL" ;; esac
 fi
 case "$PREFIX" in /*) ;; *) die "--prefix $PREFIX: must be an absolute path" 2 ;; esac
+case "$PCIE_TPU" in auto|yes|no) ;; *) die "--pcie-tpu $PCIE_TPU: use auto, yes or no" 2 ;; esac
 
 if [ -n "$ROOT" ]; then
     mkdir -p "$ROOT"
@@ -167,6 +175,7 @@ esac
 
 SERVICE=edgecap
 UNIT="$ROOT/etc/systemd/system/$SERVICE.service"
+APEX_DROPIN="$ROOT/etc/systemd/system/$SERVICE.service.d/edgecap-apex.conf"
 RULES="$ROOT/etc/udev/rules.d/70-edgecap-coral.rules"
 CONFDIR="$ROOT/etc/edgecap"
 STATEDIR="$ROOT/var/lib/edgecap"
@@ -270,6 +279,30 @@ trap 'rm -f "$subst"; [ -z "$build" ] || rm -rf "$build"' EXIT
 sed "s#@VENV@#$PREFIX#g" "$HERE/edgecap.service" > "$subst"
 put "$subst" "$UNIT" 0644
 put "$HERE/70-edgecap-coral.rules" "$RULES" 0644
+
+# A PCIe Edge TPU (the Dev Board's own, an M.2 or PCIe card): PCI ID 1ac1:089a, or a
+# TPU the apex driver already registered. Read under the staging root, where a
+# real /sys is normally absent: an image does not get this machine's hardware.
+has_pcie_tpu() {
+    sysfs="$ROOT/sys"
+    [ -n "$(ls -A "$sysfs/class/apex" 2>/dev/null)" ] && return 0
+    for dev in "$sysfs"/bus/pci/devices/*; do
+        [ -r "$dev/vendor" ] && [ -r "$dev/device" ] || continue
+        if [ "$(cat "$dev/vendor")" = 0x1ac1 ] && [ "$(cat "$dev/device")" = 0x089a ]; then
+            return 0
+        fi
+    done
+    return 1
+}
+# Only with a PCIe TPU: elsewhere waiting for /dev/apex_0 would hold the start
+# until the device job timed out (90 s).
+if [ "$PCIE_TPU" = yes ] || { [ "$PCIE_TPU" = auto ] && has_pcie_tpu; }; then
+    put "$HERE/edgecap-apex.conf" "$APEX_DROPIN" 0644
+elif [ -e "$APEX_DROPIN" ]; then
+    rm -f "$APEX_DROPIN"
+    rmdir "$(dirname "$APEX_DROPIN")" 2>/dev/null || true
+    say "removed $APEX_DROPIN (no PCIe Edge TPU)"
+fi
 
 # 5. Config: root:edgecap 0750/0640 (it may hold a token and a password); an
 # existing config is the user's and is never touched.

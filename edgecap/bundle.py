@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import msgspec
 import numpy as np
 
-from edgecap import schema
+from edgecap import files, schema
 from edgecap.errors import BundleError
 from edgecap.modelfile import ModelFile, open_model
 from edgecap.tflite_verify import verify_tflite
@@ -227,6 +227,9 @@ def _file(json_path: Path, field: str, rel: Optional[str]) -> Optional[Path]:
     if target.is_dir():
         raise BundleError(f"{target}: field '{field}' of {json_path} names a directory: "
                           "name the file")
+    if target.exists() and not target.is_file():  # never opened: a FIFO would block, a device never end
+        raise BundleError(f"{target}: field '{field}' of {json_path} names a FIFO, device or socket, "
+                          "not a regular file: name the file")
     if not target.is_file():
         raise BundleError(f"{target}: file named by field '{field}' of {json_path} "
                           "is missing: restore it or fix the field")
@@ -251,8 +254,6 @@ def _open_model(path: Path) -> Tuple[ModelFile, Any]:
     """
     try:
         return open_model(path)
-    except PermissionError:
-        raise BundleError(f"{path}: permission denied: make it readable by this user") from None
     except (ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BundleError(f"{path}: corrupt or truncated TFLite model ({first}): re-export it") from None
@@ -299,7 +300,7 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
                           "that holds bundle.json")
     if not json_path.exists():
         raise BundleError(f"{json_path}: missing: a bundle directory needs a bundle.json")
-    data = schema.read_bytes(json_path, what="bundle.json", fix=_FIX, error=BundleError)
+    data = files.read_bytes(json_path, what="bundle.json", fix=_FIX, error=BundleError)
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).schema_version
     except (msgspec.MsgspecError, RecursionError):
@@ -327,25 +328,28 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     ds_path = _file(json_path, "rnn.decoder_step", doc.rnn.decoder_step)
     vocab_path = _file(json_path, "vocab", doc.vocab)
 
+    vocab_bytes = files.read_bytes(vocab_path, what="vocabulary", fix="write one token a line",
+                                   kind="text", error=BundleError)
     try:
-        vocab = tuple(vocab_path.read_text(encoding="utf-8").splitlines())
+        vocab = tuple(vocab_bytes.decode("utf-8").splitlines())
     except UnicodeDecodeError:
         raise BundleError(f"{vocab_path}: not UTF-8 text: write one token a line") from None
-    except PermissionError:
-        raise BundleError(f"{vocab_path}: permission denied: make it readable by this user") from None
     if not vocab:
         raise BundleError(f"{vocab_path}: empty vocabulary: write one token a line")
     for name, tid in tokens.__dict__.items():
         if not 0 <= tid < len(vocab):
             raise BundleError(f"{json_path}: field 'tokens.{name}' is {tid}, outside the "
                               f"{len(vocab)} tokens of {vocab_path.name}: fix the id or the vocabulary")
+    if tokens.bos == tokens.eos:  # decoding would take the start token for the end of the caption
+        raise BundleError(f"{json_path}: fields 'tokens.bos' and 'tokens.eos' are both {tokens.bos}: "
+                          "give the start and the end of a caption different ids")
 
     enc, _ = _open_model(encoder)
     if reference is not None:
         # Opened only when asked for (--reference-encoder), but checked now: a
         # bad file must fail here, not after a run has started.
-        data = schema.read_bytes(reference, what="reference encoder", fix="restore it or re-export the bundle",
-                                 error=BundleError)
+        data = files.read_bytes(reference, what="reference encoder", fix="restore it or re-export the bundle",
+                                error=BundleError, kind="model")
         verify_tflite(data, str(reference), error=BundleError, fix="re-export the bundle")
     if len(enc.inputs) != 1 or len(enc.outputs) != 1:
         raise BundleError(f"{encoder}: encoder must have one input and one output, "

@@ -15,13 +15,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from edgecap import devices, faults, planner, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
-from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled
+from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
 from edgecap.isolation import IsolatedSegment
 from edgecap.options import CaptionerOptions
 from edgecap.plan import Plan
@@ -166,6 +166,39 @@ class _CnnStage:
         self._runner.close()
 
 
+class _Guarded:
+    """A step that turns an exception no device explains into a one-line ``StageFailed``.
+
+    An EdgeTPU stage's errors are ``DeviceFailed`` already (failed over); an
+    exception of a CPU stage, the RNN step or the decoder (a bug, a native
+    error, memory) would otherwise reach the caller as a bare traceback.
+    """
+
+    __slots__ = ("_fn", "_step", "_worker")
+
+    def __init__(self, fn: Callable[[Any], Any], step: str, worker: str) -> None:
+        self._fn, self._step, self._worker = fn, step, worker
+
+    def __call__(self, job: Any) -> Any:
+        try:
+            return self._fn(job)
+        except (EdgecapError, RunFailure):  # DeviceFailed, RunCancelled: the supervisor's to handle
+            raise
+        except Exception as exc:
+            raise StageFailed(self._step, self._worker, exc) from exc
+
+    def close(self) -> None:
+        """Closes the step, as its worker thread does when it ends."""
+        close = getattr(self._fn, "close", None)
+        if close is not None:
+            close()
+
+
+def _guarded(step: str, worker: str, open_: Callable[[], Callable[[Any], Any]]) -> Callable[[], _Guarded]:
+    """A ``Step.open`` that opens ``open_`` and guards what it returns (see ``_Guarded``)."""
+    return lambda: _Guarded(open_(), step, worker)
+
+
 class _StreamWindows:
     """The windows of one stream: frames counted so far and the windows still open."""
 
@@ -307,6 +340,10 @@ class EdgeCaptioner:
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         self.window = opts.window(self.bundle.window)
         choice = planner.choose(self.bundle, opts)
+        # Before anything opens: a fault for a device this board lacks could never fire.
+        pending = faults.current()
+        if pending:
+            pending.check(planner.board_tpus(choice))
         model_in, model_out = choice.plan.inputs[0], choice.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
         self._output_quantization = model_out.quantization
@@ -340,14 +377,16 @@ class EdgeCaptioner:
 
     def _open(self, choice: Choice, released: threading.Event) -> Pipeline:
         """Opens every step of a choice on its worker (opening failures are raised here)."""
-        steps = [Step(run.name, str(run.worker), functools.partial(_CnnStage, run, released),
+        steps = [Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
+                                                          functools.partial(_CnnStage, run, released)),
                       deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
                  for run in choice.stages]
         rnn = functools.partial(_RnnStep, self.bundle, self.window, choice.rnn_pace_ms, self._output_name,
                                 self._output_quantization, compute=choice.rnn_compute)
-        steps.append(Step("rnn_step", str(planner.CPU), rnn))
+        steps.append(Step("rnn_step", str(planner.CPU), _guarded("rnn_step", str(planner.CPU), rnn)))
         # The decoder sees only frames that end a window: the others pass its worker by.
-        steps.append(Step("decode", planner.DECODE_WORKER, functools.partial(_Decode, self.bundle),
+        steps.append(Step("decode", planner.DECODE_WORKER,
+                          _guarded("decode", planner.DECODE_WORKER, functools.partial(_Decode, self.bundle)),
                           accepts=_ends_a_window))
         return Pipeline(steps, pipelined=choice.pipelined, queue_size=self.options.queue_size,
                         batch=choice.batch, tracer=self._tracer)
@@ -389,10 +428,17 @@ class EdgeCaptioner:
         try:
             for job in self._supervisor.run(((None, f) for f in frames), {}, src.live, src, self._job):
                 yield from job.captions
+        except (KeyboardInterrupt, GeneratorExit):
+            # A camera has no end of its own: Ctrl-C, or a caller that stops
+            # reading, is how its run ends, so its trace is written; a file's
+            # run cut short is not a run that succeeded, and writes none.
+            if src.live:
+                self._write_trace()
+            raise
         finally:
             frames.close()
             src.close()
-            self._write_trace()
+        self._write_trace()
 
     def _job(self, stream: Tuple[Run, Optional[Hashable]], frame: Optional[Frame], pos: int) -> _FrameJob:
         # Runs on the pipeline's feeder thread: preprocess.
@@ -436,11 +482,9 @@ class EdgeCaptioner:
         """
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
-        try:
-            for job in self._supervisor.run(iter(frames), dict(windows or {}), live, None, self._job):
-                yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms)
-        finally:
-            self._write_trace()
+        for job in self._supervisor.run(iter(frames), dict(windows or {}), live, None, self._job):
+            yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms)
+        self._write_trace()
 
     def stats(self) -> Optional[PipelineStats]:
         """Statistics of the current or latest stream (None before the first).
@@ -458,9 +502,11 @@ class EdgeCaptioner:
         """Stops the run in progress and joins every worker thread; idempotent."""
         self._closed = True
         self._supervisor.close()
-        self._write_trace()
 
     def _write_trace(self) -> None:
+        # Only a run that reached the end of its frames (or a camera's run, which
+        # ends by an interrupt) writes the trace: a run that failed, or a file's run
+        # that was interrupted or stopped early, writes none (docs/runtime.md).
         if self._tracer is not None:
             self._tracer.write(self.options.trace)
 

@@ -5,7 +5,8 @@ compiler (``compile``, ``calibrate``) is imported only when those commands
 run, so the runtime's commands never load it. SIGINT and SIGTERM stop any
 command with the exit policy every edgecap command shares
 (``edgecap.command.run_command``): the run in progress is closed on the way
-out, and the exit code is 130 for SIGINT and 143 for SIGTERM.
+out, and the exit code is 130 for SIGINT and 143 for SIGTERM (0 for ``serve``,
+which a stop ends normally).
 """
 
 from __future__ import annotations
@@ -21,22 +22,38 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
-from edgecap import __version__
+from edgecap import __version__, files
+from edgecap.argtypes import Parser, float_in, int_in, int_list_in
 from edgecap.bundle import DEMO_DIR, default_bundle
-from edgecap.command import run_command
+from edgecap.command import EXIT_SIGTERM, run_command
 from edgecap.errors import EdgecapError
+from edgecap.limits import MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES
 from edgecap.outputs import atomic_path, check_output, write_text
 
 if TYPE_CHECKING:
     from edgecap.options import CaptionerOptions
 
+# The range of every numeric flag, checked by argparse before any work
+# (docs/bad-input.md lists them). Those the Python API shares are in edgecap.limits.
+WINDOW = int_in(1, MAX_WINDOW_FRAMES)
+THREADS = int_in(1, MAX_THREADS)
+BATCH = int_in(1, MAX_QUEUE)
+MAX_CLIPS = 1_000_000  # eval --limit
+MAX_BENCH_FRAMES = 1_000_000  # bench --frames: a run, not a soak (tools/soak.py)
+MAX_TPUS = 8  # compile --tpus: no board carries more EdgeTPUs
+MAX_SRAM = 1 << 30  # compile --sram, bytes per TPU: an EdgeTPU has 8 MiB
+RUNTIME_VERSIONS = (10, 99)  # compile --min-runtime-version: edgetpu_compiler -m knows 10 and up
+MAX_CALIBRATION_SEGMENTS = 10_000  # calibrate --segments
+MAX_REPEATS = 10_000  # calibrate --repeats
+
+
 def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", type=Path, default=None,
                    help="model bundle directory (default: $EDGECAP_BUNDLE or the shipped demo)")
-    p.add_argument("--frames", type=int, help="sampled frames per window (default: bundle's)")
-    p.add_argument("--stride", type=int, help="sampled frames between windows (default: bundle's)")
-    p.add_argument("--sample-fps", type=float, help="sampling rate, 0 = every frame")
-    p.add_argument("--threads", type=int, help="CPU threads of the CNN (default: the physical cores)")
+    p.add_argument("--frames", type=WINDOW, help="sampled frames per window (default: bundle's)")
+    p.add_argument("--stride", type=WINDOW, help="sampled frames between windows (default: bundle's)")
+    p.add_argument("--sample-fps", type=float_in(0, MAX_SAMPLE_FPS), help="sampling rate, 0 = every frame")
+    p.add_argument("--threads", type=THREADS, help="CPU threads of the CNN (default: the physical cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object per caption")
     p.add_argument("--plan", type=Path, help="plan.json (or its directory) from `edgecap compile`")
     p.add_argument("--board", default="auto",
@@ -46,8 +63,9 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate", action="store_true", default=None,
                    help="run TPU stages on emulated EdgeTPUs even when TPUs are attached")
     p.add_argument("--trace", type=Path,
-                   help="write a Chrome trace-event JSON of the run (opens in ui.perfetto.dev)")
-    p.add_argument("--batch", type=int, default=None,
+                   help="write a Chrome trace-event JSON of the run (opens in ui.perfetto.dev); "
+                        "only a run that reaches the end of its source writes it")
+    p.add_argument("--batch", type=BATCH, default=None,
                    help="frames of a video file handed between devices at once; more than 1 "
                         "pays off only when stages take well under a millisecond")
 
@@ -112,7 +130,8 @@ def _cmd_caption(args: argparse.Namespace) -> int:
         source = str(DEMO_DIR / "sample.mp4")
         truth = DEMO_DIR / "sample.json"
         if truth.is_file():
-            expected = [w["caption"] for w in json.loads(truth.read_text())["windows"]]
+            doc = json.loads(files.read_bytes(truth, what="ground truth", fix="reinstall edgecap"))
+            expected = [w["caption"] for w in doc["windows"]]
     captions = []
     with EdgeCaptioner(bundle, _captioner_options(args)) as cap:
         weights = cap.bundle.weights
@@ -242,13 +261,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- bench
 
 
-def _int_list(text: str) -> List[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: use comma-separated integers, e.g. 8,4,2")
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
     from edgecap import bench
 
@@ -301,7 +313,8 @@ def _check_bench_outputs(args: argparse.Namespace) -> Optional[Path]:
 def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", type=Path, help="bundle directory (default: the shipped demo)")
     p.add_argument("--clips", nargs="+", help="video files (default: the shipped sample clip)")
-    p.add_argument("--frames", type=int, default=480, help="frames per run (clips repeat)")
+    p.add_argument("--frames", type=int_in(1, MAX_BENCH_FRAMES), default=480,
+                   help="frames per run (clips repeat)")
     p.add_argument("--board", default="devboard-usb",
                    help="board profile to emulate, or a comma list of them")
     p.add_argument("--profiles", default="board,host",
@@ -309,12 +322,12 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                         "time to first caption of `edgecap caption`)")
     p.add_argument("--timing-only", action="store_true",
                    help="emulated stages compute nothing (all board rows)")
-    p.add_argument("--strides", type=_int_list,
+    p.add_argument("--strides", type=int_list_in(1, MAX_WINDOW_FRAMES),
                    help="comma list of window strides to run the board rows at, e.g. 8,4,2 "
                         "(default: the bundle's)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=THREADS, default=1,
                    help="threads of each CPU encoder interpreter (default 1)")
-    p.add_argument("--batch", type=int, default=8,
+    p.add_argument("--batch", type=BATCH, default=8,
                    help="frames per hand-off in the host's batched pipeline rows (default 8)")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--plot", type=Path, help="write a bar chart PNG here (needs matplotlib)")
@@ -380,8 +393,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         result = calibration.calibrate(graphs, board, device=args.device, threads=args.threads,
                                        segments=args.segments, repeats=args.repeats,
                                        seed=args.seed, progress=_updater(bar))
-    with atomic_path(args.out) as tmp:
-        calibration.save_calibration(result, tmp)
+    try:
+        with atomic_path(args.out) as tmp:
+            calibration.save_calibration(result, tmp)
+    except OSError as e:  # e.g. the disk is full
+        raise EdgecapError(f"-o {args.out}: cannot write ({e.strerror}); nothing was written") from None
     d, err = result.device, result.error
     print(f"{result.board} {d.name}: {d.macs_per_s / 1e9:.1f} GMAC/s, "
           f"{d.elements_per_s / 1e9:.2f} G elements/s, {d.op_overhead_ms * 1e3:.2f} us/op, "
@@ -405,13 +421,13 @@ _BOARD_HELP = ("board profile: a shipped name (devboard-usb, ...; an unknown nam
 def _add_compile(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="MODEL.tflite or BUNDLE_DIR")
     p.add_argument("--board", required=True, help=_BOARD_HELP)
-    p.add_argument("--tpus", type=int, help="number of EdgeTPUs (default: the board's)")
-    p.add_argument("--sram", type=int, help="usable parameter cache per TPU in bytes "
+    p.add_argument("--tpus", type=int_in(0, MAX_TPUS), help="number of EdgeTPUs (default: the board's)")
+    p.add_argument("--sram", type=int_in(1, MAX_SRAM), help="usable parameter cache per TPU in bytes "
                                             "(default: the board profile's sram_usable_bytes)")
     p.add_argument("--calibration", help="coefficients file from `edgecap calibrate`")
     p.add_argument("--report", action="store_true",
                    help="also write report.md and split.png (needs matplotlib)")
-    p.add_argument("--min-runtime-version", type=int,
+    p.add_argument("--min-runtime-version", type=int_in(*RUNTIME_VERSIONS),
                    help="edgetpu_compiler -m: oldest Edge TPU runtime to support")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("-o", "--out", help="output folder")
@@ -425,10 +441,12 @@ def _add_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help="int8 .tflite models or bundle dirs to time")
     p.add_argument("--board", required=True, help="board profile the device belongs to")
     p.add_argument("--device", default="cpu", help="cpu (this machine) or tpu:N")
-    p.add_argument("--threads", type=int, help="CPU threads (default: the board's cores)")
-    p.add_argument("--segments", type=int, default=24, help="random segments per model")
-    p.add_argument("--repeats", type=int, default=15, help="timed invokes per segment")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=THREADS, help="CPU threads (default: the board's cores)")
+    p.add_argument("--segments", type=int_in(1, MAX_CALIBRATION_SEGMENTS), default=24,
+                   help="random segments per model")
+    p.add_argument("--repeats", type=int_in(1, MAX_REPEATS), default=15,
+                   help="timed invokes per segment")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0)
     p.add_argument("-o", "--out", required=True, help="calibration .json to write")
     p.set_defaults(func=_cmd_calibrate)
 
@@ -438,10 +456,10 @@ def _add_calibrate(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of the ``edgecap`` command (imports no handler's modules)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="edgecap", description="Caption video on ARM boards with Coral EdgeTPUs.",
-        epilog="Bad input exits with code 2 and one line on stderr; SIGINT exits with 130, "
-               "SIGTERM with 143.")
+        epilog="Bad input exits with code 2 and one line on stderr; a failure at run time with 1 "
+               "and one line (EDGECAP_DEBUG=1 adds its traceback); SIGINT exits with 130, SIGTERM with 143.")
     parser.add_argument("--version", action="version", version=f"edgecap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -459,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bundle", type=Path, help="bundle directory (default: the shipped demo)")
     p.add_argument("--data", type=Path, required=True, help="dataset directory (captions.json)")
     p.add_argument("--split", default="test")
-    p.add_argument("--limit", type=int, help="score only the first N clips")
+    p.add_argument("--limit", type=int_in(1, MAX_CLIPS), help="score only the first N clips")
     p.add_argument("--out", type=Path, help="also write the report as JSON here")
     p.set_defaults(func=_cmd_eval)
 
@@ -488,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--board", help="auto or a board profile (key: board)")
     p.add_argument("--on-missing-tpu", choices=("cpu", "fail"), help="key: on_missing_tpu")
     p.add_argument("--http-address", help="key: http.address")
-    p.add_argument("--http-port", type=int, help="key: http.port")
+    p.add_argument("--http-port", type=int_in(0, 65535), help="key: http.port")
     p.set_defaults(func=_cmd_serve)
 
     _add_bench(sub.add_parser(
@@ -534,10 +552,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       argv: Arguments without the program name (default: ``sys.argv[1:]``).
 
     Returns:
-      The exit code: 0 on success, 2 on bad input, 130 on SIGINT (Ctrl-C),
-      143 on SIGTERM.
+      The exit code: 0 on success, 2 on bad input, 1 on a failure at run
+      time, 130 on SIGINT (Ctrl-C), 143 on SIGTERM; ``serve`` exits 0 on
+      SIGTERM.
     """
-    return run_command("edgecap", lambda: run(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # SIGTERM is how systemd stops a service, at any point of its life: for serve it
+    # is the normal end (0), also during the start, before READY=1, where 143 would
+    # count as a failure. serve's own handler takes over once it runs (Service.run).
+    sigterm_exit = 0 if argv[:1] == ["serve"] else EXIT_SIGTERM
+    return run_command("edgecap", lambda: run(argv), sigterm_exit)
 
 
 if __name__ == "__main__":

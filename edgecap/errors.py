@@ -1,4 +1,5 @@
-"""The errors edgecap raises for bad input; the CLI turns them into one line and exit code 2."""
+"""The errors edgecap raises: bad input (``EdgecapError``: one line, exit code 2 from the CLI) and
+failures at run time (``RunFailure``: one line, exit code 1)."""
 
 
 class EdgecapError(Exception):
@@ -42,3 +43,24 @@ class DeviceFailed(EdgecapError):
         super().__init__(f"{device}: {kind}: {detail}")
         self.device = device
         self.kind = kind
+
+
+class RunFailure(Exception):
+    """A failure at run time that no input caused: the CLI reports one line and exits 1."""
+
+
+class StageFailed(RunFailure):
+    """A pipeline step on the CPU (a CNN stage, the RNN step, the decoder) raised mid-run.
+
+    An EdgeTPU stage's error is a ``DeviceFailed`` instead, which the
+    captioner fails over from; a CPU step's has nowhere to go.
+
+    Attributes:
+      step: The step's name, e.g. ``rnn_step`` or ``stage 1 (cpu)``.
+      worker: The worker that ran it, e.g. ``cpu``.
+    """
+
+    def __init__(self, step: str, worker: str, error: BaseException) -> None:
+        super().__init__(f"{step} on {worker} failed at run time: {type(error).__name__}: {error}")
+        self.step = step
+        self.worker = worker

@@ -6,7 +6,10 @@ given to ``inject()``::
 
     EDGECAP_FAULTS="emu-tpu:1=fail@120+2s,emu-tpu:0=hang@300" edgecap caption clip.mp4
 
-* ``DEVICE``: a device string as plans and ``--devices`` write it.
+* ``DEVICE``: an EdgeTPU as plans and ``--devices`` write it (``tpu:N``,
+  ``pci:N``, ``usb:N``, ``emu-tpu:N``): faults strike EdgeTPU invokes only,
+  so an entry for the CPU is refused, and so is one for an EdgeTPU the
+  running board lacks (``check``), when a captioner starts.
 * ``ACTION``: ``fail`` (the invoke raises), ``hang`` (it never returns),
   ``vanish`` (the invoke raises and the device is gone from the bus),
   ``abort`` (the process running the invoke calls ``os.abort()``, as
@@ -28,8 +31,9 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
+from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, DeviceFailed
 
 ENV = "EDGECAP_FAULTS"
@@ -54,6 +58,10 @@ class Fault:
     at: int
     back_after_s: Optional[float] = None
 
+    def __str__(self) -> str:
+        back = "" if self.back_after_s is None else f"+{self.back_after_s:g}s"
+        return f"{self.device}={self.action}@{self.at}{back}"
+
 
 def parse(text: str, source: str = ENV) -> List[Fault]:
     """Parses a fault plan.
@@ -66,7 +74,8 @@ def parse(text: str, source: str = ENV) -> List[Fault]:
       The faults, in the order given.
 
     Raises:
-      ConfigError: One line naming the bad entry and the expected form.
+      ConfigError: One line naming the bad entry and the expected form, or
+        why it can never fire (a device that is no EdgeTPU).
     """
     faults = []
     for entry in (e.strip() for e in text.split(",")):
@@ -78,16 +87,25 @@ def parse(text: str, source: str = ENV) -> List[Fault]:
                 f"{source}: bad fault {entry!r}; write DEVICE=ACTION@N[+Ss] with ACTION one of "
                 f"{', '.join(ACTIONS)}, e.g. emu-tpu:1=fail@120+2s"
             )
+        try:
+            spec = parse_device(m["device"])
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: fault {entry!r}: {exc}") from None
+        if spec.kind == "cpu":
+            raise ConfigError(f"{source}: fault {entry!r} can never fire: faults strike EdgeTPU invokes "
+                              f"and {m['device']} is the CPU; name an EdgeTPU (tpu:N, emu-tpu:N)")
         back = float(m["back"]) if m["back"] is not None else None
-        faults.append(Fault(m["device"], m["action"], int(m["at"]), back))
+        # The canonical string: the one a stage's worker is named by (emu-tpu:01 is emu-tpu:1).
+        faults.append(Fault(str(spec), m["action"], int(m["at"]), back))
     return faults
 
 
 class FaultPlan:
     """The faults of this process, and each device's invoke count; thread-safe."""
 
-    def __init__(self, faults: List[Fault]) -> None:
+    def __init__(self, faults: List[Fault], source: str = ENV) -> None:
         self._pending = list(faults)
+        self._source = source
         self._counts: Dict[str, int] = {}
         self._gone_until: Dict[str, float] = {}
         self._lock = threading.Lock()
@@ -97,6 +115,50 @@ class FaultPlan:
 
     def __bool__(self) -> bool:
         return bool(self._pending)
+
+    @property
+    def pending(self) -> List[Fault]:
+        """The faults not yet fired, in the order given."""
+        with self._lock:
+            return list(self._pending)
+
+    def add(self, fault: Fault) -> None:
+        """Adds a fault, keeping those pending and every device's absence (the soak's way in).
+
+        Its ``at`` counts from 0 over the device's life: ``invokes(device)``
+        is the device's next invoke.
+        """
+        with self._lock:
+            self._pending.append(fault)
+
+    def withdraw(self, fault: Fault) -> bool:
+        """Removes a fault that has not fired; False if it fired already."""
+        with self._lock:
+            if fault in self._pending:
+                self._pending.remove(fault)
+                return True
+            return False
+
+    def invokes(self, device: str) -> int:
+        """Invokes of ``device`` counted so far."""
+        with self._lock:
+            return self._counts.get(device, 0)
+
+    def check(self, tpus: Sequence[DeviceSpec]) -> None:
+        """Refuses a pending fault on a device that is not one of ``tpus`` (it can never fire).
+
+        Args:
+          tpus: The EdgeTPUs a run may use: the plan's and those it may fail over onto.
+
+        Raises:
+          ConfigError: One line naming the first such entry, and the EdgeTPUs there are.
+        """
+        names = [str(d) for d in tpus]
+        for fault in self.pending:
+            if fault.device not in names:
+                have = f"its EdgeTPUs are {', '.join(names)}" if names else "it runs on no EdgeTPU"
+                raise ConfigError(f"{self._source}: fault {str(fault)!r} can never fire: this run's board "
+                                  f"has no {fault.device} ({have}); name one of them")
 
     def take(self, device: str) -> Optional[Fault]:
         """Counts one invoke of ``device``; returns the fault that fires at it, if any."""
@@ -131,7 +193,7 @@ def current() -> FaultPlan:
     global _plan
     with _plan_lock:
         if _plan is None:
-            _plan = FaultPlan(parse(os.environ.get(ENV, "")))
+            _plan = FaultPlan(parse(os.environ.get(ENV, "")), ENV)
         return _plan
 
 
@@ -148,7 +210,7 @@ def inject(text: str) -> FaultPlan:
       ConfigError: If an entry is malformed.
     """
     global _plan
-    plan = FaultPlan(parse(text, "inject()"))
+    plan = FaultPlan(parse(text, "inject()"), "inject()")
     with _plan_lock:
         if _plan is not None:
             _plan.released.set()

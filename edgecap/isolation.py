@@ -17,15 +17,26 @@ emulated device's pace is part of its invoke), ignores SIGINT and runs in its
 own session (the parent owns shutdown), and exits when this process dies: a
 thread in it waits for the end of a pipe only this process holds.
 
-POSIX only (the shared memory is attached by name without Python's resource
-tracker, which would unlink it when the child exits).
+Starting an interpreter and importing numpy and TFLite takes most of a second,
+more on a loaded host, and a failover opens a new stage: so a spare worker
+process is started ahead of need (after a stage opens) and waits, imports
+done, for the next stage to open (``spare_pids``, ``close_spares``,
+``set_spares``).
+
+The shared block has no name: an anonymous file (``memfd_create`` on Linux;
+elsewhere a POSIX shared-memory object unlinked as soon as it is created),
+handed to the child over the socket. Nothing is left in ``/dev/shm`` however
+the processes end, ``kill -9`` included: the kernel frees the block when the
+last process that maps it exits. POSIX only.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
 import mmap
 import os
+import secrets
 import select
 import signal
 import socket
@@ -36,7 +47,6 @@ import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -93,29 +103,66 @@ def _views(buf: Any, slots: Sequence[_Slot]) -> Dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class _OpenRequest:
-    """What the child needs to open its stage: sent as its first message."""
+    """What the child needs to open its stage: sent as its first message, the block's file after it."""
 
     stage: Stage
     spec: DeviceSpec
     num_threads: int
     timing_only: bool
     pace_ms: Optional[float]
-    shm_name: str
-    shm_size: int
+    size: int
     inputs: Tuple[_Slot, ...]
     outputs: Tuple[_Slot, ...]
 
 
-class _Worker:
-    """The child process and what this process shares with it; ``stop()`` releases all of it.
+def _anonymous_block(size: int) -> int:
+    """A file descriptor of ``size`` bytes of shared memory that has no name to leave behind."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("edgecap-isolation")
+    else:  # macOS: a name for the two system calls between creating and unlinking it
+        import _posixshmem
 
-    Held apart from ``IsolatedSegment`` so the segment's finalizer can stop it.
+        name = f"/edgecap-{os.getpid()}-{secrets.token_hex(8)}"
+        fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        _posixshmem.shm_unlink(name)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _send_fd(conn: Connection, fd: int) -> None:
+    with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        socket.send_fds(sock, [b"\0"], [fd])
+
+
+def _recv_fd(conn: Connection) -> int:
+    with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if len(fds) != 1:
+        raise EOFError("no shared block came with the request")
+    return fds[0]
+
+
+def _surroundings() -> Tuple[Dict[str, str], Optional[str]]:
+    """What a child started now inherits that its stage's opening reads: environment, directory."""
+    try:
+        cwd: Optional[str] = os.getcwd()
+    except OSError:  # removed: a child started now inherits a directory that has no path
+        cwd = None
+    return dict(os.environ), cwd
+
+
+class _Process:
+    """A started worker process with no stage yet: its socket and lifeline; ``stop()`` ends it.
+
+    Its environment and working directory are this process's when it
+    started: a spare is used only while they are still the same.
     """
 
-    def __init__(self, request: _OpenRequest, shm: SharedMemory) -> None:
-        self.shm = shm
-        self.inputs = _views(shm.buf, request.inputs)
-        self.outputs = _views(shm.buf, request.outputs)
+    def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         lifeline_r, self._lifeline = os.pipe()
         try:
@@ -124,21 +171,153 @@ class _Worker:
                 pass_fds=(theirs.fileno(), lifeline_r), start_new_session=True,
                 stdin=subprocess.DEVNULL,
             )
-        except OSError as exc:
+        except BaseException:
             ours.close()
             os.close(self._lifeline)
-            raise EdgecapError(f"{request.spec}: cannot start the stage's worker process ({exc}); "
-                               "run without process isolation") from None
+            raise
         finally:
             theirs.close()
             os.close(lifeline_r)
         self.conn = Connection(ours.detach())
+        self._started_in = _surroundings()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def fits(self) -> bool:
+        """Whether it still runs and would open a stage as one started now would."""
+        return self.proc.poll() is None and _surroundings() == self._started_in
+
+    def stop(self, kill: bool = False) -> None:
+        """Ends the child (closing its lifeline makes it exit) and reaps it; idempotent.
+
+        Args:
+          kill: Kill it at once: for a spare, which holds no device and may
+            still be importing (it reads its lifeline only after its imports).
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        os.close(self._lifeline)
+        self.conn.close()
+        if kill:
+            self.proc.kill()
+        try:
+            self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:  # stuck in the kernel (a USB transfer): reaped when it ends
+                pass
+
+
+class _Spares:
+    """Worker processes started ahead of need, each waiting (imports done) for a stage to open.
+
+    ``take()`` hands out a spare that fits, else starts a process; ``refill()``
+    starts spares up to ``size``. Thread-safe; stopped at exit.
+    """
+
+    def __init__(self, size: int = 1) -> None:
+        self.size = size
+        self._idle: List[_Process] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self) -> Tuple[_Process, bool]:
+        """Returns a worker process for a stage, and whether it was a spare."""
+        with self._lock:
+            stale = [p for p in self._idle if not p.fits()]
+            self._idle = [p for p in self._idle if p not in stale]
+            chosen = self._idle.pop(0) if self._idle else None
+        for process in stale:
+            process.stop(kill=True)
+        return (chosen, True) if chosen is not None else (_Process(), False)
+
+    def refill(self) -> None:
+        """Starts spares up to ``size`` (a failure to start one is left to the next ``take``)."""
+        while True:
+            with self._lock:
+                if self._closed or len(self._idle) >= self.size:
+                    return
+            try:
+                process = _Process()
+            except OSError:
+                return
+            with self._lock:
+                if not self._closed and len(self._idle) < self.size:
+                    self._idle.append(process)
+                    continue
+            process.stop(kill=True)
+            return
+
+    def pids(self) -> List[int]:
+        """The spare processes' ids."""
+        with self._lock:
+            return [p.proc.pid for p in self._idle]
+
+    def close(self, final: bool = False) -> None:
+        """Stops every spare; with ``final``, starts none again."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._closed = self._closed or final
+        for process in idle:
+            process.stop(kill=True)
+
+
+_SPARES = _Spares()
+atexit.register(_SPARES.close, final=True)
+
+
+def spare_pids() -> List[int]:
+    """The process ids of the spare worker processes (started after an isolated stage opens)."""
+    return _SPARES.pids()
+
+
+def close_spares() -> None:
+    """Stops the spare worker processes; the next isolated stage starts its own and a new spare."""
+    _SPARES.close()
+
+
+def set_spares(size: int) -> None:
+    """Sets how many spare worker processes are kept (default 1; 0 starts each at need).
+
+    Raises:
+      ConfigError: If ``size`` is not 0 or more.
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise errors.ConfigError(f"spare worker processes: {size!r}; use 0 or more")
+    _SPARES.size = size
+    if size == 0:
+        _SPARES.close()
+
+
+class _Worker:
+    """A worker process given a stage, and the block it shares with it; ``stop()`` releases both.
+
+    Held apart from ``IsolatedSegment`` so the segment's finalizer can stop it.
+    """
+
+    def __init__(self, request: _OpenRequest, process: _Process) -> None:
+        self.process = process
+        self.proc, self.conn = process.proc, process.conn
+        fd = _anonymous_block(request.size)
+        try:
+            self.block = mmap.mmap(fd, request.size)
+            self.inputs = _views(self.block, request.inputs)
+            self.outputs = _views(self.block, request.outputs)
+            try:  # read by the child once its imports are done
+                self.conn.send(request)
+                _send_fd(self.conn, fd)
+            except OSError:  # it died (a spare killed while it waited): the wait for its answer says how
+                pass
+        finally:
+            os.close(fd)
         # One poll object for every wait: multiprocessing's wait() builds a
         # selector per call, a good part of the round trip's cost.
         self.poller = select.poll()
         self.poller.register(self.conn.fileno(), select.POLLIN)
-        self._lock = threading.Lock()
-        self._stopped = False
 
     def exit_detail(self) -> str:
         """How the child ended (it has, or is about to): reaps it and names the signal."""
@@ -154,27 +333,13 @@ class _Worker:
         return f"worker process exited with status {code}"
 
     def stop(self) -> None:
-        """Ends the child (closing its lifeline makes it exit), reaps it, frees the shared memory."""
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        os.close(self._lifeline)
-        self.conn.close()
-        try:
-            self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:  # stuck in the kernel (a USB transfer): reaped when it ends
-                pass
+        """Ends the child, reaps it and unmaps the block; idempotent."""
+        self.process.stop()
         self.inputs = self.outputs = {}
         try:
-            self.shm.close()
-        except BufferError:  # a view still held by a call in flight: SharedMemory's __del__ closes it
+            self.block.close()
+        except BufferError:  # a view still held by a call in flight: the map goes with the view
             pass
-        self.shm.unlink()
 
 
 class IsolatedSegment:
@@ -190,9 +355,10 @@ class IsolatedSegment:
       deadline_s: Seconds an invoke after the first may take before the
         child counts as hung (the first may take ``first_deadline_s``).
       first_deadline_s: Seconds the first invoke may take.
-      startup_s: Seconds from starting the child to its stage being open.
+      startup_s: Seconds from asking for a child (a spare, or one started
+        then) to its stage being open.
       pid: The child's process id.
-      shm_name: The shared-memory block's name (``/dev/shm/NAME`` on Linux).
+      spare: Whether the child was a spare, started before this stage opened.
     """
 
     isolated = True
@@ -237,16 +403,18 @@ class IsolatedSegment:
         self._names = [(t.name, t.name in ins) for t in stage.outputs]
         in_slots, end = _layout(stage.inputs, 0)
         out_slots, size = _layout([t for t in stage.outputs if t.name not in ins], end)
-        shm = SharedMemory(create=True, size=max(size, 1))
-        self.shm_name = shm.name
-        request = _OpenRequest(stage, spec, num_threads, timing_only, pace_ms, shm.name, max(size, 1),
+        request = _OpenRequest(stage, spec, num_threads, timing_only, pace_ms, max(size, 1),
                                tuple(in_slots), tuple(out_slots))
         t0 = time.perf_counter()
         try:
-            worker = _Worker(request, shm)
+            process, self.spare = _SPARES.take()
+        except OSError as exc:
+            raise EdgecapError(f"{spec}: cannot start the stage's worker process ({exc}); "
+                               "run without process isolation") from None
+        try:
+            worker = _Worker(request, process)
         except BaseException:
-            shm.close()
-            shm.unlink()
+            process.stop(kill=True)  # no stage is open in it
             raise
         self._worker = worker
         self._finalizer = weakref.finalize(self, worker.stop)
@@ -256,15 +424,16 @@ class IsolatedSegment:
         self._failure: Optional[Tuple[str, str]] = None
         self._closed = False
         try:
-            worker.conn.send(request)
             reply = self._wait(0, time.perf_counter() + start_timeout_s, start_timeout_s, opening=True)
         except BaseException:
             self.close()
             raise
+        self.startup_s = time.perf_counter() - t0
+        # Now, not before: the spare's start-up does not slow this stage's.
+        _SPARES.refill()
         if reply[0] == "error":
             self.close()
             raise _rebuild(reply[1], self.device, opening=f"opening stage {stage.index}")
-        self.startup_s = time.perf_counter() - t0
 
     def __call__(self, tensors: Tensors, fault: Optional[faults.Fault] = None) -> Tensors:
         """Runs the stage on ``tensors`` in the child.
@@ -383,20 +552,6 @@ def _exit_when_orphaned(lifeline: int) -> None:
     os._exit(0)
 
 
-def _attach(name: str, size: int) -> mmap.mmap:
-    """Maps the parent's shared block without registering it with a resource tracker.
-
-    A tracker started here would unlink the block when this child exits.
-    """
-    import _posixshmem
-
-    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
-    try:
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-
-
 def _perform(fault: faults.Fault) -> None:
     if fault.action in ("abort", "segv"):
         import resource
@@ -421,8 +576,9 @@ def _worker_main() -> None:
 
 def _serve(conn: Connection) -> None:
     request: _OpenRequest = conn.recv()
+    fd = _recv_fd(conn)
     try:
-        buf = _attach(request.shm_name, request.shm_size)
+        buf = mmap.mmap(fd, request.size)
         inputs = _views(buf, request.inputs)
         outputs = _views(buf, request.outputs)
         runner = stages.open_stage(request.stage, request.spec, num_threads=request.num_threads,
@@ -430,6 +586,8 @@ def _serve(conn: Connection) -> None:
     except BaseException as exc:  # the parent raises it as in-process, as one line
         conn.send(("error", _describe(exc)))
         return
+    finally:
+        os.close(fd)
     conn.send(("ready",))
     while True:
         seq, fault = conn.recv()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Tuple, Type
 
+from edgecap import files
 from edgecap.errors import BundleError, EdgecapError
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.tflite_verify import verify_tflite
@@ -85,11 +86,12 @@ def open_model(path: "str | os.PathLike[str]",
       ``(ModelFile, interpreter)``; the interpreter is for the caller's checks.
 
     Raises:
-      OSError: If the file cannot be read.
-      EdgecapError: ``error``, if the file is not a whole, consistent TFLite flatbuffer.
+      EdgecapError: ``error``, if the file cannot be read (missing, not a regular
+        file, over ``edgecap.files``' bound, permission denied) or is not a whole,
+        consistent TFLite flatbuffer.
       ValueError, RuntimeError: If the interpreter rejects it.
     """
-    data = Path(path).read_bytes()
+    data = files.read_bytes(path, what="model", fix="re-export it", kind="model", error=error)
     # Not every interpreter verifies what it parses (ai-edge-litert 1.4 and
     # tflite_runtime crash on a truncated file): refuse it first.
     verify_tflite(data, str(path), error=error)

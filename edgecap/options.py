@@ -16,17 +16,14 @@ from typing import Any, Mapping, Optional, Union
 from edgecap.bundle import WindowSpec
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError
+from edgecap.limits import MAX_DEADLINE, MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES
 from edgecap.plan import Plan
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# Bounds that no real window reaches; past them a value is a typo.
-MAX_WINDOW_FRAMES = 10_000
-MAX_SAMPLE_FPS = 10_000.0
-MAX_QUEUE = 1024
-MAX_DEADLINE = 1e6
-# A stage's first invoke may take this many times its deadline: a delegate
-# loads the segment's parameters onto the EdgeTPU then.
+# The first invoke of a stage the plan predicts no time for may take this many
+# times its deadline: a delegate loads the segment's parameters onto the EdgeTPU
+# then, and there is no prediction to base that on (edgecap.planner.deadlines).
 FIRST_INVOKE_GRACE = 10.0
 
 
@@ -71,8 +68,9 @@ class CaptionerOptions:
         the RNN step models use one.
       reference_encoder: Use the bundle's float reference encoder instead of
         the int8 one (for measuring quantisation loss); CPU only.
-      trace: Write a Chrome trace-event JSON of the runs here (on ``close()``
-        and after each stream).
+      trace: Write a Chrome trace-event JSON of the runs here, atomically, after
+        each stream that reaches the end of its frames; a stream that fails, is
+        interrupted or is stopped early writes none.
       failover: When an EdgeTPU (real or emulated) fails mid-stream, re-plan
         onto the devices left and go on (docs/runtime.md, Failover); False
         raises ``DeviceFailed`` to the caller instead.
@@ -81,8 +79,8 @@ class CaptionerOptions:
         its device is treated as failed.
       deadline_floor_s: The shortest deadline, in seconds: what a loaded host
         may add to an invoke without it counting as hung. A stage's first
-        invoke gets ``FIRST_INVOKE_GRACE`` times its deadline (a delegate
-        loads the segment's parameters then).
+        invoke also gets the predicted time of loading its parameters onto
+        the EdgeTPU (``edgecap.planner.deadlines``).
       isolate: Run EdgeTPU stages (real or emulated) in worker processes, so
         that a native crash (libedgetpu's abort) kills the worker, not the
         captioner; CPU stages always run in-process. None isolates real
@@ -138,9 +136,10 @@ class CaptionerOptions:
                                     and math.isfinite(fps) and 0 <= fps <= MAX_SAMPLE_FPS):
             raise ConfigError(f"sample_fps {fps}: make the sample fps a finite number from 0 "
                               f"(every frame) to {MAX_SAMPLE_FPS:g}")
-        if self.num_threads is not None and not (_is_int(self.num_threads) and self.num_threads >= 1):
-            raise ConfigError(f"{self.num_threads} threads: use 1 or more (leave it out for one per "
-                              "physical core)")
+        if self.num_threads is not None and not (_is_int(self.num_threads)
+                                                 and 1 <= self.num_threads <= MAX_THREADS):
+            raise ConfigError(f"{self.num_threads} threads: use 1 to {MAX_THREADS} (leave it out for "
+                              "one per physical core)")
         if not (_is_int(self.queue_size) and 1 <= self.queue_size <= MAX_QUEUE):
             raise ConfigError(f"queue_size {self.queue_size}: each queue must hold from 1 to "
                               f"{MAX_QUEUE} frames")

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import msgspec
 
-from edgecap import schema
+from edgecap import files, schema
 from edgecap.bundle import quote_name, resolve_inside, unusable_name
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import EdgecapError, PlanError
@@ -309,8 +309,8 @@ def load_plan(path: "str | os.PathLike[str]") -> Plan:
     path = Path(path)
     if path.is_dir() and path.name != PLAN_FILE:  # a plan.json that is a directory is reported as one
         path = path / PLAN_FILE
-    data = schema.read_bytes(path, what="plan", fix=_FIX, error=PlanError,
-                             missing_fix="write one with `edgecap compile`")
+    data = files.read_bytes(path, what="plan", fix=_FIX, error=PlanError,
+                            missing_fix="write one with `edgecap compile`")
     where = str(path)
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).plan_version
@@ -511,6 +511,8 @@ def _inside(base: Path, name: str, where: str) -> Path:
         raise PlanError(f"{where}: {name!r} resolves outside the plan directory; keep segments beside plan.json")
     if resolved.is_dir():
         raise PlanError(f"{where}: segment {name!r} is a directory, not a .tflite file; {_FIX}")
+    if resolved.exists() and not resolved.is_file():  # never opened: a FIFO would block, a device never end
+        raise PlanError(f"{where}: segment {name!r} is a FIFO, device or socket, not a .tflite file; {_FIX}")
     if not resolved.is_file():
         raise PlanError(f"{where}: segment {name!r} not found beside plan.json; {_FIX}")
     return resolved
@@ -518,7 +520,7 @@ def _inside(base: Path, name: str, where: str) -> Path:
 
 def _fingerprint(path: Path) -> Tuple[str, int]:
     """``(sha256, size)`` of a segment file, for plan.json (write_plan)."""
-    data = schema.read_bytes(path, what="segment", fix=_FIX, error=PlanError)
+    data = files.read_bytes(path, what="segment", fix=_FIX, error=PlanError, kind="model")
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
@@ -546,7 +548,7 @@ def _check_files(raw: Optional[_StageDoc], stage: Stage, where: str) -> None:
     for path, (sha, size) in ((stage.segment, recorded), (stage.compiled_segment, (compiled_sha, None))):
         if path is None:
             continue
-        data = schema.read_bytes(path, what="segment", fix=fix, error=PlanError)
+        data = files.read_bytes(path, what="segment", fix=fix, error=PlanError, kind="model")
         if size is not None and len(data) != size:
             raise PlanError(f"{here}: {path.name} has {len(data)} bytes, plan.json recorded {size}: "
                             f"the file changed since the plan was written; {fix}")

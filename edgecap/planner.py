@@ -34,6 +34,7 @@ from edgecap import devices, faults, isolation
 from edgecap.bundle import Bundle, WindowSpec
 from edgecap.devices import DeviceSpec, Hardware, parse_device
 from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
+from edgecap.failover import load_recovery
 from edgecap.modelfile import open_model
 from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
 from edgecap.plan import Plan, Stage, check_segments, load_plan, single_cpu_plan
@@ -499,7 +500,11 @@ def deadlines(stage: Stage, worker: DeviceSpec, options: CaptionerOptions) -> Tu
     ``deadline_factor`` times the stage's predicted time, never below
     ``deadline_floor_s`` (what a loaded host may add); ``UNPREDICTED_DEADLINE_S``
     (or the floor, if longer) where the plan predicts none. The first invoke
-    gets ``FIRST_INVOKE_GRACE`` times as long. A CPU worker is never watched.
+    also loads the stage's on-chip parameters onto the EdgeTPU: it gets the
+    deadline plus that load's predicted time with a margin
+    (``data/recovery.json``, ``first_invoke``: the on-chip bytes at the
+    slowest link, twice over, at least 0.5 s); where the plan predicts no
+    time, ``FIRST_INVOKE_GRACE`` times the deadline. A CPU worker is never watched.
 
     Returns:
       ``(deadline_s, first_deadline_s)``, or ``(None, None)`` for a CPU worker.
@@ -508,9 +513,9 @@ def deadlines(stage: Stage, worker: DeviceSpec, options: CaptionerOptions) -> Tu
         return None, None
     if stage.predicted_ms is None:
         deadline = max(options.deadline_floor_s, UNPREDICTED_DEADLINE_S)
-    else:
-        deadline = max(options.deadline_floor_s, options.deadline_factor * stage.predicted_ms / 1e3)
-    return deadline, deadline * FIRST_INVOKE_GRACE
+        return deadline, deadline * FIRST_INVOKE_GRACE
+    deadline = max(options.deadline_floor_s, options.deadline_factor * stage.predicted_ms / 1e3)
+    return deadline, deadline + load_recovery().first_invoke.load_s(stage.param_bytes.on_chip)
 
 
 def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, reason: str,

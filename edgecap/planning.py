@@ -53,7 +53,8 @@ def plan_for_board(
       The loaded ``Plan``.
 
     Raises:
-      ConfigError: If the compiler is not installed, or both ``whole_on_tpu``
+      ConfigError: If the plan cache (``cache_root``) cannot be written, the
+        compiler is not installed, or both ``whole_on_tpu``
         and ``equal_param`` are asked for.
       EdgecapError: If the compiler rejects the board or the model.
     """
@@ -83,8 +84,12 @@ def plan_for_board(
                      metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
     if not (out / PLAN_FILE).is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=".staging-"))
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=".staging-"))
+        except OSError as exc:  # e.g. XDG_CACHE_HOME is a file, or read-only
+            raise ConfigError(f"plan cache {out.parent}: cannot write it ({exc.strerror}); set "
+                              "XDG_CACHE_HOME to a directory you can write") from None
         try:
             # Coral's default for whole_on_tpu: every op on tpu:0, only the RNN on the CPU.
             n = bundle.encoder_model.ops

@@ -58,8 +58,11 @@ def _format(path: Path) -> str:
 
 def _save(fig: Any, path: "str | os.PathLike[str]", dpi: int) -> None:
     # The temporary file's name does not tell matplotlib the format: the target's does.
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=dpi, format=_format(Path(path)))
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format=_format(Path(path)))
+    except OSError as e:  # e.g. the disk is full
+        raise ConfigError(f"{path}: cannot write ({e.strerror}); nothing was written") from None
 
 
 def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 from typing import Any, Optional, Tuple, Type, TypeVar, Union
 
 import msgspec
@@ -30,6 +29,7 @@ try:  # Annotated is in typing from 3.9 on
 except ImportError:  # pragma: no cover
     from typing_extensions import Annotated  # type: ignore[assignment]
 
+from edgecap import files
 from edgecap.errors import EdgecapError
 
 T = TypeVar("T")
@@ -181,41 +181,6 @@ def unrepresentable(obj: Any) -> Optional[str]:
     return None
 
 
-def read_bytes(
-    path: "str | os.PathLike[str]", *, what: str, fix: str,
-    error: Type[EdgecapError] = EdgecapError, missing_fix: Optional[str] = None,
-) -> bytes:
-    """Reads a file that a contract names, turning every OS failure into one line.
-
-    Args:
-      path: The file.
-      what: What the file is ("plan", "board profile", ...), for messages.
-      fix: What the user should do about an unreadable file.
-      error: The ``EdgecapError`` subclass to raise.
-      missing_fix: What to do when it does not exist (default: ``fix``).
-
-    Returns:
-      The file's bytes.
-
-    Raises:
-      error: If the file is missing, a directory, or unreadable (permission
-        denied is named as such).
-    """
-    path = Path(path)
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{path}: no such {what}; {missing_fix or fix}") from None
-    except IsADirectoryError:
-        raise error(f"{path}: is a directory, not a {what}; {fix}") from None
-    except PermissionError:
-        raise error(f"{path}: permission denied; make the {what} readable by this user") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read ({exc.strerror or exc}); {fix}") from None
-    except ValueError:  # a NUL in the name, which no system call takes
-        raise error(f"{str(path)!r}: not a usable file name (it contains a NUL byte); {fix}") from None
-
-
 def read_file(
     path: "str | os.PathLike[str]", type_: Type[T], *, fix: str,
     error: Type[EdgecapError] = EdgecapError, what: str = "file",
@@ -233,9 +198,10 @@ def read_file(
       The typed value.
 
     Raises:
-      error: If the file is missing, unreadable (named as such) or malformed.
+      error: If the file is missing, not a regular file, too large (``edgecap.files``),
+        unreadable (named as such) or malformed.
     """
-    data = read_bytes(path, what=what, fix=fix, error=error)
+    data = files.read_bytes(path, what=what, fix=fix, error=error)
     return decode(data, type_, where=str(path), fix=fix, error=error)
 
 

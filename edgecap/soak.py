@@ -12,8 +12,9 @@ an EdgeTPU the running plan uses (its TPU workers in turn: the plan changes
 as devices fail and return, and a fault on a device the plan leaves idle
 would never fire), each device answering probes again ``--back`` s later, so
 the runtime fails over and takes the device back again and again. A fault
-waits, if it must, until the one before has fired, its device answers again
-and the running plan has an EdgeTPU. It measures:
+waits, if it must, until the one before has fired and the running plan has
+an EdgeTPU; one whose device the plan leaves before it fires (a device taken
+back) moves to the plan's EdgeTPU. It measures:
 
 * resident memory (psutil) after ``--warmup`` frames and at the end: growth
   goal under 5 %;
@@ -112,14 +113,17 @@ class _Injector:
     """Injects a soak's faults one at a time, each on an EdgeTPU the running plan uses.
 
     Fed by the frame iterator (on the pipeline's feeder thread): at a fault's
-    frame it picks the running plan's TPU workers in turn and injects the
-    fault at that device's next invoke. A fault waits until the one before
-    has fired and its device answers probes again (injecting replaces the
-    fault plan, and with it the old device's absence), and until the plan
-    has an EdgeTPU (after a failover onto the CPU alone, until one returns).
+    frame it picks the running plan's TPU workers in turn and adds the fault
+    to the process's fault plan at that device's next invoke (added, not
+    injected anew: a device still away after an earlier fault stays away). A
+    fault waits until the one before has fired, and until the plan has an
+    EdgeTPU (after a failover onto the CPU alone, until one returns). A fault
+    that has not fired when the plan moves off its device (a device taken
+    back) is moved onto the running plan's EdgeTPU: left there, it could never
+    fire, and every later fault would wait on it.
 
     Args:
-      cap: The captioner (its ``placement`` is the running plan's).
+      cap: The captioner (its ``choice`` is the running plan's).
       schedule: ``fault_schedule``'s list.
       back_s: Seconds after a fault when its device answers again.
     """
@@ -128,34 +132,53 @@ class _Injector:
         self._cap = cap
         self._schedule = schedule
         self._back_s = back_s
+        self._plan = faults.current()
         self.injected: List[str] = []
-        self._plans: List[Tuple[faults.FaultPlan, str]] = []  # each injected plan and its device
+        self._faults: List[faults.Fault] = []  # each injected fault (as it stands after a move)
+        self.moved = 0
 
     @property
     def fired(self) -> int:
         """How many of the injected faults fired."""
-        return sum(1 for plan, _ in self._plans if not plan)
+        pending = self._plan.pending
+        return sum(1 for fault in self._faults if fault not in pending)
 
     def frames(self, images: Sequence[np.ndarray], n: int) -> Iterator[np.ndarray]:
         """Yields ``n`` frames (``images`` repeated), injecting each fault when its time comes."""
         for i in range(n):
             k = len(self.injected)
+            if self._faults:
+                self._follow()
             if k < len(self._schedule) and i >= self._schedule[k][0]:
                 self._inject(k, i)
             yield images[i % len(images)]
 
+    def _fault(self, device: str, action: str) -> faults.Fault:
+        # At the device's next invoke: its invokes are counted over its life.
+        return faults.Fault(device, action, self._plan.invokes(device), self._back_s)
+
+    def _follow(self) -> None:
+        """Moves the latest fault, not yet fired, off a device the running plan no longer uses."""
+        fault = self._faults[-1]
+        tpus = [str(d) for d in self._cap.choice.tpus]
+        if not tpus or fault.device in tpus or not self._plan.withdraw(fault):
+            return
+        moved = self._fault(tpus[0], fault.action)
+        self._plan.add(moved)
+        self._faults[-1] = moved
+        self.injected[-1] += f" -> {moved.device} (its device left the plan)"
+        self.moved += 1
+
     def _inject(self, k: int, frame: int) -> None:
-        if self._plans:
-            plan, device = self._plans[-1]
-            if plan or not plan.answers(device):
-                return  # the fault before has not fired, or its device is still away
+        if self._faults and self._faults[-1] in self._plan.pending:
+            return  # the fault before has not fired
         tpus = [str(d) for d in self._cap.choice.tpus]
         if not tpus:
             return
-        device = tpus[k % len(tpus)]
-        entry = f"{device}={self._schedule[k][1]}@0+{self._back_s:g}s"  # @0: its next invoke
-        self._plans.append((faults.inject(entry), device))
-        self.injected.append(f"{entry} (frame {frame})")
+        fault = self._fault(tpus[k % len(tpus)], self._schedule[k][1])
+        self._plan.add(fault)
+        self._faults.append(fault)
+        self.injected.append(f"{fault} (frame {frame})")
 
 
 def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warmup: int = 5_000,

@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
-from edgecap import edgetpu_runtime, interpreter
+from edgecap import edgetpu_runtime, files, interpreter
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, EdgecapError, PlanError, RunCancelled
 from edgecap.modelfile import TensorSpec
@@ -193,8 +193,9 @@ def open_stage(
     if opened is not None and not (timing_only and paced):
         # Not every interpreter verifies what it parses (ai-edge-litert 1.4,
         # tflite_runtime, libedgetpu's): a corrupt segment would crash it.
-        verify_tflite(opened.read_bytes(), str(opened), error=PlanError,
-                      fix="re-run `edgecap compile` to rewrite the plan's segments")
+        fix = "re-run `edgecap compile` to rewrite the plan's segments"
+        data = files.read_bytes(opened, what="segment", fix=fix, kind="model", error=PlanError)
+        verify_tflite(data, str(opened), error=PlanError, fix=fix)
     if timing_only and paced:
         return SegmentRunner(stage, None, pace_ms)
     if spec.kind == "tpu":

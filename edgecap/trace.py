@@ -24,6 +24,7 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
 
+from edgecap import files
 from edgecap.errors import ConfigError
 from edgecap.outputs import atomic_path
 
@@ -202,9 +203,12 @@ def load_slices(path: "str | os.PathLike[str]") -> Dict[str, List[Dict[str, Any]
 
     Returns:
       Track name -> its slices (dicts with ``name``, ``ts``, ``dur``, ``args``), in time order.
+
+    Raises:
+      EdgecapError: If the file is missing, not a regular file or over ``edgecap.files``' bound.
     """
-    with open(path, encoding="utf-8") as f:
-        events = json.load(f)["traceEvents"]
+    data = files.read_bytes(path, what="trace", fix="write it again with --trace", kind="trace")
+    events = json.loads(data)["traceEvents"]
     names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     tracks: Dict[str, List[Dict[str, Any]]] = {name: [] for name in names.values()}
     for e in events:

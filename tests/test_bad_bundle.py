@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +39,8 @@ def _refused(bundle: Path, match: str) -> str:
     (lambda d: d["window"].update(frames=10**30), r"field 'window.frames' must be int <= 10000"),
     (lambda d: d.update(max_caption_length=0), r"field 'max_caption_length' must be int >= 1"),
     (lambda d: d.update(schema_version=2), r"field 'schema_version' is 2, this edgecap reads version 1"),
+    (lambda d: d["tokens"].update(eos=d["tokens"]["bos"]),
+     r"fields 'tokens.bos' and 'tokens.eos' are both \d+: give the start and the end of a caption different ids"),
 ])
 def test_wrong_types_missing_keys_nan_and_absurd_sizes(bundle_copy: Path, edit, match: str) -> None:
     _edit(bundle_copy, edit)
@@ -97,15 +98,14 @@ def test_a_directory_where_bundle_json_belongs(bundle_copy: Path) -> None:
 def test_unreadable_files_are_named_as_such(bundle_copy: Path, monkeypatch, name: str) -> None:
     # Tests run as root here, where chmod does not deny a read: the read itself is made to fail.
     target = bundle_copy / name
-    for method in ("read_bytes", "read_text"):
-        real = getattr(pathlib.Path, method)
+    real = os.open
 
-        def denied(self, *a, _real=real, **k):
-            if self.resolve() == target.resolve():
-                raise PermissionError(13, "Permission denied", str(self))
-            return _real(self, *a, **k)
+    def denied(path, *a, **k):
+        if Path(path).resolve() == target.resolve():
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *a, **k)
 
-        monkeypatch.setattr(pathlib.Path, method, denied)
+    monkeypatch.setattr(os, "open", denied)  # every file is opened by edgecap.files
     _refused(bundle_copy, rf"{name}: permission denied.* readable by this user")
 
 

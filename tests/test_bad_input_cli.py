@@ -189,3 +189,48 @@ def test_a_run_that_fails_leaves_no_output_behind(tmp_path: Path, capsys) -> Non
                          "--plot", str(tmp_path / "bench.png")], capsys)
     _assert_one_line(code, err, str(damaged), "damaged at frame")
     assert sorted(os.listdir(tmp_path)) == before  # no results, no temporary or probe file
+
+
+# Every numeric option of every command: (argv before the flag, the flag, the range the line states).
+NUMERIC_OPTIONS = [
+    (["caption"], "--frames", "from 1 to 10,000"),
+    (["caption"], "--stride", "from 1 to 10,000"),
+    (["caption"], "--sample-fps", "from 0 to 10000"),
+    (["caption"], "--threads", "from 1 to 256"),
+    (["caption"], "--batch", "from 1 to 1,024"),
+    (["camera", "0"], "--threads", "from 1 to 256"),
+    (["eval", "--data", "."], "--limit", "from 1 to 1,000,000"),
+    (["serve", "--config", "x.toml"], "--http-port", "from 0 to 65,535"),
+    (["bench"], "--frames", "from 1 to 1,000,000"),
+    (["bench"], "--strides", "each from 1 to 10,000"),
+    (["bench"], "--threads", "from 1 to 256"),
+    (["bench"], "--batch", "from 1 to 1,024"),
+    (["compile", str(MODEL), "--board", "host", "-o", "out"], "--tpus", "from 0 to 8"),
+    (["compile", str(MODEL), "--board", "host", "-o", "out"], "--sram", "from 1 to 1,073,741,824"),
+    (["compile", str(MODEL), "--board", "host", "-o", "out"], "--min-runtime-version", "from 10 to 99"),
+    (["calibrate", str(MODEL), "--board", "host", "-o", "c.json"], "--threads", "from 1 to 256"),
+    (["calibrate", str(MODEL), "--board", "host", "-o", "c.json"], "--segments", "from 1 to 10,000"),
+    (["calibrate", str(MODEL), "--board", "host", "-o", "c.json"], "--repeats", "from 1 to 10,000"),
+    (["calibrate", str(MODEL), "--board", "host", "-o", "c.json"], "--seed", "from 0 to 4,294,967,295"),
+]
+
+
+# Outside every range above; and the values of issue 19 (--threads 32768 crashed TFLite).
+OUT_OF_RANGE = ["-1", str(2**40), "1e30", "nan", "x", "1\n2"]
+NUMERIC_CASES = [(b, f, says, v) for b, f, says in NUMERIC_OPTIONS for v in OUT_OF_RANGE] + [
+    (["caption"], "--threads", "from 1 to 256", "32768"),
+    (["compile", str(MODEL), "--board", "host", "-o", "out"], "--tpus", "from 0 to 8", "1000000000"),
+]
+
+
+@pytest.mark.usefixtures("no_work")
+@pytest.mark.parametrize("before, flag, says, value", NUMERIC_CASES,
+                         ids=[f"{b[0]} {f} {v!r}" for b, f, _, v in NUMERIC_CASES])
+def test_every_numeric_option_has_a_range_checked_before_any_work(before: List[str], flag: str, says: str,
+                                                                  value: str, tmp_path: Path, monkeypatch,
+                                                                  capfd) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = _run([*before, flag, value], capfd)
+    shown = value if value.isprintable() else repr(value)
+    _assert_one_line(code, err, f"argument {flag}: {shown}: use ", says, f"edgecap {before[0]} --help")
+    assert stdout == "" and os.listdir(tmp_path) == []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 from pathlib import Path
@@ -200,14 +199,14 @@ def test_a_directory_where_plan_json_belongs(plan_dir: Path) -> None:
 def test_unreadable_files_are_named_as_such(plan_dir: Path, monkeypatch, which: str) -> None:
     # Tests run as root here, where chmod does not deny a read: the read itself is made to fail.
     target = plan_dir / "plan.json" if which == "plan.json" else _segment(plan_dir, 1)
-    real = pathlib.Path.read_bytes
+    real = os.open
 
-    def read_bytes(self):
-        if self == target:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
+    def denied(path, *a, **k):
+        if Path(path) == target:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *a, **k)
 
-    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(os, "open", denied)  # every file is opened by edgecap.files
     what = "plan" if which == "plan.json" else "segment"
     with pytest.raises(PlanError, match=rf"{target.name}: permission denied; make the {what} readable"):
         load_plan(plan_dir)

@@ -15,6 +15,7 @@ from edgecap.bench import _bound_fps, bench_overhead, run_bench
 from edgecap.bundle import WindowSpec, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.cli import main
+from edgecap.errors import ConfigError
 from edgecap.planning import plan_for_board
 
 
@@ -132,7 +133,12 @@ def test_unknown_board_is_a_one_line_error(shipped_bundle, capsys):
 def test_out_of_range_counts_are_one_line_errors(shipped_bundle, capsys, option, value):
     code = main(["bench", "--bundle", str(shipped_bundle), option, value])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and f"{option} {value}: use 1 or more" in err[0]
+    assert code == 2 and len(err) == 1 and f"argument {option}: {value}: use a whole number from 1 to" in err[0]
+    # The library checks them too, for callers other than the command line.
+    counts = {"frames": 480, "threads": 1, option[2:]: int(value)}
+    with pytest.raises(ConfigError, match=f"{option} {value}: use 1 or more"):
+        run_bench(shipped_bundle, None, counts["frames"], "devboard-usb", ["board"], False,
+                  counts["threads"], 8, None, None)
 
 
 def test_the_runtime_never_imports_the_compiler(shipped_bundle):

@@ -109,7 +109,7 @@ def test_eval_split_names_unknown_clip(tmp_path: Path, shipped_bundle: Path, cap
 
 def test_eval_limit_must_be_positive(tmp_path: Path, shipped_bundle: Path, capsys) -> None:
     code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path), "--limit", "0"])
-    _one_line_error(capsys, code, "--limit 0")
+    _one_line_error(capsys, code, "--limit: 0: use a whole number from 1 to")
 
 
 def test_help_lists_every_command(capsys) -> None:

@@ -33,7 +33,7 @@ def test_missing_models_without_tensorflow_is_one_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--window", "8", "0"], "frames and stride must be >= 1"),
+    (["--window", "8", "0"], "argument --window: 0: use a whole number from 1 to 10,000"),
     (["--rnn-step", "no/such/step.tflite"], "no RNN step model"),
     (["--boards", "nano"], "unknown board 'nano'"),
 ])

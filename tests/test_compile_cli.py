@@ -148,10 +148,6 @@ def test_a_model_with_an_unknown_op_still_compiles(tmp_path, caplog):
 BAD = [
     (lambda d: [DATA / "tiny_float.tflite", "--board", "devboard"], "full-integer quantization"),
     (lambda d: [MODEL, "--board", "jetson"], "unknown board 'jetson'"),
-    (lambda d: [MODEL, "--board", "devboard", "--sram", "0"], "--sram must be a positive"),
-    (lambda d: [MODEL, "--board", "devboard", "--sram", "-5"], "--sram must be a positive"),
-    (lambda d: [MODEL, "--board", "devboard", "--tpus", "21"], "only 21 ops"),
-    (lambda d: [MODEL, "--board", "devboard", "--tpus", "-1"], "--tpus must be >= 0"),
     (lambda d: [d / "missing.tflite", "--board", "devboard"], "cannot read model"),
     (lambda d: [DATA / "make_fixtures.py", "--board", "devboard"], "not a TFLite flatbuffer"),
     (lambda d: [_bundle(d, "../escape.tflite"), "--board", "devboard"], "leaves the bundle"),
@@ -167,6 +163,20 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     with pytest.raises(CompileError) as e:
         main(["compile", *map(str, args(tmp_path)), "-o", str(tmp_path / "out")])
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(sram=0), "--sram must be a positive"),
+    (dict(sram=-5), "--sram must be a positive"),
+    (dict(tpus=21), "only 21 ops"),
+    (dict(tpus=-1), "--tpus must be >= 0"),
+])
+def test_the_library_checks_tpus_and_sram_too(tmp_path, options, message):
+    # The command line refuses these before any work (test_bad_input_cli); the API, here.
+    from edgecap_compile.compiler import compile_model
+
+    with pytest.raises(CompileError, match=message):
+        compile_model(MODEL, "devboard", tmp_path / "out", **options)
 
 
 def test_module_entry_point_exits_2_with_one_line(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -119,3 +120,24 @@ def test_an_unwritable_out_is_refused_before_the_table_is_built(tmp_path, monkey
     monkeypatch.setattr(validity, "validity", lambda *a: pytest.fail("built the table first"))
     with pytest.raises(ConfigError, match="no directory"):
         validity.main(["--out", str(tmp_path / "missing" / "cost-model")])
+
+
+def test_the_command_writes_nothing_unless_given_out(tmp_path, monkeypatch, capsys):
+    # docs/cost-model.md and .json are tracked: a plain run must not rewrite them (issue 19).
+    from edgecap_compile import validity as module
+
+    written = []
+    real = module.write_text
+
+    def record(path, text):
+        written.append(str(path))
+        if Path(path).parent == tmp_path:  # never the tracked files, even when the test fails
+            real(path, text)
+
+    monkeypatch.setattr(module, "write_text", record)
+    assert module.main([]) == 0
+    table = capsys.readouterr().out
+    assert written == [] and "leave-one-out" in table
+    assert module.main(["--out", str(tmp_path / "cm")]) == 0
+    assert written == [str(tmp_path / "cm.json"), str(tmp_path / "cm.md")]
+    assert (tmp_path / "cm.md").read_text() + "\n" == capsys.readouterr().out

@@ -10,6 +10,7 @@ a worker that cannot answer is killed at once, not after the stop timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -27,6 +28,7 @@ from edgecap.devices import parse_device
 from edgecap.errors import DeviceFailed, RunCancelled
 from edgecap.planning import plan_for_board
 from edgecap.scheduler import Pipeline, Step, sleep_until
+from edgecap.sources import open_source
 
 pytestmark = pytest.mark.fast
 
@@ -231,3 +233,57 @@ def test_a_worker_that_cannot_answer_is_killed_at_its_deadline(stage, monkeypatc
         if psutil.pid_exists(pid):
             os.kill(pid, signal.SIGKILL)
         seg.close()
+
+
+# ---------------------------------------------------------------- the first invoke's deadline
+
+
+def _tpu_stage(stage, on_chip: int, predicted_ms=1.4):
+    return dataclasses.replace(stage, predicted_ms=predicted_ms,
+                               param_bytes=dataclasses.replace(stage.param_bytes, on_chip=on_chip))
+
+
+def test_the_first_invoke_gets_its_predicted_load_time_not_a_flat_grace(stage):
+    from edgecap.failover import load_recovery
+    from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
+    from edgecap.planner import deadlines
+
+    policy = load_recovery().first_invoke
+    options = CaptionerOptions()
+    tpu = parse_device("emu-tpu:0")
+    six_mib = 6 * 2**20
+    deadline, first = deadlines(_tpu_stage(stage, six_mib), tpu, options)
+    assert deadline == options.deadline_floor_s
+    # Six MiB at the slowest link, with its margin, on top of the invoke's own deadline.
+    assert first == pytest.approx(deadline + policy.load_margin * six_mib / policy.load_bytes_per_s)
+    # A few bytes still get the least allowance; a plan that records none is charged the whole SRAM.
+    assert deadlines(_tpu_stage(stage, 1000), tpu, options)[1] == pytest.approx(deadline + policy.min_load_s)
+    unknown = deadlines(_tpu_stage(stage, 0), tpu, options)[1]
+    assert unknown == pytest.approx(deadline + policy.load_margin * policy.unknown_on_chip_bytes
+                                    / policy.load_bytes_per_s)
+    # Each is well under the flat grace it replaces (FIRST_INVOKE_GRACE times the deadline: 5 s).
+    assert max(first, unknown) < deadline * FIRST_INVOKE_GRACE / 3
+    # No prediction, no load to base it on: the grace stays.
+    assert deadlines(_tpu_stage(stage, six_mib, None), tpu, options)[1] == pytest.approx(
+        max(options.deadline_floor_s, 2.0) * FIRST_INVOKE_GRACE)
+
+
+@pytest.mark.usefixtures("no_leaked_threads")
+def test_a_hang_at_the_first_invoke_is_detected_within_the_policys_first_deadline(shipped_bundle):
+    from edgecap.captioner import EdgeCaptioner
+
+    images = [f.image for f in open_source(str(shipped_bundle.parent / "sample.mp4"))]
+    faults.inject("emu-tpu:0=hang@0")  # the very first invoke of the new pipeline never returns
+    try:
+        with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+            (run,) = [r for r in cap.choice.stages if r.worker.kind == "emu-tpu"]
+            t0 = time.time()
+            assert len(cap.caption_frames(images)) > 0
+            (record,) = [r for r in cap.stats().failovers if r.kind == "hung"]
+    finally:
+        faults.inject("")
+    noticed = record.at - t0
+    # Not before the first invoke's deadline; within it and a loaded host's slack (2 s), where
+    # the flat grace this replaces (ten times the deadline) took 5 s.
+    assert run.first_deadline_s <= noticed < run.first_deadline_s + 2.0, (noticed, run.first_deadline_s)
+    assert run.first_deadline_s + 2.0 < 10 * run.deadline_s

@@ -6,7 +6,6 @@ import json
 import shutil
 import threading
 import time
-from pathlib import Path
 from typing import List
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 from edgecap import faults
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import DeviceFailed
-from edgecap.failover import PROBE_FIRST_S, Prober
+from edgecap.failover import Prober, Reprobe, load_recovery
 from edgecap.sources import Frame, open_source
 
 FRAMES = 160  # 20 windows of the demo bundle
@@ -209,27 +208,47 @@ def test_the_prober_backs_off_until_the_device_answers():
     gaps = np.diff([t0] + calls)
     assert len(calls) == 3 and prober.watched == []
     # 0.25 s, then 0.5 s, then 1 s: each wait at least its backoff, and longer than the one before.
-    assert all(g >= PROBE_FIRST_S * 2 ** i - 0.02 for i, g in enumerate(gaps)), gaps
+    assert all(g >= load_recovery().reprobe.first_s * 2 ** i - 0.02 for i, g in enumerate(gaps)), gaps
     assert gaps[2] > gaps[1] > gaps[0]
 
 
+def test_a_flapping_device_waits_longer_after_each_failure_until_it_runs_a_stable_period():
+    policy = Reprobe(first_s=0.01, max_s=0.04, stable_s=0.5)
+    back = threading.Event()
+    prober = Prober(lambda device: back.set(), lambda device: True, policy)
+
+    def fail_and_return() -> float:
+        back.clear()
+        wait = prober.watch("emu-tpu:0")
+        assert back.wait(10)
+        return wait
+
+    try:
+        # Each failure soon after the device was taken back doubles the first wait, up to max_s.
+        assert [fail_and_return() for _ in range(4)] == [0.01, 0.02, 0.04, 0.04]
+        assert prober.strikes("emu-tpu:0") == 4
+        time.sleep(policy.stable_s + 0.1)  # it runs a stable period: the next failure is a first one
+        assert fail_and_return() == 0.01 and prober.strikes("emu-tpu:0") == 1
+        assert prober.watch("emu-tpu:1") == 0.01  # each device has its own count
+    finally:
+        prober.close()
+
+
+def test_the_reprobe_policy_is_read_from_its_data_file_with_its_reasons():
+    policy = load_recovery().reprobe
+    assert 0 < policy.first_s < policy.max_s < policy.stable_s
+    assert set(policy.why) == {"first_s", "max_s", "stable_s"}
+    assert policy.first_wait(1) == policy.first_s and policy.first_wait(2) == 2 * policy.first_s
+    assert policy.first_wait(10_000) == policy.max_s
+
+
 @pytest.mark.parametrize("action", ["abort", "segv"])
-def test_a_crash_in_an_isolated_stage_fails_over(shipped_bundle, clip, reference, action, monkeypatch):
+def test_a_crash_in_an_isolated_stage_fails_over(shipped_bundle, clip, reference, action):
     import psutil
-    from multiprocessing import resource_tracker
-    from multiprocessing.shared_memory import SharedMemory
 
     from edgecap import isolation
 
-    blocks = []
-
-    def recorded(*args, **kwargs):
-        shm = SharedMemory(*args, **kwargs)
-        blocks.append(shm.name)
-        return shm
-
-    monkeypatch.setattr(isolation, "SharedMemory", recorded)
-    resource_tracker.ensure_running()  # Python's, once per process: no leak
+    isolation.close_spares()  # the spare worker process, kept for the next stage, is no leak
     children = {p.pid for p in psutil.Process().children()}
     # The demo's plan on devboard-usb: its one TPU stage aborts or segfaults in its worker process.
     with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, isolate=True) as cap:
@@ -241,9 +260,9 @@ def test_a_crash_in_an_isolated_stage_fails_over(shipped_bundle, clip, reference
         assert record.replayed > 0 and record.took_s is not None
         # Onto the board's other TPU, which the plan left idle.
         assert list(cap.devices.values()) == ["emu-tpu:1", "cpu"]
-    # No collection: the crashed stage's worker and every block went with their pipelines.
+    # No collection: the crashed stage's worker went with its pipeline (its block has no name to leave).
+    isolation.close_spares()
     assert {p.pid for p in psutil.Process().children()} <= children
-    assert len(blocks) == 2 and not any(Path("/dev/shm", name).exists() for name in blocks)
 
 
 def test_the_watchdog_fails_a_run_whose_step_outlives_its_deadline():
@@ -286,6 +305,50 @@ def test_a_malformed_fault_is_one_line(text):
 
     with pytest.raises(ConfigError, match="DEVICE=ACTION@N"):
         faults.inject(text)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("cpu=fail@100", "cpu is the CPU"),
+    ("cpu:1=hang@3", "cpu:1 is the CPU"),
+])
+def test_a_fault_on_the_cpu_is_refused_in_one_line(text, why):
+    from edgecap.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        faults.inject(text)
+    message = str(info.value)
+    assert "\n" not in message and f"fault {text!r} can never fire" in message and why in message
+
+
+def test_a_fault_names_its_device_as_the_worker_is_named():
+    (fault,) = faults.parse("EMU-TPU:01=fail@3+1s")
+    assert (fault.device, str(fault)) == ("emu-tpu:1", "emu-tpu:1=fail@3+1s")
+
+
+@pytest.mark.parametrize("entry, have", [
+    ("emu-tpu:2=fail@10", "its EdgeTPUs are emu-tpu:0, emu-tpu:1"),  # devboard-usb has two
+    ("tpu:0=hang@5", "its EdgeTPUs are emu-tpu:0, emu-tpu:1"),       # a real one, on an emulated board
+])
+def test_the_caption_command_refuses_a_fault_for_a_tpu_the_board_lacks(shipped_bundle, monkeypatch, capsys,
+                                                                        entry, have):
+    from edgecap.cli import main
+
+    monkeypatch.setenv(faults.ENV, entry)
+    monkeypatch.setattr(faults, "_plan", None)  # read $EDGECAP_FAULTS again
+    code = main(["caption", "--bundle", str(shipped_bundle), "--board", "devboard-usb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"EDGECAP_FAULTS: fault {entry!r} can never fire" in err[0] and have in err[0], err
+
+
+def test_the_caption_command_refuses_a_fault_on_the_cpu(shipped_bundle, monkeypatch, capsys):
+    from edgecap.cli import main
+
+    monkeypatch.setenv(faults.ENV, "cpu=fail@100")
+    monkeypatch.setattr(faults, "_plan", None)
+    code = main(["caption", "--bundle", str(shipped_bundle), "--board", "devboard-usb"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "'cpu=fail@100' can never fire" in err[0], err
 
 
 def test_a_fault_fires_once_at_its_invoke_and_the_device_answers_after_its_delay():

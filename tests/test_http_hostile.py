@@ -149,8 +149,8 @@ def test_past_the_cap_the_oldest_unfinished_connection_makes_room(state: Service
 
 
 def test_the_cap_leaves_descriptors_for_the_cameras(monkeypatch) -> None:
-    monkeypatch.setattr(service_http.resource, "getrlimit", lambda _: (1024, 524288))  # systemd's default
-    assert service_http.connection_cap() == 1024 - service_http.FD_RESERVE
+    monkeypatch.setattr(service_http.resource, "getrlimit", lambda _: (600, 524288))
+    assert service_http.connection_cap() == 600 - service_http.FD_RESERVE
     monkeypatch.setattr(service_http.resource, "getrlimit", lambda _: (65536, 65536))
     assert service_http.connection_cap() == service_http.MAX_CONNECTIONS
     monkeypatch.setattr(service_http.resource, "getrlimit", lambda _: (100, 100))

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 ROOTS = {"edgecap": "edgecap", "compile": "edgecap_compile", "models": "models", "tools": "tools"}
 COMMAND = "edgecap.command"  # the shared exit policy: commands only
 CLI = "edgecap.cli"
+ARGTYPES = "edgecap.argtypes"  # the command lines' shared parser and number types: commands only
 
 Graph = Dict[str, Set[str]]
 
@@ -189,11 +190,12 @@ def test_the_tree_has_no_import_circles() -> None:
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
-def test_only_commands_import_the_exit_policy() -> None:
+@pytest.mark.parametrize("module", [COMMAND, ARGTYPES])
+def test_only_commands_import_the_exit_policy(module: str) -> None:
     graph, scripts = import_graph()
-    assert _importers(graph, COMMAND), f"nothing imports {COMMAND}: the graph misses edges"
-    wrong = sorted(m for m in _importers(graph, COMMAND) if not _may_import_command(m, scripts))
-    assert not wrong, f"{COMMAND} is for commands; imported by {', '.join(wrong)}"
+    assert _importers(graph, module), f"nothing imports {module}: the graph misses edges"
+    wrong = sorted(m for m in _importers(graph, module) if not _may_import_command(m, scripts))
+    assert not wrong, f"{module} is for commands; imported by {', '.join(wrong)}"
 
 
 def test_nothing_in_the_tree_imports_the_cli() -> None:
@@ -207,7 +209,7 @@ def test_argparse_stays_out_of_the_runtime_library() -> None:
     # Command lines are the CLI's or a script's; a runtime module takes arguments, not argv.
     wrong = []
     for module, (tree, _, _) in _parsed(REPO).items():
-        if module.startswith("edgecap.") and module != CLI:
+        if module.startswith("edgecap.") and module not in (CLI, ARGTYPES):
             if any(isinstance(n, (ast.Import, ast.ImportFrom))
                    and "argparse" in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module])
                    for n in _statements(tree.body)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
 import signal
@@ -10,8 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
 import numpy as np
@@ -53,39 +52,28 @@ def _frame(plan, seed: int) -> dict:
 
 
 def _children() -> set:
-    # Python's resource tracker (started by the first SharedMemory, once per process) is no leak.
-    return {p.pid for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())}
+    return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _shm_exists(name: str) -> bool:
-    import _posixshmem  # SharedMemory(name) would register the block with our resource tracker
-
-    try:
-        os.close(_posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600))
-    except FileNotFoundError:
-        return False
-    return True
+def _blocks(pid: str = "self") -> list:
+    """The shared blocks a process maps (its isolated stages' tensors), as /proc names them."""
+    lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return [line.split(None, 5)[5] for line in lines if "edgecap-isolation" in line or "/dev/shm/" in line]
 
 
 @pytest.fixture
-def no_leaks(monkeypatch):
-    """Fails a test that leaves a worker process, a shared-memory block or a file descriptor behind."""
-    created = []
+def no_leaks():
+    """Fails a test that leaves a worker process, a shared block or a file descriptor behind.
 
-    def recorded(*args, **kwargs):
-        shm = SharedMemory(*args, **kwargs)
-        created.append(shm.name)
-        return shm
-
-    # Only this test's blocks are checked: other processes on the host may create their own.
-    monkeypatch.setattr(isolation, "SharedMemory", recorded)
-    resource_tracker.ensure_running()  # once per process, with a file descriptor of its own
+    The spare worker process (started after a stage opens, kept for the next) is
+    stopped before and after: it is no leak.
+    """
     # No gc.collect(): what a test opened must be released when it is done, not when collected.
-    before = (_children(), psutil.Process().num_fds())
+    isolation.close_spares()
+    before = (_children(), psutil.Process().num_fds(), _blocks())
     yield
-    assert (_children(), psutil.Process().num_fds()) == before
-    assert [name for name in created if _shm_exists(name)] == []
+    isolation.close_spares()
+    assert (_children(), psutil.Process().num_fds(), _blocks()) == before
 
 
 @pytest.mark.usefixtures("no_leaks")
@@ -145,8 +133,11 @@ def test_a_captioner_on_isolated_stages_captions_as_in_process(shipped_bundle, t
     assert sorted(s.isolated for s in opened) == [False, True, True]
     assert not any(psutil.pid_exists(s.pid) for s in opened if s.isolated)  # closed with their pipeline
     # One deadline: the worker is killed when the captioner's watchdog calls the invoke hung
-    # (CaptionerOptions' floor 0.5 s over 20 x 0.3 ms; the first invoke 10 times longer).
-    assert {(s.deadline_s, s.first_deadline_s) for s in opened if s.isolated} == {(0.5, 5.0)}
+    # (CaptionerOptions' floor 0.5 s over 20 x 0.3 ms; the first invoke that plus loading the
+    # EdgeTPU's whole SRAM, the plan recording no on-chip bytes: planner.deadlines).
+    from edgecap.failover import load_recovery
+    first = 0.5 + load_recovery().first_invoke.load_s(0)
+    assert {(s.deadline_s, s.first_deadline_s) for s in opened if s.isolated} == {(0.5, first)}
     del opened[:]
 
 
@@ -228,14 +219,14 @@ import pickle, sys, threading, time
 import numpy as np
 from edgecap.faults import Fault
 from edgecap.devices import parse_device
-from edgecap.isolation import IsolatedSegment
+from edgecap.isolation import IsolatedSegment, spare_pids
 
 with open(sys.argv[1], "rb") as f:
     stage = pickle.load(f)
 x = {stage.inputs[0].name: np.zeros(stage.inputs[0].shape, stage.inputs[0].dtype)}
 seg = IsolatedSegment(stage, parse_device("emu-tpu:0"), deadline_s=2.0)
 try:
-    print(seg.pid, seg.shm_name, flush=True)
+    print(seg.pid, *spare_pids(), flush=True)
     time.sleep(30)
 except KeyboardInterrupt:
     seg(x)  # the worker saw no SIGINT
@@ -258,23 +249,22 @@ def test_sigint_to_the_group_and_the_parents_death(plan, tmp_path) -> None:
             line = proc.stdout.readline()
             if not line:
                 pytest.fail(f"the script died: {proc.communicate(timeout=10)[1]}")
-            pid, shm = line.split()
-            os.kill(int(pid), signal.SIGINT)  # the worker runs in a session of its own, and ignores it
+            pid, spare = map(int, line.split())
+            # The block the tensors cross has no name: nothing to leave in /dev/shm.
+            assert _blocks(pid) == ["/memfd:edgecap-isolation (deleted)"], _blocks(pid)
+            os.kill(pid, signal.SIGINT)  # the worker runs in a session of its own, and ignores it
             os.killpg(proc.pid, signal.SIGINT)
             assert proc.stdout.readline().strip() == "interrupted"
             assert proc.stdout.readline().strip() == "hanging"
-            assert psutil.pid_exists(int(pid))
+            assert psutil.pid_exists(pid) and psutil.pid_exists(spare)
         finally:
-            proc.kill()  # no close(), no finalizer: the worker must notice on its own
+            proc.kill()  # no close(), no finalizer: the worker and the spare must notice on their own
             _, err = proc.communicate(timeout=10)
-    try:
-        psutil.Process(int(pid)).wait(5)
-    except psutil.NoSuchProcess:
-        pass
-    deadline = time.monotonic() + 5
-    while _shm_exists(shm) and time.monotonic() < deadline:  # the parent's resource tracker unlinks it
-        time.sleep(0.05)
-    assert not _shm_exists(shm)
+    for child in (pid, spare):
+        try:
+            psutil.Process(child).wait(5)
+        except psutil.NoSuchProcess:
+            pass
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
 
 
@@ -288,21 +278,129 @@ def test_a_stage_in_a_worker_checks_its_deadline() -> None:
         IsolatedSegment(stage, parse_device("emu-tpu:0"), deadline_s=0)
 
 
-@pytest.mark.slow
-def test_the_isolation_benchmark_measures_every_case(shipped_bundle, tmp_path) -> None:
+@pytest.mark.usefixtures("no_leaks")
+def test_a_spare_worker_waits_for_the_next_stage_and_is_replaced(plan) -> None:
+    stage = plan.active_stages[0]
+    first = open_isolated(stage, "emu-tpu:0")
+    try:
+        # The first stage starts its own worker; a spare is started once it is open.
+        assert not first.spare and isolation.spare_pids() != [] and first.pid not in isolation.spare_pids()
+        (spare,) = isolation.spare_pids()
+        second = open_isolated(stage, "emu-tpu:1")
+        try:
+            assert second.spare and second.pid == spare
+            (replacement,) = isolation.spare_pids()
+            assert replacement not in (first.pid, spare)
+            for seed in range(2):  # the spare opened the stage as a fresh worker would
+                np.testing.assert_array_equal(*(list(seg(_frame(plan, seed)).values())[0]
+                                                for seg in (first, second)))
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert not psutil.pid_exists(spare)
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_a_spare_started_under_another_environment_is_not_used(plan, monkeypatch) -> None:
+    stage = plan.active_stages[0]
+    open_isolated(stage, "emu-tpu:0").close()
+    (spare,) = isolation.spare_pids()
+    # The worker reads the environment as it opens the stage (the backend, libedgetpu's path).
+    monkeypatch.setenv("EDGECAP_SPARE_TEST", "1")
+    seg = open_isolated(stage, "emu-tpu:0")
+    seg.close()
+    assert not seg.spare and seg.pid != spare and not psutil.pid_exists(spare)
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_as_many_spares_are_kept_as_asked_for(plan) -> None:
+    with pytest.raises(EdgecapError, match="spare worker processes: -1; use 0 or more"):
+        isolation.set_spares(-1)
+    try:
+        isolation.set_spares(0)
+        open_isolated(plan.active_stages[0], "emu-tpu:0").close()
+        assert isolation.spare_pids() == []
+        isolation.set_spares(2)
+        open_isolated(plan.active_stages[0], "emu-tpu:0").close()
+        spares = isolation.spare_pids()
+        seg = open_isolated(plan.active_stages[0], "emu-tpu:0")
+        seg.close()
+        # One taken, the other kept, and one started in its place.
+        assert len(spares) == 2 and seg.pid == spares[0] and isolation.spare_pids()[0] == spares[1]
+        assert len(isolation.spare_pids()) == 2
+    finally:
+        isolation.set_spares(1)
+
+
+@pytest.mark.usefixtures("no_leaks", "no_leaked_threads")
+def test_a_failover_opens_its_isolated_stage_in_the_spare(shipped_bundle, monkeypatch) -> None:
+    clip = np.random.default_rng(3).integers(0, 255, (120, 72, 88, 3), dtype=np.uint8)
+    opened = []
+
+    def recording(*args, **kwargs):
+        opened.append(IsolatedSegment(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(captioner, "IsolatedSegment", recording)
+    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, isolate=True) as cap:
+        assert list(cap.devices.values()) == ["emu-tpu:0", "cpu"]
+        (spare,) = isolation.spare_pids()  # started once the first stage was open
+        faults.inject("emu-tpu:0=fail@20")
+        try:
+            assert len(list(cap.caption_frames(clip))) > 0
+        finally:
+            faults.inject("")
+        (record,) = cap.stats().failovers
+        assert record.device == "emu-tpu:0" and list(cap.devices.values()) == ["emu-tpu:1", "cpu"]
+    assert [(s.device, s.spare) for s in opened] == [("emu-tpu:0", False), ("emu-tpu:1", True)]
+    assert opened[1].pid == spare and isolation.spare_pids() not in ([], [spare])
+    del opened[:]
+
+
+@pytest.fixture(scope="module")
+def bench_script():
+    """tools/isolation_bench.py, loaded as a module."""
     import importlib.util
 
-    from edgecap.bench import bench_isolation, format_isolation
-
     # tools/ is scripts, not a package: load the benchmark's command line from its file.
-    spec = importlib.util.spec_from_file_location(
-        "tools_isolation_bench", Path(__file__).resolve().parent.parent / "tools" / "isolation_bench.py")
+    spec = importlib.util.spec_from_file_location("tools_isolation_bench", REPO / "tools" / "isolation_bench.py")
     script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script  # its dataclasses look their module up
     spec.loader.exec_module(script)
+    return script
+
+
+@pytest.mark.parametrize("argv", [["--failover", "0"], ["--failover", "5", "--load", "65"],
+                                  ["--failover", "1", "--settle", "-1"], ["--frames", "0"]])
+def test_the_isolation_benchmark_refuses_bad_counts_in_one_line(bench_script, argv, capsys) -> None:
+    assert bench_script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: --" in err and "use " in err, err
+
+
+@pytest.mark.slow
+def test_the_isolation_benchmark_measures_every_case(bench_script, shipped_bundle, tmp_path) -> None:
+    from edgecap.bench import bench_isolation, format_isolation
 
     result = bench_isolation(load_bundle(shipped_bundle), frames=20, repeats=1)
     assert len(result.rows) == 3 and all(r.isolated_ms > 0 and r.in_process_ms > 0 for r in result.rows)
     # A worker for each of the three single-stage cases, and one per TPU stage of the plan (at least one).
     assert result.pipeline_fps["isolated"] > 0 and len(result.startup_s) >= 4
     assert "CNN stages pipelined" in format_isolation(result)
-    assert script.main(["--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
+    assert bench_script.main(["--frames", "5", "--json", str(tmp_path / "no" / "x.json")]) == 2
+
+
+@pytest.mark.slow
+def test_the_failover_benchmark_times_each_setting_under_load(bench_script, shipped_bundle, tmp_path) -> None:
+    out = tmp_path / "failover.json"
+    assert bench_script.main(["--bundle", str(shipped_bundle), "--failover", "2", "--load", "1",
+                        "--settle", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["load"] == 1 and [r["spares"] for r in figures["results"]] == [0, 1]
+    for r in figures["results"]:
+        assert r["runs"] == len(r["took_s"]) == 2 and all(t > 0 for t in r["took_s"])
+        assert r["p50_s"] <= r["p99_s"] <= r["max_s"] == max(r["took_s"])
+        assert r["over_1s"] == sum(t > 1.0 for t in r["took_s"])
+    assert isolation.spare_pids() == [] or len(isolation.spare_pids()) == 1  # the default is back
+    assert isolation._SPARES.size == 1

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from edgecap import devices, faults, planner
+from edgecap.failover import load_recovery
 from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
+from edgecap.plan import ParamBytes
 from edgecap.planner import choose, tpus_used
 from edgecap.bundle import load_bundle
 from edgecap.captioner import EdgeCaptioner
@@ -189,10 +191,13 @@ def test_after_a_failure_only_plans_for_the_running_window_are_candidates(bundle
     (None, 0.5, 20.0, planner.UNPREDICTED_DEADLINE_S),
 ])
 def test_one_deadline_policy_for_every_tpu_stage(predicted_ms, floor, factor, deadline):
-    stage = type("S", (), {"predicted_ms": predicted_ms})()
+    stage = type("S", (), {"predicted_ms": predicted_ms, "param_bytes": ParamBytes(on_chip=2**20)})()
     options = CaptionerOptions(deadline_floor_s=floor, deadline_factor=factor)
     got = planner.deadlines(stage, devices.parse_device("emu-tpu:0"), options)
-    assert got == pytest.approx((deadline, deadline * FIRST_INVOKE_GRACE))
+    # The first invoke: plus its predicted load (test_deadlines), or the grace where nothing is predicted.
+    first = deadline * FIRST_INVOKE_GRACE if predicted_ms is None else (
+        deadline + load_recovery().first_invoke.load_s(2**20))
+    assert got == pytest.approx((deadline, first))
     assert planner.deadlines(stage, devices.parse_device("cpu:1"), options) == (None, None)
 
 

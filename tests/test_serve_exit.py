@@ -145,9 +145,46 @@ def test_the_loop_tells_systemd_ready_pings_the_watchdog_and_says_stopping(tmp_p
     assert ready >= first_frame[0]  # not before a frame went through (the camera's stall is 30 s)
     pings = notifier.times("WATCHDOG=1")
     assert len(pings) >= 3 and pings[0] - t0 < 0.5, pings
-    assert all(b - a >= 0.05 for a, b in zip(pings, pings[1:]))  # at its period, not per result
+    # At its period, not per result (every 10 ms): the loop times a ping by the result before it and
+    # the notifier by the call, so on a loaded host one gap may come in a little under 50 ms.
+    assert all(b - a >= 0.03 for a, b in zip(pings, pings[1:])), np.diff(pings)
     assert len(pings) <= (end - t0) / 0.05 + 1
     status = [fields for _, fields in notifier.sent if any(f.startswith("STATUS=") for f in fields)]
     assert status and "front" in " ".join(status[0])
     (stopping,) = notifier.times("STOPPING=1")
     assert stopping >= pings[-1]
+
+
+def test_a_cpu_step_that_raises_ends_the_service_with_one_line_and_exit_1(tmp_path, shipped_bundle,
+                                                                         monkeypatch, caplog):
+    # The real captioner, whose RNN step raises mid-run: every camera's run fails, so the service
+    # exits 1 through its drain (STOPPING=1, the captioner closed) for systemd to restart it.
+    from edgecap.rnn import RnnEncoder
+
+    calls = []
+    real = RnnEncoder.step
+
+    def step(self, feature, state):
+        calls.append(1)
+        if len(calls) == 30:
+            raise RuntimeError("tensor arena exhausted")
+        return real(self, feature, state)
+
+    monkeypatch.setattr(RnnEncoder, "step", step)
+    config = tmp_path / "edgecap.toml"
+    config.write_text("\n".join([
+        f'bundle = "{shipped_bundle}"', "", "[http]", 'address = "127.0.0.1"', "port = 0", "",
+        "[[cameras]]", 'name = "front"', f'source = "{SAMPLE}"', "loop = true", "stall_seconds = 5.0", ""]))
+    notifier = RecordingNotifier()
+    svc = Service(load_config(config), notifier=notifier, stdout=io.StringIO())
+    try:
+        with caplog.at_level(logging.INFO, logger="edgecap"):
+            assert svc.run() == 1
+    finally:
+        svc.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and not errors[0].exc_info, errors
+    message = errors[0].getMessage()
+    assert "rnn_step on cpu failed at run time: RuntimeError: tensor arena exhausted" in message
+    assert "\n" not in message and "restart" in message
+    assert notifier.times("STOPPING=1")

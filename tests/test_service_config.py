@@ -69,9 +69,11 @@ source = "/dev/video0"
 """
 
 
-def write(tmp_path: Path, text: str, name: str = "edgecap.toml") -> Path:
+def write(tmp_path: Path, text: str, name: str = "edgecap.toml", mode: int = 0o640) -> Path:
+    """The config file, mode 0640 as install.sh makes it (one readable by every user may hold no secret)."""
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
+    path.chmod(mode)
     return path
 
 
@@ -122,7 +124,8 @@ def test_absent_keys_take_the_documented_defaults(tmp_path):
 def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     etc = tmp_path / "etc"
     etc.mkdir()
-    (etc / "clip.mp4").write_bytes(b"")
+    # A real video: a file camera that is not one is refused (tests/test_camera_config.py).
+    (etc / "clip.mp4").write_bytes((Path(__file__).parent.parent / "models/demo/sample.mp4").read_bytes())
     write(etc, """\
         bundle = "bundle"
         plan = "plans/devboard"
@@ -324,6 +327,76 @@ def test_unreadable_token_file_is_refused(tmp_path):
 def test_token_and_token_file_together_are_refused(tmp_path):
     path = write(tmp_path, '[http]\ntoken = "a"\ntoken_file = "t"\n' + MINIMAL)
     assert error_of(path).startswith(f"{path}:3: http.token_file: set together with http.token")
+
+
+@pytest.mark.parametrize("secret, line, key, fix", [
+    ('[http]\naddress = "0.0.0.0"\ntoken = "Xq7vR2mK9pLw4tZb8nC3"\n', 3, "http.token",
+     ", or move the token into a file named by http.token_file"),
+    ('[sinks.mqtt]\nhost = "broker.lan"\nusername = "u"\npassword = "p"\n', 4, "sinks.mqtt.password", ""),
+], ids=["http-token", "mqtt-password"])
+def test_an_inline_secret_in_a_world_readable_config_is_refused(tmp_path, secret, line, key, fix):
+    path = write(tmp_path, secret + MINIMAL, mode=0o644)
+    assert error_of(path) == (f"{path}:{line}: {key}: {path} holds this secret and is readable by every user; "
+                              f"run `chmod o-r {path}`{fix}")
+    # Group read is how the service's user reads install.sh's root:edgecap 0640 file.
+    for private in (0o640, 0o600):
+        path.chmod(private)
+        load_config(path)
+    # No secret in the file, no rule: a world-readable example config is fine.
+    load_config(write(tmp_path, MINIMAL, "plain.toml", mode=0o644))
+
+
+def test_a_token_file_beside_a_world_readable_config_is_accepted(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("Xq7vR2mK9pLw4tZb8nC3\n")
+    secret.chmod(0o640)
+    path = write(tmp_path, '[http]\naddress = "0.0.0.0"\ntoken_file = "token"\n' + MINIMAL, mode=0o644)
+    assert load_config(path).http.token == "Xq7vR2mK9pLw4tZb8nC3"
+
+
+def test_mqtt_tls_keys_are_read_with_paths_relative_to_the_file(tmp_path):
+    for name in ("ca.crt", "client.crt", "client.key"):
+        (tmp_path / name).write_text("PEM\n")
+        (tmp_path / name).chmod(0o640)
+    path = write(tmp_path, '[sinks.mqtt]\nhost = "broker.lan"\nport = 8883\ntls = true\nca_file = "ca.crt"\n'
+                           'cert_file = "client.crt"\nkey_file = "client.key"\n' + MINIMAL)
+    mqtt = load_config(path).sinks.mqtt
+    assert (mqtt.tls, mqtt.tls_insecure, mqtt.port) == (True, False, 8883)
+    assert (mqtt.ca_file, mqtt.cert_file, mqtt.key_file) == tuple(
+        str(tmp_path / n) for n in ("ca.crt", "client.crt", "client.key"))
+    defaults = load_config(write(tmp_path, MINIMAL, "b.toml")).sinks.mqtt
+    assert (defaults.tls, defaults.ca_file, defaults.cert_file, defaults.key_file, defaults.tls_insecure) == \
+        (False, "", "", "", False)
+
+
+@pytest.mark.parametrize("table, line, problem", [
+    ('ca_file = "ca.crt"\n', 3, "sinks.mqtt.ca_file: set while sinks.mqtt.tls is false; set tls = true to "
+                                "connect with TLS, or remove the key"),
+    ('tls_insecure = true\n', 3, "sinks.mqtt.tls_insecure: set while sinks.mqtt.tls is false"),
+    ('tls = true\nkey_file = "client.key"\n', 4, "sinks.mqtt.key_file: set without sinks.mqtt.cert_file"),
+    ('tls = true\nca_file = "nowhere.crt"\n', 4, "sinks.mqtt.ca_file: cannot read {d}/nowhere.crt (No such file"),
+    ('tls = true\nca_file = "."\n', 4, "sinks.mqtt.ca_file: {d} is not a regular file; give a PEM file"),
+    ('tls = true\nca_file = "fifo"\n', 4, "sinks.mqtt.ca_file: {d}/fifo is not a regular file"),
+    ('tls = true\nca_file = "huge.crt"\n', 4, "sinks.mqtt.ca_file: {d}/huge.crt is 4194305 bytes, more than a "
+                                               "PEM file of certificates (4194304 at most); give a PEM file"),
+    ('tls = true\ncert_file = "client.crt"\nkey_file = "open.key"\n', 5,
+     "sinks.mqtt.key_file: {d}/open.key holds the client's private key and is readable by every user; "
+     "run `chmod o-r {d}/open.key`"),
+    # One PEM with certificate and key: the certificate file is the private one.
+    ('tls = true\ncert_file = "open.key"\n', 4,
+     "sinks.mqtt.cert_file: {d}/open.key holds the client's private key and is readable by every user"),
+], ids=["ca-without-tls", "insecure-without-tls", "key-without-cert", "missing", "directory", "fifo", "huge",
+        "world-readable-key", "world-readable-cert-with-key"])
+def test_bad_mqtt_tls_keys_are_one_line(tmp_path, table, line, problem):
+    for name, mode in (("client.crt", 0o644), ("client.key", 0o600), ("open.key", 0o644)):
+        (tmp_path / name).write_text("PEM\n")
+        (tmp_path / name).chmod(mode)
+    os.mkfifo(tmp_path / "fifo")  # opened, it would block: checked by stat alone
+    with open(tmp_path / "huge.crt", "wb") as f:
+        f.truncate(4 * 1024 * 1024 + 1)  # sparse: no disk
+    path = write(tmp_path, '[sinks.mqtt]\nhost = "broker.lan"\n' + table + MINIMAL)
+    message = error_of(path)
+    assert message.startswith(f"{path}:{line}: " + problem.format(d=tmp_path)), message
 
 
 LOCATOR_DOC = """\

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgecap.errors import ConfigError
-from edgecap.soak import fault_schedule, run_soak
+from edgecap import faults
+from edgecap.soak import _Injector, fault_schedule, run_soak
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
 
@@ -45,6 +46,42 @@ def test_the_faults_rotate_actions_and_strike_each_tpu_of_the_plan(shipped_bundl
                  board=two_tpu_board, deadline_floor_s=0.3)
     assert r.faults_fired == len(r.faults_injected) == 3 and r.captions_match_fault_free, r
     assert {e.split("=")[0] for e in r.faults_injected} == {"emu-tpu:0", "emu-tpu:1"}
+
+
+def test_a_fault_is_not_held_back_while_the_device_before_is_still_away(shipped_bundle):
+    # The devices stay away 30 s, far longer than the run: the second fault must strike the TPU
+    # the plan failed over onto at its frame, not wait for the first device to answer again.
+    r = run_soak(frames=600, every=200, back_s=30.0, warmup=100, bundle=str(shipped_bundle),
+                 deadline_floor_s=0.3)
+    assert r.faults_fired == len(r.faults_injected) == r.faults_planned == 2, r.faults_injected
+    assert [e.split("=")[0] for e in r.faults_injected] == ["emu-tpu:0", "emu-tpu:1"]
+    assert "every planned fault fired" not in r.missed
+    assert r.captions == r.windows_expected and r.captions_match_fault_free, r
+
+
+class _Choice:
+    def __init__(self, *tpus: str) -> None:
+        self.tpus = list(tpus)
+
+
+def test_a_fault_whose_device_the_plan_left_before_it_fired_moves_to_the_running_tpu():
+    faults.inject("")
+    cap = type("Cap", (), {})()
+    cap.choice = _Choice("emu-tpu:0")
+    injector = _Injector(cap, [(1, "fail"), (3, "hang")], back_s=0.1)
+    frames = injector.frames(list(range(4)), 4)
+    try:
+        next(frames), next(frames)  # frame 1: the first fault, on emu-tpu:0
+        assert [f.device for f in faults.current().pending] == ["emu-tpu:0"]
+        cap.choice = _Choice("emu-tpu:1")  # a device came back: the plan moved off emu-tpu:0
+        next(frames)
+        (moved,) = faults.current().pending
+        assert moved.device == "emu-tpu:1" and faults.current().take("emu-tpu:1") == moved
+        next(frames)  # frame 3: the second fault, now that the first fired
+        assert injector.fired == 1 and len(injector.injected) == 2 and injector.moved == 1
+        assert "-> emu-tpu:1" in injector.injected[0]
+    finally:
+        faults.inject("")
 
 
 def test_the_command_refuses_a_soak_shorter_than_its_warm_up(tmp_path, capsys):

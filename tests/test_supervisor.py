@@ -79,3 +79,24 @@ def test_the_bundles_plans_are_read_once_at_the_first_failure(bundle_with_plans,
         supervisor.close()
     assert len(calls) == 1 and calls[0][2] == "devboard-usb"  # the running plan's board's
     assert first.how == again.how and first.describe() == again.describe()
+
+
+def test_the_c_heaps_free_pages_go_back_once_a_new_pipeline_runs(shipped_bundle, monkeypatch):
+    # Each pipeline's new threads get glibc arenas of their own that keep what the old ones freed;
+    # the soak's memory grew past its goal without a trim after each switch (docs/soak.md).
+    from edgecap import faults, supervisor
+    from edgecap.captioner import EdgeCaptioner
+    from edgecap.sources import open_source
+
+    trims = []
+    monkeypatch.setattr(supervisor, "_release_freed_memory", lambda: trims.append(1))
+    images = [f.image for f in open_source(str(shipped_bundle.parent / "sample.mp4"))]
+    faults.inject("emu-tpu:0=fail@10")
+    try:
+        with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+            cap.caption_frames(images * 2)
+            switches = len(cap.stats().failovers)
+    finally:
+        faults.inject("")
+    assert switches == 1 and len(trims) == 1
+    assert supervisor._malloc_trim() is None or supervisor._malloc_trim()(0) in (0, 1)

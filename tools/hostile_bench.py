@@ -44,7 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import psutil
 
@@ -59,6 +59,7 @@ GOAL_FPS_RATIO = 0.95
 GOAL_RSS_GROWTH_MB = 50.0
 ATTACKER_NICE = 10
 _PROCESSED = re.compile(r'^edgecap_frames_processed_total\{[^}]*\} (\S+)$', re.M)
+_DROPPED = re.compile(r'^edgecap_http_connections_dropped_total\{reason="(\w+)"\} (\S+)$', re.M)
 
 
 @dataclass
@@ -99,9 +100,11 @@ async def _get(port: int, path: str, timeout: float = 5.0) -> bytes:
         writer.close()
 
 
-async def _processed(port: int) -> float:
+async def _metrics(port: int) -> Tuple[float, Dict[str, int]]:
+    """Frames processed, and connections the server dropped by reason, from ``/metrics``."""
     text = (await _get(port, "/metrics")).decode("latin-1")
-    return sum(float(m) for m in _PROCESSED.findall(text))
+    dropped = {reason: int(float(n)) for reason, n in _DROPPED.findall(text)}
+    return sum(float(m) for m in _PROCESSED.findall(text)), dropped
 
 
 async def _slow_client(port: int, byte_interval: float, stop: asyncio.Event, counts: Counts) -> None:
@@ -157,6 +160,8 @@ def _slow_clients(port: int, n: int, byte_interval: float, stop: Any, pipe: Any)
         tasks = [asyncio.create_task(_slow_client(port, byte_interval, done, counts)) for _ in range(n)]
         await asyncio.get_running_loop().run_in_executor(None, stop.wait)
         done.set()
+        for task in tasks:  # a client waiting out its byte interval stops now, uncounted
+            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return counts
 
@@ -173,12 +178,12 @@ async def _phase(port: int, ps: psutil.Process, seconds: float, slow: int, scrap
         attacker.start()
     counts, done = Counts(), asyncio.Event()
     tasks = [asyncio.create_task(_scraper(port, scrape_interval, done, counts)) for _ in range(scrapers)]
-    count0, cpu0, t0 = await _processed(port), sum(ps.cpu_times()[:2]), time.monotonic()
+    (count0, dropped0), cpu0, t0 = await _metrics(port), sum(ps.cpu_times()[:2]), time.monotonic()
     rss = [ps.memory_info().rss]
     while time.monotonic() - t0 < seconds:
         await asyncio.sleep(min(1.0, max(0.0, seconds - (time.monotonic() - t0))))
         rss.append(ps.memory_info().rss)
-    count1, cpu1, elapsed = await _processed(port), sum(ps.cpu_times()[:2]), time.monotonic() - t0
+    (count1, dropped1), cpu1, elapsed = await _metrics(port), sum(ps.cpu_times()[:2]), time.monotonic() - t0
     fds = ps.num_fds()
     done.set()
     stop.set()
@@ -189,7 +194,8 @@ async def _phase(port: int, ps: psutil.Process, seconds: float, slow: int, scrap
         for name in ("slow_opened", "slow_dropped", "slow_refused", "slow_held_s"):
             setattr(counts, name, getattr(slow_counts, name))
     return {"counts": counts, "fps": (count1 - count0) / elapsed, "cpu": (cpu1 - cpu0) / elapsed,
-            "rss": rss, "seconds": elapsed, "fds": fds}
+            "rss": rss, "seconds": elapsed, "fds": fds,
+            "server_dropped": {k: n - dropped0.get(k, 0) for k, n in dropped1.items()}}
 
 
 def _listen_overflows() -> Optional[int]:
@@ -280,6 +286,7 @@ def run(seconds: float = 60.0, baseline_seconds: float = 20.0, slow_clients: int
         "slow_opened": c.slow_opened,
         "slow_dropped": c.slow_dropped,
         "slow_refused": c.slow_refused,
+        "server_dropped": attacked["server_dropped"],
         "slow_held_s_median": round(statistics.median(c.slow_held_s), 2) if c.slow_held_s else None,
         "slow_held_s_max": round(max(c.slow_held_s), 2) if c.slow_held_s else None,
         "exit_code": proc.returncode,
@@ -308,6 +315,7 @@ def format_table(r: Dict[str, Any]) -> str:
                                         f"{r['rss_mb_last']:.0f}"),
         ("slow connections opened / dropped / refused",
          f"{r['slow_opened']} / {r['slow_dropped']} / {r['slow_refused']}"),
+        ("server's drops by reason", ", ".join(f"{k} {n}" for k, n in r["server_dropped"].items())),
         ("slow connection life median / max", f"{r['slow_held_s_median']} / {r['slow_held_s_max']} s"),
         ("ListenOverflows during the attack (host)", str(r["listen_overflows"])),
         ("service exit code", str(r["exit_code"])),

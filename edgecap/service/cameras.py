@@ -129,6 +129,41 @@ def _describe(cap: Any) -> str:
     return " ".join(p for p in parts if p)
 
 
+def is_device_source(text: str) -> bool:
+    """True if a camera source names a device rather than a video file.
+
+    A device (``/dev/video0``, a udev link under ``/dev/v4l/``, an index) may
+    be unplugged when the service starts and plugged in later: the feed waits
+    for it. A file has no such excuse, so ``check_file_source`` checks it at
+    start.
+
+    Args:
+      text: The configured source.
+
+    Returns:
+      True for an index (unless a file of that name exists), any path under
+      ``/dev/``, and any character device.
+    """
+    # A video file named like a number ("2024") is that file, not camera 2024.
+    if text.isdigit():
+        return not os.path.isfile(text)
+    return text.startswith("/dev/") or is_camera_path(text)
+
+
+def check_file_source(text: str) -> None:
+    """Opens a file camera's video, reads its first frame and closes it.
+
+    Args:
+      text: A source for which ``is_device_source`` is False.
+
+    Raises:
+      SourceError: One line, if the file is missing, not a regular file (a
+        directory or a FIFO, which is never opened), unreadable, or not a video
+        OpenCV decodes.
+    """
+    open_source(text).close()
+
+
 def open_camera(spec: CameraSpec) -> FrameSource:
     """Opens a spec's source: a camera with its requested properties, else what ``open_source`` opens.
 
@@ -142,12 +177,9 @@ def open_camera(spec: CameraSpec) -> FrameSource:
       SourceError: If the camera or file cannot be opened.
     """
     text = spec.source
-    # A video file named like a number ("2024") is that file, not camera 2024.
-    if text.isdigit() and not os.path.isfile(text):
-        return TunedCameraSource(int(text), capture_properties(spec))
-    if is_camera_path(text):
-        return TunedCameraSource(text, capture_properties(spec))
-    return open_source(text)
+    if not is_device_source(text):
+        return open_source(text)
+    return TunedCameraSource(int(text) if text.isdigit() else text, capture_properties(spec))
 
 
 def _ignore(*args: Any) -> None:

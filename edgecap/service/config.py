@@ -7,8 +7,15 @@ one ``ConfigError`` line naming the file, the line and the key::
     edgecap.toml:12: cameras[0].fps: must be float > 0.0; frames per second the camera delivers
 
 Paths in the file (``bundle``, ``plan``, ``http.token_file``,
-``sinks.jsonl.path`` and file camera sources) are relative to the file's own
-directory; paths given as overrides (command-line flags) are taken as they are.
+``sinks.jsonl.path``, the ``sinks.mqtt`` TLS files and file camera sources) are
+relative to the file's own directory; paths given as overrides (command-line
+flags) are taken as they are.
+
+Secrets follow one rule wherever they are written: a file that holds one (a
+token file, an MQTT client's private key, or the config itself when it has an
+inline ``http.token`` or ``sinks.mqtt.password``) must not be readable by every
+user. Group read is allowed: install.sh makes the config ``root:edgecap 0640``
+so that the service's user reads it through its group.
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.9/3.10 only
     import tomli as tomllib
 
-from edgecap import schema
-from edgecap.errors import ConfigError
+from edgecap import files, schema
+from edgecap.errors import ConfigError, SourceError
 
 try:  # Annotated is in typing from 3.9 on
     from typing import Annotated, Literal
@@ -47,6 +54,8 @@ CameraFps = Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)]
 Seconds = Annotated[float, msgspec.Meta(gt=0.0, le=86_400.0)]
 WindowFrames = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
 SampleFps = Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]
+# A system CA bundle is about 200 kB; OpenSSL reads a TLS file whole.
+MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
 # MQTT wildcards and NUL have no place in a topic someone publishes to.
 TopicPrefix = Annotated[str, msgspec.Meta(pattern=r"^[^#+\x00]+$", max_length=256)]
 
@@ -92,12 +101,17 @@ _HINTS: Dict[str, str] = {
     "max_bytes": "use the size in bytes at which the file is rotated",
     "backups": "use how many rotated files to keep",
     "mqtt": "[sinks.mqtt] takes host, port, topic_prefix, client_id, username, password, "
-            "stats_interval_seconds and buffer",
+            "stats_interval_seconds, buffer, tls, ca_file, cert_file, key_file and tls_insecure",
     "host": 'give the broker\'s host name or address, or "" to disable MQTT',
     "topic_prefix": "use a topic prefix without the wildcards + and #",
     "client_id": "give a client id, or leave it empty for edgecap-<hostname>",
     "stats_interval_seconds": "use the seconds between stats messages",
     "buffer": "use how many messages to keep while the broker is away",
+    "tls": "use true (TLS to the broker, usually port 8883) or false",
+    "ca_file": "give the PEM file of the CA that signed the broker's certificate, or \"\" for the system's CAs",
+    "cert_file": "give the PEM file of the client certificate, or \"\" for none",
+    "key_file": "give the PEM file of the client certificate's private key",
+    "tls_insecure": "use false (check the broker's certificate and name) or true (do not: insecure)",
 }
 
 
@@ -186,6 +200,13 @@ class MqttSinkConfig(_Record):
       password: Broker password.
       stats_interval_seconds: Seconds between stats messages.
       buffer: Messages kept while the broker is away; the oldest go beyond it.
+      tls: Connect with TLS, checking the broker's certificate and host name.
+      ca_file: PEM file of the CAs trusted for the broker (empty: the system's).
+      cert_file: PEM file of the client certificate (empty: none); may hold the key.
+      key_file: PEM file of the client certificate's private key (empty: in
+        ``cert_file``); must not be readable by every user.
+      tls_insecure: Skip the check of the broker's certificate and host name
+        (the link is encrypted but the broker not authenticated); logs a warning.
     """
 
     host: str = ""
@@ -196,6 +217,11 @@ class MqttSinkConfig(_Record):
     password: str = ""
     stats_interval_seconds: Seconds = 10.0
     buffer: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1000
+    tls: bool = False
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    tls_insecure: bool = False
 
 
 class SinksConfig(_Record):
@@ -249,13 +275,15 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
     Raises:
       ConfigError: One line naming the file, the line and the key, for an
         unreadable file, malformed TOML, an unknown key, a wrong type, a value
-        out of range, duplicate or malformed camera names, an off-loopback
-        address without a token, or a token file that is unreadable or
-        readable by everyone.
+        out of range, duplicate or malformed camera names, a file camera that is
+        missing or not a video (a device camera may be absent), an off-loopback
+        address without a token, a token file or MQTT private key that is
+        unreadable or readable by everyone, MQTT TLS files without ``tls``, or
+        an inline token or MQTT password in a file readable by everyone.
     """
     path = Path(path)
-    data = schema.read_bytes(path, what="config file", error=ConfigError,
-                             fix="give the path of a readable TOML file")
+    data = files.read_bytes(path, what="config file", error=ConfigError, kind="toml",
+                            fix="give the path of a readable TOML file")
     text = _text(path, data)
     try:
         raw = tomllib.loads(text)
@@ -264,6 +292,7 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
     except RecursionError:  # tomllib recurses once per nesting level
         raise ConfigError(f"{path}: malformed TOML ({schema.TOO_DEEP.replace('objects', 'tables')}); "
                           "fix the TOML syntax") from None
+    _check_inline_secrets(path, text, raw)
     _resolve_paths(raw, path.absolute().parent)
     applied = _apply_overrides(raw, overrides, path)
     try:
@@ -278,6 +307,8 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
         raise ConfigError(f"{path}: override {bad[0] if bad else '?'}: {schema.NOT_UNICODE} (bytes that are "
                           "not UTF-8?); pass UTF-8 text") from None
     _check_names(path, text, config, applied)
+    _check_mqtt(path, text, config.sinks.mqtt, applied)
+    _check_sources(path, text, config, applied)
     return _check_http(path, text, config, applied)
 
 
@@ -406,6 +437,9 @@ def _resolve_paths(raw: Dict[str, Any], base: Path) -> None:
     fix(raw.get("http"), "token_file")
     sinks = raw.get("sinks")
     fix(sinks.get("jsonl") if isinstance(sinks, dict) else None, "path")
+    mqtt = sinks.get("mqtt") if isinstance(sinks, dict) else None
+    for key in ("ca_file", "cert_file", "key_file"):
+        fix(mqtt, key)
     cameras = raw.get("cameras")
     for camera in cameras if isinstance(cameras, list) else ():
         if not isinstance(camera, dict):
@@ -523,6 +557,102 @@ def _check_names(path: Path, text: str, config: ServiceConfig, applied: Sequence
                 "use a V4L2 device (/dev/videoN), a camera index or a video file"))
 
 
+# Inline secrets, by key, and where else the secret can live.
+_INLINE_SECRETS: Dict[Key, str] = {
+    ("http", "token"): ", or move the token into a file named by http.token_file",
+    ("sinks", "mqtt", "password"): "",
+}
+
+
+def _check_inline_secrets(path: Path, text: str, raw: Mapping[str, Any]) -> None:
+    """Refuses a config file readable by every user that holds a token or password (as a token file is)."""
+    held = next((key for key in _INLINE_SECRETS if _is_set(raw, key)), None)
+    if held is None:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot stat ({exc.strerror or exc}); "
+                          "give the path of a readable TOML file") from None
+    if mode & stat.S_IROTH:
+        raise ConfigError(_message(path, text, held, f"{path} holds this secret and is readable by every user",
+                                   (), f"run `chmod o-r {path}`{_INLINE_SECRETS[held]}"))
+
+
+def _is_set(raw: Mapping[str, Any], key: Key) -> bool:
+    """True if the parsed document sets ``key`` to non-empty text."""
+    value: Any = raw
+    for part in key:
+        value = value.get(part) if isinstance(value, dict) else None
+    return isinstance(value, str) and bool(value)
+
+
+def _check_mqtt(path: Path, text: str, mqtt: MqttSinkConfig, applied: Sequence[Key]) -> None:
+    """Refuses TLS keys without ``tls``, and TLS files that are missing, special or (keys) readable by everyone."""
+    if not mqtt.tls:
+        # Else a config that names a CA would talk to the broker in clear without a word.
+        for name in ("ca_file", "cert_file", "key_file", "tls_insecure"):
+            if getattr(mqtt, name):
+                raise ConfigError(_message(path, text, ("sinks", "mqtt", name), "set while sinks.mqtt.tls is false",
+                                           applied, "set tls = true to connect with TLS, or remove the key"))
+        return
+    if mqtt.key_file and not mqtt.cert_file:
+        raise ConfigError(_message(path, text, ("sinks", "mqtt", "key_file"), "set without sinks.mqtt.cert_file",
+                                   applied, "give the client certificate in cert_file too, or remove key_file"))
+    # The private key is in key_file, else in cert_file (one PEM holding both).
+    private = "key_file" if mqtt.key_file else "cert_file"
+    for name in ("ca_file", "cert_file", "key_file"):
+        if getattr(mqtt, name):
+            _check_tls_file(path, text, name, Path(getattr(mqtt, name)), name == private, applied)
+
+
+def _check_tls_file(path: Path, text: str, name: str, file: Path, private: bool, applied: Sequence[Key]) -> None:
+    """Refuses a TLS file that is missing, not a regular file, unreadable, or a private key readable by everyone."""
+    key = ("sinks", "mqtt", name)
+    try:
+        # stat, not open: opening a FIFO would block.
+        st = os.stat(file)
+    except OSError as exc:
+        raise ConfigError(_message(path, text, key, f"cannot read {file} ({exc.strerror or exc})", applied,
+                                   "give an existing PEM file, readable by the service's user")) from None
+    except ValueError:  # a NUL in the name, which no system call takes
+        raise ConfigError(_message(path, text, key, f"{str(file)!r} is not a usable file name "
+                                   "(it contains a NUL byte)", applied, "give the PEM file's path")) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(_message(path, text, key, f"{file} is not a regular file", applied,
+                                   "give a PEM file"))
+    if st.st_size > MAX_TLS_FILE_BYTES:  # OpenSSL reads it whole
+        raise ConfigError(_message(path, text, key, f"{file} is {st.st_size} bytes, more than a PEM file of "
+                                   f"certificates ({MAX_TLS_FILE_BYTES} at most)", applied, "give a PEM file"))
+    if private and st.st_mode & stat.S_IROTH:
+        raise ConfigError(_message(path, text, key, f"{file} holds the client's private key and is readable "
+                                   "by every user", applied, f"run `chmod o-r {file}`"))
+    if not os.access(file, os.R_OK):
+        raise ConfigError(_message(path, text, key, f"cannot read {file} (permission denied)", applied,
+                                   "make it readable by the service's user (its group may read it)"))
+
+
+def _check_sources(path: Path, text: str, config: ServiceConfig, applied: Sequence[Key]) -> None:
+    """Refuses a file camera that is missing or not a video; a device camera may come later.
+
+    A file cannot appear by itself, so a wrong one is a config error at start
+    (exit 2, which the unit does not restart); a device (/dev/videoN, an index)
+    may be plugged in after the service starts, and the service waits for it.
+    """
+    # Imported here, not at the top: the cameras module loads OpenCV.
+    from edgecap.service.cameras import check_file_source, is_device_source
+
+    for i, camera in enumerate(config.cameras):
+        if is_device_source(camera.source):
+            continue
+        try:
+            check_file_source(camera.source)
+        except SourceError as exc:
+            raise ConfigError(_message(
+                path, text, ("cameras", i, "source"), str(exc), applied,
+                "only a device camera (/dev/videoN, an index) may be absent at start")) from None
+
+
 def is_loopback(address: str) -> bool:
     """True if ``address`` binds only this machine (127.0.0.0/8, ::1, localhost)."""
     if address.lower() == "localhost":
@@ -564,9 +694,8 @@ def _read_token(path: Path, text: str, token_file: Path, applied: Sequence[Key])
         if not stat.S_ISREG(os.stat(token_file).st_mode):
             raise ConfigError(_message(path, text, key, f"{token_file} is not a regular file", applied,
                                        "give a file holding the token"))
-        with open(token_file, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            data = f.read(65536)
+        data, st = files.read_regular(token_file, "token")
+        mode = st.st_mode
     except OSError as exc:
         raise ConfigError(_message(path, text, key, f"cannot read {token_file} "
                                    f"({exc.strerror or exc})", applied, unreadable)) from None

@@ -38,7 +38,7 @@ import cv2
 from edgecap import devices
 from edgecap.bundle import WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner, FrameResult
-from edgecap.errors import EdgecapError, RunCancelled
+from edgecap.errors import EdgecapError, RunCancelled, RunFailure
 from edgecap.options import CaptionerOptions
 from edgecap.service.cameras import CameraFeed, CameraMux, CameraSpec
 from edgecap.service.config import ServiceConfig
@@ -103,26 +103,26 @@ class Service:
                                      max_caption_age_s=max(60.0, 4 * longest))
             self.http.start()  # a port in use fails here, before any camera opens
             self._closers.append(self.http)
-        except BaseException:
+            self.feeds = [CameraFeed(self._spec(c), on_state=self._on_state, on_frame=self._on_frame,
+                                     on_drop=self._on_drop, on_reconnect=self._on_reconnect)
+                          for c in config.cameras]
+            self.mux = CameraMux(self.feeds)
+            self._names = names
+            self._stopping = threading.Event()
+            self._stop_by: Optional[float] = None
+            self._drain_timer: Optional[threading.Timer] = None
+            self._processed: Dict[str, int] = dict.fromkeys(names, 0)
+            self._counted: Dict[str, int] = dict.fromkeys(names, 0)  # at the last stats period
+            self._read: Dict[str, int] = dict.fromkeys(names, 0)
+            self._latency: Dict[str, List[float]] = {n: [] for n in names}
+            self._last_jpeg: Dict[str, float] = dict.fromkeys(names, 0.0)
+            self._last_stats = time.monotonic()
+            self._failovers = 0  # failovers counted in the metrics so far
+            # Enumerated once: the attached TPUs do not change under a running plan.
+            self._tpus = devices.list_devices()[1:]
+        except BaseException:  # a bad value, or SIGTERM while starting: close what opened
             self._close_all()
             raise
-        self.feeds = [CameraFeed(self._spec(c), on_state=self._on_state, on_frame=self._on_frame,
-                                 on_drop=self._on_drop, on_reconnect=self._on_reconnect)
-                      for c in config.cameras]
-        self.mux = CameraMux(self.feeds)
-        self._names = names
-        self._stopping = threading.Event()
-        self._stop_by: Optional[float] = None
-        self._drain_timer: Optional[threading.Timer] = None
-        self._processed: Dict[str, int] = dict.fromkeys(names, 0)
-        self._counted: Dict[str, int] = dict.fromkeys(names, 0)  # at the last stats period
-        self._read: Dict[str, int] = dict.fromkeys(names, 0)
-        self._latency: Dict[str, List[float]] = {n: [] for n in names}
-        self._last_jpeg: Dict[str, float] = dict.fromkeys(names, 0.0)
-        self._last_stats = time.monotonic()
-        self._failovers = 0  # failovers counted in the metrics so far
-        # Enumerated once: the attached TPUs do not change under a running plan.
-        self._tpus = devices.list_devices()[1:]
 
     def _spec(self, c: Any) -> CameraSpec:
         return CameraSpec(name=c.name, source=c.source, width=c.width, height=c.height, fps=c.fps,
@@ -164,7 +164,8 @@ class Service:
 
         Returns:
           0 after a stop; 1 when a stage failed at run time and could not fail
-          over (one error line is logged), which systemd's
+          over, or a CPU step raised (one error line is logged, the
+          traceback at debug level), which systemd's
           ``Restart=on-failure`` restarts. An EdgeTPU that fails is re-planned
           around by the captioner (``edgecap_failovers_total``) and the service
           goes on. Exit code 2 stays for bad input found before the start,
@@ -197,14 +198,20 @@ class Service:
                     last_stats = now
         except RunCancelled:
             _log.warning("edgecap: a stage did not drain within %.0f s; stopped it", STOP_BUDGET_S)
-        except EdgecapError as exc:
+        except (EdgecapError, RunFailure) as exc:
+            # A CPU step that raised (RunFailure) fails every camera's run, not one camera's:
+            # a fresh process is the restart that can help, so the service exits through its
+            # drain (STOPPING=1, the captioner closed) and systemd restarts it.
+            _log.debug("edgecap: the run failed", exc_info=True)
             _log.error("edgecap: error: %s; exiting for systemd to restart the service", exc)
             code = 1
         finally:
             self.notifier.stopping()
+            # Closed before the handlers go back: a second SIGTERM while the sinks
+            # flush only asks for the stop under way again.
+            self.close()
             for s, handler in old.items():
                 signal.signal(s, handler)
-            self.close()
         return code
 
     def _frame(self, result: FrameResult, now: float) -> None:

@@ -13,6 +13,11 @@ MQTT topics, under ``topic_prefix``:
   clean close and, by the broker's last will, when the connection dies.
 - ``{prefix}/stats``: the service's stats snapshot as JSON, at most every
   ``stats_interval_seconds``.
+
+With ``tls = true`` the sink checks the broker's certificate against
+``ca_file`` (or the system's CAs) and its host name, and may present a client
+certificate; a broker that fails the check is logged in one line naming it and
+the cause, and retried like a broker that is down.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import collections
 import json
 import logging
 import os
+import re
 import socket
+import ssl
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, NoReturn, Optional, TextIO, Tuple
 
 from edgecap.errors import ConfigError
 
@@ -252,6 +259,55 @@ class JsonlSink(Sink):
                 log.warning("closing %s: %s", self._path, exc)
 
 
+def tls_context(config: "MqttSinkConfig") -> ssl.SSLContext:
+    """The TLS context of the MQTT sink: the broker's certificate and host name checked unless ``tls_insecure``.
+
+    Args:
+      config: The ``[sinks.mqtt]`` table (its files already checked by ``load_config``).
+
+    Returns:
+      A client context trusting ``ca_file`` (or the system's CAs) and holding
+      the client certificate, if any.
+
+    Raises:
+      ConfigError: If ``ca_file`` holds no CA certificate, or the client
+        certificate and key cannot be loaded (not PEM, not a pair, encrypted).
+    """
+    try:
+        # A ca_file replaces the system's CAs: only the CA named is trusted.
+        context = ssl.create_default_context(cafile=config.ca_file or None)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"sinks.mqtt.ca_file: cannot load {config.ca_file or 'the system CAs'} "
+                          f"({_ssl_reason(exc)}); give the PEM file of the CA that signed the "
+                          "broker's certificate") from None
+    if config.cert_file:
+        key, key_name = (config.key_file, "key_file") if config.key_file else (config.cert_file, "cert_file")
+
+        def no_password() -> NoReturn:
+            # Without this OpenSSL would prompt on the terminal, which a service has not.
+            raise ConfigError(f"sinks.mqtt.{key_name}: {key} holds an encrypted key; store it decrypted "
+                              f"(`openssl pkey -in {key} -out NEW`) and `chmod o-r` it")
+
+        try:
+            context.load_cert_chain(config.cert_file, config.key_file or None, password=no_password)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"sinks.mqtt.cert_file: cannot load the client certificate {config.cert_file} "
+                              f"with the key {key} ({_ssl_reason(exc)}); give a PEM certificate and "
+                              "its private key") from None
+    if config.tls_insecure:
+        context.check_hostname = False  # before verify_mode: ssl refuses CERT_NONE while it is on
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _ssl_reason(exc: BaseException) -> str:
+    """OpenSSL's reason without its ``[LIB: CODE]`` tag and ``(_ssl.c:N)`` place."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return exc.verify_message.rstrip(".")
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return re.sub(r"^\[[^\]]*\]\s*|\s*\(_ssl\.c:\d+\)$", "", text)
+
+
 class MqttSink(Sink):
     """Captions, availability and stats on an MQTT broker (paho-mqtt 2.x, its own network thread).
 
@@ -271,6 +327,9 @@ class MqttSink(Sink):
           config: The ``[sinks.mqtt]`` table (``host`` must be set).
           reconnect_delay: First and longest wait between connection attempts (s).
           keepalive: Seconds between pings; a broker silent for 1.5x this is gone.
+
+        Raises:
+          ConfigError: If TLS is on and its files cannot be loaded (``tls_context``).
         """
         import paho.mqtt.client as mqtt  # the service extra; only this sink needs it
 
@@ -281,6 +340,8 @@ class MqttSink(Sink):
         self._stats_interval = config.stats_interval_seconds
         self._last_stats = float("-inf")
         self._where = f"{config.host}:{config.port}"
+        self._tls = config.tls
+        self._last_error = ""  # paho's last error-level log line: why a connection closed
         self._lock = threading.Lock()
         self._buffer: Deque[Tuple[str, bytes]] = collections.deque()
         self._capacity = config.buffer
@@ -296,6 +357,12 @@ class MqttSink(Sink):
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
         if config.username:
             client.username_pw_set(config.username, config.password or None)
+        if config.tls:
+            client.tls_set_context(tls_context(config))  # paho takes check_hostname from it
+            if config.tls_insecure:
+                log.warning("MQTT: sinks.mqtt.tls_insecure is true: the certificate and name of broker %s are "
+                            "not checked, so anyone on the path can pose as it and read the password and "
+                            "captions", self._where)
         client.will_set(self.availability_topic, b"offline", qos=1, retain=True)
         client.reconnect_delay_set(*reconnect_delay)
         # paho's own queue holds what is in flight (awaiting PUBACK), the flush of
@@ -305,6 +372,7 @@ class MqttSink(Sink):
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_connect_fail = self._on_connect_fail
+        client.on_log = self._on_log
         self._client = client
         self._mqtt = mqtt
         client.connect_async(config.host, config.port, keepalive=keepalive)
@@ -370,6 +438,7 @@ class MqttSink(Sink):
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
+            self._unreachable_said = True  # said here; the disconnect that follows adds nothing
             log.warning("MQTT broker %s refused the connection: %s", self._where, reason)
             return
         with self._lock:
@@ -379,22 +448,39 @@ class MqttSink(Sink):
             self._connected = True
             self._connects += 1
             self._unreachable_said = False
-        log.info("MQTT connected to %s", self._where)
+            self._last_error = ""
+        log.info("MQTT connected to %s%s", self._where, " over TLS" if self._tls else "")
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         # No lock: paho may call this while holding its own locks that publish() takes.
         was, self._connected = self._connected, False
-        if was and not self._closing:
+        if self._closing:
+            return
+        if was:
             self._unreachable_said = True  # one line per outage
             log.warning("MQTT connection to %s lost (%s); buffering up to %d captions and reconnecting",
                         self._where, reason, self._capacity)
+        elif not self._unreachable_said:
+            # Closed before the broker's CONNACK: what a TLS listener does to a
+            # client without TLS, or without the client certificate it requires.
+            self._unreachable_said = True
+            hint = _NEEDS_CERT if self._tls else _NEEDS_TLS
+            log.warning("MQTT broker %s closed the connection before accepting it (%s); %s; retrying with "
+                        "backoff, buffering up to %d captions", self._where, self._last_error or reason, hint,
+                        self._capacity)
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
+        # paho calls this inside its `except OSError:`, so the exception in hand is the cause.
+        cause = sys.exc_info()[1]
         # Once per outage: the broker being away is worth a line, not a line a second.
         if not self._unreachable_said and not self._closing:
             self._unreachable_said = True
-            log.warning("MQTT broker %s not reachable; retrying with backoff, buffering up to %d captions",
-                        self._where, self._capacity)
+            log.warning("MQTT broker %s %s; retrying with backoff, buffering up to %d captions",
+                        self._where, _connect_failure(cause, self._tls), self._capacity)
+
+    def _on_log(self, client: Any, userdata: Any, level: int, message: str) -> None:
+        if level == self._mqtt.MQTT_LOG_ERR:  # e.g. "failed to receive on socket: [SSL: ...] ..."
+            self._last_error = message
 
     def _error(self, what: str, exc: BaseException) -> None:
         with self._lock:
@@ -442,6 +528,38 @@ class MqttSink(Sink):
             self._client.loop_stop()
         except Exception as exc:
             log.warning("MQTT: closing the connection to %s: %s", self._where, exc)
+
+
+# The fix for a broker that hangs up before its CONNACK.
+_NEEDS_TLS = "if it is a TLS listener (usually port 8883), set sinks.mqtt.tls = true"
+_NEEDS_CERT = "if it requires a client certificate, set sinks.mqtt.cert_file and key_file"
+
+
+def _connect_failure(cause: Optional[BaseException], tls: bool) -> str:
+    """Why a connection attempt failed, in words for the log, with the fix where there is one.
+
+    Args:
+      cause: The exception of the attempt, if paho let us see it.
+      tls: Whether the sink speaks TLS.
+
+    Returns:
+      What to log after ``MQTT broker HOST:PORT``.
+    """
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return (f"refused: its TLS certificate failed verification ({_ssl_reason(cause)}); sinks.mqtt.ca_file "
+                "must hold the CA that signed it and sinks.mqtt.host a name it was issued for")
+    # A reset comes after the TCP connect: in the TLS handshake (a plain
+    # listener hangs up on a ClientHello), or as the CONNECT is sent (a TLS
+    # listener hangs up on plain MQTT).
+    hung_up = isinstance(cause, (ConnectionResetError, BrokenPipeError))
+    if isinstance(cause, ssl.SSLError) or (tls and hung_up):
+        return (f"refused: the TLS handshake failed ({_ssl_reason(cause)}); check that the port is the "
+                "broker's TLS listener (usually 8883)")
+    if hung_up:
+        return f"closed the connection before accepting it ({_ssl_reason(cause)}); {_NEEDS_TLS}"
+    if isinstance(cause, OSError):
+        return f"not reachable ({_ssl_reason(cause)})"
+    return "not reachable"
 
 
 class SinkSet(Sink):
@@ -511,15 +629,19 @@ def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None) -> Sink
       The sinks, as one ``SinkSet``.
 
     Raises:
-      ConfigError: If a sink cannot start (an unwritable JSON-lines path);
-        an unreachable broker is not an error.
+      ConfigError: If a sink cannot start (an unwritable JSON-lines path, MQTT
+        TLS files that do not load); an unreachable broker is not an error.
     """
     sinks: List[Sink] = []
     jsonl = config.sinks.jsonl
-    if jsonl.path:  # first: the one that can fail, before anything else starts
-        sinks.append(JsonlSink(jsonl.path, jsonl.max_bytes, jsonl.backups))
-    if config.sinks.stdout.enabled:
-        sinks.append(StdoutSink(stdout))
-    if config.sinks.mqtt.host:
-        sinks.append(MqttSink(config.sinks.mqtt))
+    try:
+        if jsonl.path:
+            sinks.append(JsonlSink(jsonl.path, jsonl.max_bytes, jsonl.backups))
+        if config.sinks.stdout.enabled:
+            sinks.append(StdoutSink(stdout))
+        if config.sinks.mqtt.host:  # raises, if at all, before its thread starts
+            sinks.append(MqttSink(config.sinks.mqtt))
+    except ConfigError:
+        SinkSet(sinks).close()  # the file already opened
+        raise
     return SinkSet(sinks)
