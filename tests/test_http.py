@@ -259,7 +259,7 @@ def test_logout_ends_the_session_and_clears_the_cookie(guarded: StatusServer) ->
 def test_sessions_expire(guarded: StatusServer, monkeypatch) -> None:
     cookie = session_cookie(login(guarded)[1])
     now = time.monotonic()
-    monkeypatch.setattr(service_http.time, "monotonic", lambda: now + service_http.SESSION_MAX_AGE_S + 1)
+    monkeypatch.setattr(guarded.sessions, "clock", lambda: now + service_http.SESSION_MAX_AGE_S + 1)
     assert request(guarded, "/api/stats", headers={"Cookie": cookie})[0] == 401
 
 
@@ -280,7 +280,7 @@ def test_failed_logins_are_warned_and_limited_per_address(guarded: StatusServer,
     # The window passes: the address may try again.
     later = time.monotonic() + service_http.LOGIN_WINDOW_S + 1
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(service_http.time, "monotonic", lambda: later)
+        mp.setattr(guarded.attempts, "clock", lambda: later)
         assert login(guarded)[0] == 303
 
 

@@ -272,6 +272,7 @@ class _Sessions:
 
     def __init__(self, max_age_s: float = SESSION_MAX_AGE_S, limit: int = MAX_SESSIONS) -> None:
         self.max_age_s = max_age_s
+        self.clock = time.monotonic  # replaceable: tests move time for this alone
         self._limit = limit
         self._expiry: "collections.OrderedDict[bytes, float]" = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -285,7 +286,7 @@ class _Sessions:
         """A fresh session id, valid for ``max_age_s``."""
         session = secrets.token_urlsafe(32)
         with self._lock:
-            self._expiry[self._key(session)] = time.monotonic() + self.max_age_s
+            self._expiry[self._key(session)] = self.clock() + self.max_age_s
             while len(self._expiry) > self._limit:
                 self._expiry.popitem(last=False)
         return session
@@ -295,7 +296,7 @@ class _Sessions:
         key = self._key(session)
         with self._lock:
             expiry = self._expiry.get(key)
-            if expiry is not None and expiry <= time.monotonic():
+            if expiry is not None and expiry <= self.clock():
                 del self._expiry[key]
                 expiry = None
         return expiry is not None
@@ -312,12 +313,13 @@ class _Attempts:
     def __init__(self, limit: int = LOGIN_ATTEMPTS, window_s: float = LOGIN_WINDOW_S) -> None:
         self.limit = limit
         self.window_s = window_s
+        self.clock = time.monotonic  # replaceable: tests move time for this alone
         self._failures: "collections.OrderedDict[str, Deque[float]]" = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def retry_after(self, address: str) -> float:
         """Seconds until ``address`` may try again; 0 when it may now."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             times = self._failures.get(address)
             if times is None:
@@ -333,7 +335,7 @@ class _Attempts:
         """Records a failure from ``address``; returns its failures in the window."""
         with self._lock:
             times = self._failures.pop(address, None) or collections.deque(maxlen=self.limit)
-            times.append(time.monotonic())
+            times.append(self.clock())
             self._failures[address] = times  # most recent last: the oldest go first
             while len(self._failures) > _ADDRESSES_MAX:
                 self._failures.popitem(last=False)
