@@ -20,7 +20,9 @@ so that the service's user reads it through its group.
 
 from __future__ import annotations
 
+import collections
 import ipaddress
+import math
 import os
 import re
 import stat
@@ -58,6 +60,13 @@ MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
 TopicPrefix = Annotated[str, msgspec.Meta(pattern=r"^[^#+\x00]+$", max_length=256)]
 
 _FIX = "see deploy/edgecap.toml for every key and its default"
+
+MIN_TOKEN_CHARS = 16
+# Bits by the token's own character mix (length x Shannon entropy per character): a
+# random 22-character token_urlsafe scores ~85-120, "aaaaaaaaaaaaaaaa" 0, "abcdefghijklmnop" 64.
+MIN_TOKEN_BITS = 72.0
+TOKEN_FIX = "make one with `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+_VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")  # fits a header and a form unchanged
 
 # What to do about a bad value, by key: appended to the message.
 _HINTS: Dict[str, str] = {
@@ -663,6 +672,10 @@ def _check_http(path: Path, text: str, config: ServiceConfig, applied: Sequence[
     if http.token_file:
         token = _read_token(path, text, Path(http.token_file), applied)
         http = msgspec.structs.replace(http, token=token)
+    weakness = token_weakness(http.token) if http.token else None
+    if weakness is not None:
+        key = ("http", "token_file") if http.token_file else ("http", "token")
+        raise ConfigError(_message(path, text, key, f"the token {weakness}", applied, TOKEN_FIX))
     if not http.token and not is_loopback(http.address):
         raise ConfigError(_message(
             path, text, ("http", "address"),
@@ -697,3 +710,25 @@ def _read_token(path: Path, text: str, token_file: Path, applied: Sequence[Key])
         raise ConfigError(_message(path, text, key, f"{token_file} is empty", applied,
                                    "write the access token into it"))
     return token
+
+
+def token_weakness(token: str) -> Optional[str]:
+    """Says what makes an access token easy to guess, or None for a good one.
+
+    Args:
+      token: The token as configured.
+
+    Returns:
+      None, or the problem as words that follow "the token", e.g. "is too easy to
+      guess (16 characters, 1 different: ...)"; ``TOKEN_FIX`` says how to make one.
+    """
+    if not _VISIBLE_ASCII.match(token):
+        return "must be visible ASCII characters without spaces"
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"has {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed"
+    counts = collections.Counter(token).values()
+    bits = sum(n * math.log2(len(token) / n) for n in counts)
+    if bits < MIN_TOKEN_BITS:
+        return (f"is too easy to guess ({len(token)} characters, {len(counts)} different: about "
+                f"{bits:.0f} bits where {MIN_TOKEN_BITS:.0f} are needed)")
+    return None
