@@ -58,6 +58,20 @@ def private_cache(tmp_path_factory) -> Iterator[Path]:
         os.environ["XDG_CACHE_HOME"] = saved
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_state(tmp_path_factory) -> Iterator[Path]:
+    """Points the service's state directory (the history) at a session temp dir, as ``private_cache`` does."""
+    state = tmp_path_factory.mktemp("xdg-state")
+    saved = {name: os.environ.pop(name, None) for name in ("XDG_STATE_HOME", "STATE_DIRECTORY")}
+    os.environ["XDG_STATE_HOME"] = str(state)
+    yield state
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def shipped_bundle() -> Path:
     """The demo bundle under models/demo/bundle ($EDGECAP_TEST_BUNDLE runs the suite on another)."""

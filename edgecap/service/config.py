@@ -112,6 +112,11 @@ _HINTS: Dict[str, str] = {
     "cert_file": "give the PEM file of the client certificate, or \"\" for none",
     "key_file": "give the PEM file of the client certificate's private key",
     "tls_insecure": "use false (check the broker's certificate and name) or true (do not: insecure)",
+    "history": "[history] takes path, max_age_days, max_bytes and captions",
+    "history.path": 'give the history database file (relative: in the state directory), or "" to keep no history',
+    "history.max_age_days": "use the days events are kept, more than 0",
+    "history.max_bytes": "use the disk budget of the history in bytes (thumbnails included), at least 1000000",
+    "history.captions": "use true (keep every caption too) or false (events only)",
 }
 
 
@@ -232,6 +237,23 @@ class SinksConfig(_Record):
     mqtt: MqttSinkConfig = msgspec.field(default_factory=MqttSinkConfig)
 
 
+class HistoryConfig(_Record):
+    """``[history]``: events (and optionally every caption) in an SQLite file, searchable.
+
+    Attributes:
+      path: The database file; relative to the state directory
+        (``state_directory()``); empty keeps no history.
+      max_age_days: Events older than this are deleted.
+      max_bytes: Disk budget, thumbnails included; the oldest events go beyond it.
+      captions: Keep every caption too, not only events.
+    """
+
+    path: str = "history.db"
+    max_age_days: Annotated[float, msgspec.Meta(gt=0.0, le=36_500.0)] = 30.0
+    max_bytes: Annotated[int, msgspec.Meta(ge=1_000_000, le=schema.MAX_BYTES)] = 500_000_000
+    captions: bool = False
+
+
 class ServiceConfig(_Record):
     """The whole config file of ``edgecap serve``.
 
@@ -244,6 +266,7 @@ class ServiceConfig(_Record):
       log_level: debug, info, warning or error.
       http: The status page and API.
       sinks: Where captions go.
+      history: The event history.
     """
 
     cameras: Annotated[List[CameraConfig], msgspec.Meta(min_length=1, max_length=64)]
@@ -254,6 +277,20 @@ class ServiceConfig(_Record):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     sinks: SinksConfig = msgspec.field(default_factory=SinksConfig)
+    history: HistoryConfig = msgspec.field(default_factory=HistoryConfig)
+
+
+def state_directory() -> Path:
+    """Where the service keeps its state (the history): ``$STATE_DIRECTORY``, else ``$XDG_STATE_HOME/edgecap``.
+
+    systemd sets ``$STATE_DIRECTORY`` from the unit's ``StateDirectory=``
+    (/var/lib/edgecap; systemd 240 and later, so Mendel's 241 too); outside
+    systemd the default is ``~/.local/state/edgecap``.
+    """
+    given = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if given:
+        return Path(given)
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "edgecap"
 
 
 Key = Tuple[Union[str, int], ...]
@@ -308,6 +345,9 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
                           "not UTF-8?); pass UTF-8 text") from None
     _check_names(path, text, config, applied)
     _check_mqtt(path, text, config.sinks.mqtt, applied)
+    if config.history.path:
+        config = msgspec.structs.replace(config, history=msgspec.structs.replace(
+            config.history, path=str(state_directory() / config.history.path)))
     _check_sources(path, text, config, applied)
     return _check_http(path, text, config, applied)
 
@@ -523,7 +563,7 @@ def _problem(exc: msgspec.ValidationError) -> Tuple[str, Key]:
 def _hint(key: Key) -> str:
     """The fix for a bad value at ``key``."""
     names = [part for part in key if isinstance(part, str)]
-    return _HINTS.get(names[-1], _FIX) if names else _FIX
+    return _HINTS.get(".".join(names), _HINTS.get(names[-1], _FIX)) if names else _FIX
 
 
 def _message(path: Path, text: str, key: Key, problem: str, applied: Sequence[Key],

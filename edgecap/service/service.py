@@ -42,6 +42,7 @@ from edgecap.errors import EdgecapError, RunCancelled, RunFailure
 from edgecap.options import CaptionerOptions
 from edgecap.service.cameras import CameraFeed, CameraMux, CameraSpec
 from edgecap.service.config import ServiceConfig
+from edgecap.service.history import History
 from edgecap.service.http import StatusServer
 from edgecap.service.metrics import Metrics
 from edgecap.service.notify import Notifier
@@ -86,6 +87,8 @@ class Service:
         options = CaptionerOptions(plan=config.plan or None, board=config.board,
                                    on_missing_tpu=config.on_missing_tpu)
         self.sinks = open_sinks(config, stdout)
+        # The history's read side, for StatusServer(..., history=self.history) (the page's /api/events).
+        self.history = History(config.history.path) if config.history.path else None
         self._closers: List[Any] = [self.sinks]
         try:
             self.captioner = EdgeCaptioner(bundle, options)

@@ -642,8 +642,8 @@ def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None) -> Sink
       The sinks, as one ``SinkSet``.
 
     Raises:
-      ConfigError: If a sink cannot start (an unwritable JSON-lines path, MQTT
-        TLS files that do not load); an unreachable broker is not an error.
+      ConfigError: If a sink cannot start (an unwritable JSON-lines or history
+        path, MQTT TLS files that do not load); an unreachable broker is not an error.
     """
     sinks: List[Sink] = []
     jsonl = config.sinks.jsonl
@@ -654,6 +654,10 @@ def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None) -> Sink
             sinks.append(StdoutSink(stdout))
         if config.sinks.mqtt.host:  # raises, if at all, before its thread starts
             sinks.append(MqttSink(config.sinks.mqtt))
+        history = config.history
+        if history.path:
+            from edgecap.service.history import HistorySink  # it builds on this module's Sink
+            sinks.append(HistorySink(history.path, history.max_age_days, history.max_bytes, history.captions))
     except ConfigError:
         SinkSet(sinks).close()  # the file already opened
         raise
