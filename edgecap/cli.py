@@ -45,6 +45,7 @@ MAX_SRAM = 1 << 30  # compile --sram, bytes per TPU: an EdgeTPU has 8 MiB
 RUNTIME_VERSIONS = (10, 99)  # compile --min-runtime-version: edgetpu_compiler -m knows 10 and up
 MAX_CALIBRATION_SEGMENTS = 10_000  # calibrate --segments
 MAX_REPEATS = 10_000  # calibrate --repeats
+MAX_HISTORY_LIMIT = 100_000  # history search --limit
 
 
 def _add_window_args(p: argparse.ArgumentParser) -> None:
@@ -256,6 +257,76 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     log.setLevel(config.log_level.upper())
     log.propagate = False
     return Service(config).run()
+
+
+# ---------------------------------------------------------------- history
+
+
+def _history_time(text: str) -> float:
+    from edgecap.service.history import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _cmd_history_search(args: argparse.Namespace) -> int:
+    from edgecap.service.history import History
+
+    if args.db is not None:
+        path = args.db
+    else:
+        from edgecap.service.config import load_config
+
+        path = Path(load_config(args.config).history.path)
+        if not str(path) or path == Path():
+            raise EdgecapError(f"{args.config}: [history] path is \"\": this service keeps no history; "
+                               "set it, or give the database with --db")
+    if not path.is_file():
+        raise EdgecapError(f"history: no history database at {path}; give the service's with --db PATH or "
+                           "--config FILE (its [history] path)")
+    events = History(path).search(args.query, camera=args.camera, since=args.since, until=args.until,
+                                  limit=args.limit)
+    if args.json:
+        print(json.dumps({"events": [e.to_dict() for e in events]}, ensure_ascii=False))
+    else:
+        print(format_events(events))
+    return 0
+
+
+def format_events(events: Sequence[Any]) -> str:
+    """Returns events as a table: local start time, camera, duration, confidence, text."""
+    import time
+
+    rows = [("time", "camera", "duration", "confidence", "text")]
+    for e in events:
+        rows.append((time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.start_time)), e.camera,
+                     f"{e.end_time - e.start_time:.1f}s", f"{e.confidence:.3f}",
+                     " ".join(e.text.split()) + ("" if e.closed else " (open)")))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+    return "\n".join(lines + [f"{len(events)} event{'s' if len(events) != 1 else ''}"])
+
+
+def _add_history(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="history_command", metavar="COMMAND", required=True)
+    s = sub.add_parser("search", help="find events by their words, camera and time, newest first",
+                       description="Search the service's event history (read-only: it runs beside "
+                                   "the service).")
+    s.add_argument("query", nargs="?", default="",
+                   help='words and "quoted phrases" that must all be in the caption (word* is a prefix); '
+                        "empty: every event")
+    where = s.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="the history database file")
+    where.add_argument("--config", type=Path, help="the service's TOML config (its [history] path)")
+    s.add_argument("--camera", default="", help="only this camera's events")
+    s.add_argument("--since", type=_history_time,
+                   help="events that started at or after: ISO-8601 or how long ago (30m, 1h, 2d)")
+    s.add_argument("--until", type=_history_time, help="events that started at or before; as --since")
+    s.add_argument("--limit", type=int_in(1, MAX_HISTORY_LIMIT), default=50, help="at most N events (50)")
+    s.add_argument("--json", action="store_true", help='print {"events": [...]} as JSON')
+    s.set_defaults(func=_cmd_history_search)
 
 
 # ---------------------------------------------------------------- bench
@@ -508,6 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-address", help="key: http.address")
     p.add_argument("--http-port", type=int_in(0, 65535), help="key: http.port")
     p.set_defaults(func=_cmd_serve)
+
+    _add_history(sub.add_parser("history", help="search the event history `edgecap serve` keeps"))
 
     _add_bench(sub.add_parser(
         "bench", help="compare schedules: CPU only, one TPU, placement, full pipeline"))

@@ -31,6 +31,7 @@ closed.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import queue
@@ -141,6 +142,36 @@ def fts_query(text: str) -> str:
             term += "*"
         terms.append(term)
     return " AND ".join(terms[:MAX_TERMS])
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": _DAY_S, "w": 7 * _DAY_S}
+
+
+def parse_time(text: str, now: Optional[float] = None) -> float:
+    """Reads a time a user gives: ISO-8601, or how long ago (``90s``, ``15m``, ``1h``, ``2d``, ``1w``).
+
+    Args:
+      text: ``2026-12-01T08:00``, ``2026-12-01 08:00:00+01:00``, ``2026-12-01``
+        (local time unless it has an offset or ``Z``), or a number and a unit.
+      now: The Unix time relative forms count back from (default: now).
+
+    Returns:
+      Unix seconds.
+
+    Raises:
+      ValueError: With the fix, if the text is neither.
+    """
+    text = text.strip()
+    relative = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text)
+    if relative:
+        return (time.time() if now is None else now) - float(relative.group(1)) * _UNITS[relative.group(2)]
+    try:
+        # Python before 3.11 does not read "Z"; it is UTC.
+        when = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time: give ISO-8601 (2026-12-01T08:00, local time unless it "
+                         "ends in Z or an offset) or how long ago (30m, 1h, 2d)") from None
+    return when.timestamp()  # a naive time is local, as timestamp() takes it
 
 
 @dataclass
