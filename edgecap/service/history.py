@@ -426,7 +426,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 def _check(db: sqlite3.Connection) -> Optional[str]:
     """None if ``PRAGMA quick_check`` finds the file sound, else its first complaint."""
     rows = db.execute("PRAGMA quick_check(1)").fetchall()
-    return None if rows == [("ok",)] else str(rows[0][0] if rows else "no answer")
+    if rows == [("ok",)]:
+        return None
+    return " ".join(str(rows[0][0] if rows else "no answer").split())  # its report spans lines
 
 
 def upsert(db: sqlite3.Connection, event: Event, thumbnail: Optional[bytes]) -> int:
@@ -505,8 +507,14 @@ def retain(db: sqlite3.Connection, oldest: float, max_bytes: int) -> int:
 
 def _vacuum(db: sqlite3.Connection) -> None:
     """Gives the free pages back to the file system."""
-    db.execute("PRAGMA incremental_vacuum")
+    if not db.execute("PRAGMA freelist_count").fetchone()[0]:
+        return
+    # One page per step, and sqlite3.execute steps a statement without result columns once:
+    # executescript steps it to the end.
+    db.executescript("PRAGMA incremental_vacuum")
     db.commit()
+    # In WAL mode the file shrinks when the WAL is copied back into it.
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 class History:
