@@ -3,16 +3,17 @@
 (a) search latency (p50, p99; goal p99 <= 50 ms) over a generated history of
 ``--events`` events (texts from the demo's grammar, ``--cameras`` cameras,
 one event per ``3600 / --events-per-hour`` seconds per camera, a thumbnail on
-every ``--thumbnail-every``-th event), for words, phrases, prefixes, camera
-and time filters, limit 50, through ``History.search`` (a fresh read-only
+every ``--thumbnail-every``-th event), for words, phrases, camera and time
+filters, limit 50, through ``History.search`` (a fresh read-only
 connection per search, as the page and the CLI do); (b) database bytes per
 event, written as the service writes them (every event with its thumbnail,
 upserted when it opens and when it closes, committed in batches), and the
 growth per camera-day at ``--events-per-hour`` (default 3600: the synthetic
 clips' true caption changes, one a second; 8 windows a second make each 8
 windows long) against the default disk budget; (c) the resident memory of a
-process writing events through ``HistorySink`` as fast as it takes them, and
-the sink's share; (d) ``--trials`` kill -9 trials: a child writes events as
+process writing events through ``HistorySink`` (two cameras, 9 changes an
+event), paced at ten times the service's rate and flat out, and the sink's
+share (peak less the RSS before it opened); (d) ``--trials`` kill -9 trials: a child writes events as
 the service does (two cameras, each event opened, extended and closed) and
 reports each change with its time through a pipe; SIGKILL at a random moment;
 then ``PRAGMA integrity_check`` must be ok and no event the child reported
@@ -116,31 +117,30 @@ def build(path: Path, n: int, cameras: int, per_hour: float, thumbs: List[bytes]
     return time.perf_counter() - t0
 
 
-def queries(now: float) -> List[Tuple[str, Dict[str, Any]]]:
-    """The searches timed: (label, ``History.search`` arguments)."""
-    day = 86_400.0
+def queries(now: float, span: float) -> List[Tuple[str, Dict[str, Any]]]:
+    """The searches timed over a history of ``span`` seconds up to ``now``: (label, ``History.search`` arguments)."""
     return [
         ("word: red", {"q": "red"}),
         ("word: star", {"q": "star"}),
         ("words: red star", {"q": "red star"}),
         ('phrase: "moves right"', {"q": '"moves right"'}),
         ('phrase: "white square moves up"', {"q": '"white square moves up"'}),
-        ("prefix: rot*", {"q": "rot*"}),
         ("words + camera", {"q": "purple circle", "camera": "cam1"}),
         ("camera only", {"camera": "cam2"}),
         ("word + last hour", {"q": "yellow", "since": now - 3600}),
-        ("words + one day, a week ago", {"q": "green triangle", "since": now - 7 * day, "until": now - 6 * day}),
-        ("word + until 20 days ago", {"q": "blue", "until": now - 20 * day}),
+        ("words + an hour, mid-history", {"q": "green triangle", "since": now - span / 2 - 3600,
+                                          "until": now - span / 2}),
+        ("word + until a tenth in", {"q": "blue", "until": now - span * 0.9}),
         ("everything", {}),
         ("no match", {"q": "zebra"}),
         ("hostile text", {"q": '"a" OR NEAR(x, y) AND {camera}: * ^ -"'}),
     ]
 
 
-def search_bench(path: Path, now: float, repeats: int) -> Dict[str, Any]:
+def search_bench(path: Path, now: float, span: float, repeats: int) -> Dict[str, Any]:
     """Times every query ``repeats`` times (in turns); returns the latencies' summary."""
     reader = history.History(path)
-    qs = queries(now)
+    qs = queries(now, span)
     times: Dict[str, List[float]] = {label: [] for label, _ in qs}
     hits: Dict[str, int] = {}
     for _ in range(repeats):
@@ -209,8 +209,12 @@ def _rss_kb(field: str = "VmRSS") -> int:
     return 0
 
 
-def rss_child(path: str, n: int) -> Dict[str, Any]:
-    """In a fresh process: RSS before the sink, then peak RSS while it writes ``n`` events with thumbnails."""
+def rss_child(path: str, n: int, rate: float) -> Dict[str, Any]:
+    """In a fresh process: RSS before the sink, then peak RSS while it writes ``n`` events with thumbnails.
+
+    Each event is 9 changes (opened, 7 extended, closed) of one of two cameras,
+    at ``rate`` changes a second (0: as fast as the sink takes them).
+    """
     thumbs = thumbnails()
     words = texts()
     before = _rss_kb()
@@ -219,26 +223,28 @@ def rss_child(path: str, n: int) -> Dict[str, Any]:
     peak = _rss_kb()
     start = time.time()
     t = time.perf_counter()
+    sent = 0
     for i in range(n):
         s = start + i
         e = Event(id=f"cam{i % 2}@{int(s * 1000)}", camera=f"cam{i % 2}", text=words[i % len(words)],
                   start_time=s, end_time=s + 0.125, confidence=-0.5, windows=1, thumbnail=thumbs[i % len(thumbs)])
-        sink.event(e.camera, e, "opened")
-        for w in range(2, 9):
-            e.windows, e.end_time = w, s + w / WINDOWS_PER_S
-            sink.event(e.camera, e, "extended")
-        e.closed = True
-        sink.event(e.camera, e, "closed")
+        for w in range(1, 10):
+            e.windows, e.end_time, e.closed = min(w, 8), s + min(w, 8) / WINDOWS_PER_S, w == 9
+            sink.event(e.camera, e, "opened" if w == 1 else "closed" if w == 9 else "extended")
+            sent += 1
+            if rate:
+                time.sleep(max(0.0, t + sent / rate - time.perf_counter()))
         while sink._queue.qsize() > history.QUEUE_CAPACITY // 2:  # a real camera waits for frames
             time.sleep(0.01)
-        if i % 500 == 0:
+        if i % 50 == 0:
             peak = max(peak, _rss_kb())
     sink.close(timeout=60)
     seconds = time.perf_counter() - t
     peak = max(peak, _rss_kb(), 0)
-    return {"events": n, "changes": n * 9, "seconds": round(seconds, 2), "changes_per_s": round(n * 9 / seconds),
-            "rss_mb_before_sink": round(before / 1024, 1), "rss_mb_peak": round(peak / 1024, 1),
-            "sink_share_mb": round((peak - before) / 1024, 1), "counters": sink.counters()}
+    return {"events": n, "changes": n * 9, "rate_asked": rate, "seconds": round(seconds, 2),
+            "changes_per_s": round(n * 9 / seconds), "rss_mb_before_sink": round(before / 1024, 1),
+            "rss_mb_peak": round(peak / 1024, 1), "sink_share_mb": round((peak - before) / 1024, 1),
+            "counters": sink.counters()}
 
 
 # --- (d) kill -9 -----------------------------------------------------------------------------
@@ -350,7 +356,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="in the searched history, every Nth event has a thumbnail (0: none)")
     parser.add_argument("--repeats", type=int, default=30, help="times each search is timed")
     parser.add_argument("--growth-events", type=int, default=20_000)
-    parser.add_argument("--rss-events", type=int, default=20_000)
+    parser.add_argument("--rss-events", type=int, default=20_000, help="events written flat out for (c)")
+    parser.add_argument("--rss-paced-seconds", type=float, default=30.0,
+                        help="seconds of (c) at 10x the service's rate (2 cameras x 8 windows/s)")
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--trial-max-bytes", type=int, default=2_000_000,
                         help="the writer child's budget: small, so that retention deletes during the trials")
@@ -361,12 +369,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--writer-child", help=argparse.SUPPRESS)
     parser.add_argument("--writer-max-bytes", type=int, default=2_000_000, help=argparse.SUPPRESS)
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
+    parser.add_argument("--rss-rate", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.writer_child:
         writer_child(args.writer_child, args.writer_max_bytes)
         return 0
     if args.rss_child:
-        print(json.dumps(rss_child(args.rss_child, args.rss_events)))
+        print(json.dumps(rss_child(args.rss_child, args.rss_events, args.rss_rate)))
         return 0
 
     def body() -> int:
@@ -380,6 +389,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     return run_command(PROG, body)
 
 
+def _rss_run(path: Path, n: int, rate: float) -> Dict[str, Any]:
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--rss-child", str(path),
+                          "--rss-events", str(n), "--rss-rate", str(rate)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def _run(args: argparse.Namespace, tmp: Path) -> int:
     thumbs = thumbnails()
     now = time.time()
@@ -387,6 +402,7 @@ def _run(args: argparse.Namespace, tmp: Path) -> int:
                                        "cpus": os.cpu_count()},
                               "measured": "on this host", "commit_period_s": history.COMMIT_PERIOD_S}
     big = tmp / "search.db"
+    span = -(-args.events // args.cameras) * 3600.0 / args.events_per_hour
     build_s = build(big, args.events, args.cameras, args.events_per_hour, thumbs, args.thumbnail_every, now)
     t = time.perf_counter()
     history.open_database(big).close()  # what a start costs: quick_check over the whole file
@@ -394,12 +410,13 @@ def _run(args: argparse.Namespace, tmp: Path) -> int:
     result["search"] = {"events": args.events, "cameras": args.cameras, "thumbnail_every": args.thumbnail_every,
                         "file_mb": round(big.stat().st_size / 1e6, 1), "build_s": round(build_s, 1),
                         "open_with_quick_check_s": round(open_s, 2), "limit": 50,
-                        **search_bench(big, now, args.repeats)}
+                        "span_hours": round(span / 3600, 1), **search_bench(big, now, span, args.repeats)}
     big.unlink()
     result["growth"] = growth(tmp / "growth.db", args.growth_events, args.events_per_hour, thumbs)
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--rss-child", str(tmp / "rss.db"),
-                          "--rss-events", str(args.rss_events)], capture_output=True, text=True, check=True)
-    result["rss"] = json.loads(out.stdout)
+    paced_rate = 10 * 2 * WINDOWS_PER_S
+    result["rss"] = {"flat_out": _rss_run(tmp / "rss.db", args.rss_events, 0.0),
+                     "paced": _rss_run(tmp / "rss-paced.db", max(1, int(args.rss_paced_seconds * paced_rate / 9)),
+                                       paced_rate)}
     result["kill9"] = kill_trials(args.trials, tmp / "kill.db", args.trial_max_bytes, args.commit_slack)
     s, g, r, k = result["search"], result["growth"], result["rss"], result["kill9"]
     result["goals"] = {"search_p99_le_50ms": s["p99_ms"] <= 50.0,
@@ -415,8 +432,11 @@ def _run(args: argparse.Namespace, tmp: Path) -> int:
         ("growth per camera-day", f"{g['mb_per_camera_day']} MB at {g['events_per_hour']:.0f} events/h; the default "
                                   f"budget ({g['default_max_bytes'] / 1e6:.0f} MB) holds "
                                   f"{g['camera_days_in_default_budget']} camera-days"),
-        ("writer RSS", f"{r['rss_mb_peak']} MB peak, the sink's share {r['sink_share_mb']} MB "
-                       f"({r['changes_per_s']:,} changes/s)"),
+        ("writer RSS, paced", f"{r['paced']['rss_mb_peak']} MB peak, the sink's share "
+                              f"{r['paced']['sink_share_mb']} MB ({r['paced']['changes_per_s']:,} changes/s, "
+                              f"{r['paced']['seconds']} s)"),
+        ("writer RSS, flat out", f"{r['flat_out']['rss_mb_peak']} MB peak, the sink's share "
+                                 f"{r['flat_out']['sink_share_mb']} MB ({r['flat_out']['changes_per_s']:,} changes/s)"),
         ("kill -9 trials", f"{k['integrity_ok']}/{k['trials']} integrity ok, {k['within_limit']}/{k['trials']} lost "
                            f"only changes younger than {k['limit_s']} s (oldest lost: max {k['oldest_lost_age_s_max']} s, "
                            f"median {k['oldest_lost_age_s_p50']} s)"),
