@@ -277,6 +277,27 @@ def test_an_unwritable_place_is_a_one_line_config_error(tmp_path):
         HistorySink(tmp_path)
 
 
+def test_an_sqlite_without_fts5_is_a_one_line_config_error(tmp_path, monkeypatch):
+    real = sqlite3.connect
+
+    class NoFts5:
+        def __init__(self, *args, **kwargs):
+            self.db = real(*args, **kwargs)
+
+        def execute(self, sql, *args):
+            if "fts5" in sql:
+                raise sqlite3.OperationalError("no such module: fts5")
+            return self.db.execute(sql, *args)
+
+        def close(self):
+            self.db.close()
+
+    monkeypatch.setattr(history.sqlite3, "connect", NoFts5)
+    with pytest.raises(ConfigError, match=r'no FTS5 full-text search \(no such module: fts5\).*path = ""') as info:
+        HistorySink(tmp_path / "h.db")
+    assert "\n" not in str(info.value) and not (tmp_path / "h.db").exists()
+
+
 def test_a_full_queue_drops_changes_and_counts_them(tmp_path, monkeypatch):
     monkeypatch.setattr(history, "QUEUE_CAPACITY", 1)
     sink = HistorySink(tmp_path / "h.db")

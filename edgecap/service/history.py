@@ -204,7 +204,7 @@ class HistorySink(Sink):
       retention_period_s: Seconds between runs of the retention (the first is at open).
 
     Raises:
-      ConfigError: If the file or its directory cannot be written.
+      ConfigError: If the file or its directory cannot be written, or SQLite lacks FTS5.
     """
 
     name = "history"
@@ -217,6 +217,7 @@ class HistorySink(Sink):
         self._max_bytes = max_bytes
         self._keep_captions = captions
         self._retention_period_s = retention_period_s
+        check_fts5()
         _check_writable(self.path)
         self._queue: "queue.Queue[Any]" = queue.Queue(QUEUE_CAPACITY)
         self._lock = threading.Lock()
@@ -359,6 +360,23 @@ class HistorySink(Sink):
         deleted = retain(db, time.time() - self._max_age_s, self._max_bytes)
         with self._lock:
             self._deleted += deleted
+
+
+def check_fts5() -> None:
+    """Refuses an SQLite without FTS5, which the history's search needs.
+
+    Raises:
+      ConfigError: If ``CREATE VIRTUAL TABLE ... USING fts5`` fails.
+    """
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute("CREATE VIRTUAL TABLE probe USING fts5(text)")
+    except sqlite3.OperationalError as exc:
+        raise ConfigError(f"history: this Python's SQLite {sqlite3.sqlite_version} has no FTS5 full-text search "
+                          f"({exc}); use a Python whose sqlite3 module has it, or set [history] path = \"\" to "
+                          "keep no history") from None
+    finally:
+        db.close()
 
 
 def _check_writable(path: Path) -> None:
