@@ -458,8 +458,8 @@ def test_the_benchmark_searches_a_small_generated_history(tmp_path):
 
 def _kill_trials(tmp_path, trials):
     bench = _bench()
-    # Slack for a loaded CI machine; the benchmark's own run holds commits to 0.25 s.
-    result = bench.kill_trials(trials, tmp_path / "k.db", 2_000_000, slack=1.0)
+    # 2 s for a loaded CI machine; the benchmark's own run holds it to the goal, 1 s.
+    result = bench.kill_trials(trials, tmp_path / "k.db", 2_000_000, limit=2.0)
     assert result["integrity_ok"] == trials, result
     assert result["within_limit"] == trials, result
     assert result["reported_changes_mean"] > 0
