@@ -20,7 +20,7 @@ from edgecap.errors import ConfigError
 from edgecap.events import Event
 from edgecap.service import history
 from edgecap.service.config import load_config, state_directory
-from edgecap.service.history import History, HistorySink, fts_query, parse_time
+from edgecap.service.history import History, HistorySink, fts_query, open_history, parse_time
 from edgecap.service.sinks import open_sinks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -338,15 +338,23 @@ def test_the_history_is_on_by_default_in_the_state_directory(tmp_path, monkeypat
     assert absolute.history.path == f"{tmp_path}/h.db"
 
 
-def test_open_sinks_opens_the_history_unless_its_path_is_empty(tmp_path):
+def test_the_service_opens_the_history_last_among_its_sinks_unless_its_path_is_empty(tmp_path):
     config = load_config(config_file(tmp_path, f'[history]\npath = "{tmp_path}/h.db"\ncaptions = true\n'))
-    sinks = open_sinks(config)
+    sinks = open_sinks(config, extra=open_history(config.history))  # as Service does
     assert [s.name for s in sinks.sinks] == ["stdout", "history"]
+    sinks.event("cam", make_event(), "opened")
     sinks.close()
-    off = load_config(config_file(tmp_path, '[history]\npath = ""\n'))
-    sinks = open_sinks(off)
-    assert [s.name for s in sinks.sinks] == ["stdout"]
-    sinks.close()
+    assert len(History(tmp_path / "h.db").search()) == 1
+    assert open_history(load_config(config_file(tmp_path, '[history]\npath = ""\n')).history) == []
+
+
+def test_a_sink_that_cannot_start_closes_the_history_opened_before_it(tmp_path):
+    config = load_config(config_file(tmp_path, f'[history]\npath = "{tmp_path}/h.db"\n'
+                                               '[sinks.jsonl]\npath = "no/such/dir/c.jsonl"\n'))
+    extra = open_history(config.history)
+    with pytest.raises(ConfigError, match="sinks.jsonl.path"):
+        open_sinks(config, extra=extra)
+    assert not extra[0]._thread.is_alive()
 
 
 @pytest.mark.parametrize("extra, expected", [

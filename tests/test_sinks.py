@@ -243,7 +243,7 @@ def test_open_sinks_opens_what_the_config_enables(tmp_path):
                     '[sinks.jsonl]\npath = "captions.jsonl"\n')
     out = io.StringIO()
     sinks = open_sinks(load_config(path), stdout=out)
-    assert [type(s).__name__ for s in sinks.sinks] == ["JsonlSink", "StdoutSink", "HistorySink"]  # on by default
+    assert [type(s) for s in sinks.sinks] == [JsonlSink, StdoutSink]
     sinks.caption("front", make_caption())
     sinks.close()
     assert json.loads((tmp_path / "captions.jsonl").read_text())["camera"] == "front"
@@ -252,7 +252,7 @@ def test_open_sinks_opens_what_the_config_enables(tmp_path):
     path.write_text('[[cameras]]\nname = "front"\nsource = "0"\n[sinks.stdout]\nenabled = false\n'
                     '[sinks.mqtt]\nhost = "127.0.0.1"\nport = 9\n')
     sinks = open_sinks(load_config(path))
-    assert [type(s) for s in sinks.sinks][:1] == [MqttSink]  # a broker that is not there is not fatal
+    assert [type(s) for s in sinks.sinks] == [MqttSink]  # a broker that is not there is not fatal
     sinks.close(timeout=1.0)
 
 

@@ -54,6 +54,7 @@ from edgecap.service.sinks import Sink
 if TYPE_CHECKING:
     from edgecap.captioner import Caption
     from edgecap.events import Change
+    from edgecap.service.config import HistoryConfig
 
 log = logging.getLogger(__name__)
 
@@ -367,6 +368,23 @@ class HistorySink(Sink):
         db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         with self._lock:
             self._deleted += deleted
+
+
+def open_history(config: "HistoryConfig") -> List[HistorySink]:
+    """Opens the history sink the ``[history]`` table asks for.
+
+    Args:
+      config: The table; an empty ``path`` keeps no history.
+
+    Returns:
+      The sink, or nothing.
+
+    Raises:
+      ConfigError: As ``HistorySink``.
+    """
+    if not config.path:
+        return []
+    return [HistorySink(config.path, config.max_age_days, config.max_bytes, config.captions)]
 
 
 def check_fts5() -> None:

@@ -42,7 +42,7 @@ from edgecap.errors import EdgecapError, RunCancelled, RunFailure
 from edgecap.options import CaptionerOptions
 from edgecap.service.cameras import CameraFeed, CameraMux, CameraSpec
 from edgecap.service.config import ServiceConfig
-from edgecap.service.history import History
+from edgecap.service.history import History, open_history
 from edgecap.service.http import StatusServer
 from edgecap.service.metrics import Metrics
 from edgecap.service.notify import Notifier
@@ -86,7 +86,7 @@ class Service:
         bundle = load_bundle(config.bundle or default_bundle())
         options = CaptionerOptions(plan=config.plan or None, board=config.board,
                                    on_missing_tpu=config.on_missing_tpu)
-        self.sinks = open_sinks(config, stdout)
+        self.sinks = open_sinks(config, stdout, open_history(config.history))
         # The history's read side, for StatusServer(..., history=self.history) (the page's /api/events).
         self.history = History(config.history.path) if config.history.path else None
         self._closers: List[Any] = [self.sinks]

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, NoReturn, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, NoReturn, Optional, Sequence, TextIO, Tuple
 
 from edgecap.errors import ConfigError
 
@@ -631,19 +631,20 @@ class SinkSet(Sink):
                 log.warning("%s sink: close failed: %s", sink.name, exc)
 
 
-def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None) -> SinkSet:
+def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None, extra: Sequence[Sink] = ()) -> SinkSet:
     """Opens the sinks the config enables.
 
     Args:
       config: The service config (its ``sinks`` tables).
       stdout: Stream for the stdout sink (default ``sys.stdout``).
+      extra: Sinks the caller opened (the history), put last; closed here if another cannot start.
 
     Returns:
       The sinks, as one ``SinkSet``.
 
     Raises:
-      ConfigError: If a sink cannot start (an unwritable JSON-lines or history
-        path, MQTT TLS files that do not load); an unreachable broker is not an error.
+      ConfigError: If a sink cannot start (an unwritable JSON-lines path, MQTT
+        TLS files that do not load); an unreachable broker is not an error.
     """
     sinks: List[Sink] = []
     jsonl = config.sinks.jsonl
@@ -654,11 +655,7 @@ def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None) -> Sink
             sinks.append(StdoutSink(stdout))
         if config.sinks.mqtt.host:  # raises, if at all, before its thread starts
             sinks.append(MqttSink(config.sinks.mqtt))
-        history = config.history
-        if history.path:
-            from edgecap.service.history import HistorySink  # it builds on this module's Sink
-            sinks.append(HistorySink(history.path, history.max_age_days, history.max_bytes, history.captions))
     except ConfigError:
-        SinkSet(sinks).close()  # the file already opened
+        SinkSet(sinks + list(extra)).close()  # the file already opened
         raise
-    return SinkSet(sinks)
+    return SinkSet(sinks + list(extra))
