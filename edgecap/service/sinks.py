@@ -96,9 +96,12 @@ def event_record(event: "Event", change: "Change") -> Dict[str, Any]:
 def topic_level(name: str) -> str:
     """A camera's name as one MQTT topic level.
 
-    MQTT takes any UTF-8 in a topic but NUL; ``+`` and ``#`` are wildcards a
-    publisher may not use and ``/`` would add levels, so each becomes ``_``.
-    The service's names (``[A-Za-z0-9_-]+``) pass unchanged.
+    Spaces and any language's letters are fine in a topic; what is not
+    becomes ``_``: ``+`` and ``#`` (wildcards a publisher may not use), ``/``
+    (it would add levels), and what MQTT forbids or advises against and Home
+    Assistant refuses to subscribe to (NUL, control characters,
+    non-characters, halves of surrogate pairs). The service's names
+    (``[A-Za-z0-9_-]+``) pass unchanged.
 
     Args:
       name: The camera's name (any text: the Python API takes any).
@@ -106,7 +109,13 @@ def topic_level(name: str) -> str:
     Returns:
       A non-empty topic level (``_`` for an empty name).
     """
-    return re.sub(r"[/+#\x00]", "_", name) or "_"
+    return "".join("_" if _unfit_in_topic(char) else char for char in name) or "_"
+
+
+def _unfit_in_topic(char: str) -> bool:
+    code = ord(char)
+    return (char in "/+#" or code <= 0x1F or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xDFFF
+            or 0xFDD0 <= code <= 0xFDEF or code & 0xFFFF >= 0xFFFE)
 
 
 def discovery_id(name: str) -> str:
@@ -593,7 +602,8 @@ class MqttSink(Sink):
         if not self._discovery_prefix:
             return
         for topic, config in discovery_configs(self._discovery_prefix, self._prefix, self._node, camera):
-            self._publish(topic, json.dumps(config, ensure_ascii=False).encode("utf-8"), retain=True)
+            # ASCII with \u escapes: encodes whatever the name holds (this runs in paho's thread).
+            self._publish(topic, json.dumps(config).encode("ascii"), retain=True)
 
     def _publish(self, topic: str, payload: bytes, retain: bool = False) -> Any:
         """Hands a message to paho (lock held); counts what paho refuses."""
