@@ -602,6 +602,21 @@ def test_discovery_is_retained_on_connect_and_sent_again_when_the_broker_lost_it
         sink.close()
 
 
+def test_the_service_announces_its_configured_cameras_before_any_event(broker, tmp_path):
+    path = tmp_path / "edgecap.toml"
+    path.write_text('[[cameras]]\nname = "front"\nsource = "0"\n[[cameras]]\nname = "door"\nsource = "1"\n')
+    prefix = "edgecap-" + uuid.uuid4().hex[:6]
+    settings = sink_config(broker.port, prefix)
+    sinks = open_sinks(msgspec.structs.replace(load_config(path), sinks=SinksConfig(mqtt=settings)), stdout=None)
+    try:
+        node = discovery_id(settings.client_id)
+        assert set(retained_under(broker.port, "homeassistant", 4)) == {
+            f"homeassistant/{component}/{node}/{camera}_{entity}/config" for camera in ("front", "door")
+            for component, entity in (("sensor", "caption"), ("image", "thumbnail"))}
+    finally:
+        sinks.close()
+
+
 def test_discovery_can_be_turned_off_or_given_another_prefix(broker):
     prefix = "edgecap-" + uuid.uuid4().hex[:6]
     off = MqttSink(sink_config(broker.port, prefix, discovery=False), reconnect_delay=FAST, cameras=["front"])
