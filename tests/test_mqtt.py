@@ -421,6 +421,13 @@ def test_events_publish_on_change_only_retained_with_their_thumbnail(broker):
         payload, retain = retained_message(broker.port, events)
         assert (json.loads(payload), retain) == (record(following, "opened"), True)
         assert retained_message(broker.port, thumbnails) == (JPEG_B, True)
+
+        # An event without a thumbnail clears the last one: no other event's picture stands for it.
+        bare = make_event(start=1007.04, text="an empty room", thumbnail=b"")
+        sink.event("front", bare, "opened")
+        assert sub.messages.get(timeout=5) == (thumbnails, b"", False)
+        topic, payload, _ = sub.messages.get(timeout=5)
+        assert (topic, json.loads(payload)["has_thumbnail"]) == (events, False)
         assert sink.counters()["dropped"] == 0 and sink.counters()["errors"] == 0
     finally:
         sink.close()

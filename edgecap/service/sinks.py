@@ -12,7 +12,7 @@ MQTT topics, under ``topic_prefix``:
 - ``{prefix}/{camera}/event``: retained, one JSON object (``event_record``) each
   time an event opens or closes; never per window.
 - ``{prefix}/{camera}/event/thumbnail``: retained, the event's JPEG, when it
-  differs from the last one sent.
+  differs from the last one sent (empty: the event has none).
 - ``{prefix}/availability``: retained ``online`` on connect; ``offline`` on a
   clean close and, by the broker's last will, when the connection dies.
 - ``{prefix}/stats``: the service's stats snapshot as JSON, at most every
@@ -477,7 +477,7 @@ class MqttSink(Sink):
         self._connects = 0
         self._unreachable_said = False
         self._cameras: Set[str] = set(cameras)
-        self._thumbnails: Dict[str, bytes] = {}  # by camera: the last one sent or buffered
+        self._thumbnails: Dict[str, bytes] = {}  # by camera: the last one sent or buffered (b"": none)
         self._discovery_prefix = config.discovery_prefix.rstrip("/") if config.discovery else ""
 
         client_id = config.client_id or f"edgecap-{socket.gethostname()}"
@@ -495,8 +495,9 @@ class MqttSink(Sink):
         client.reconnect_delay_set(*reconnect_delay)
         # paho's own queue holds what is in flight (awaiting PUBACK), the flush of
         # our buffer on reconnect, and what is sent while a dead connection is not
-        # yet noticed (up to 1.5x keepalive): room for all that, yet bounded.
-        client.max_queued_messages_set(2 * config.buffer + 64)
+        # yet noticed (up to 1.5x keepalive), and the discovery configs of each
+        # connect (two for each of up to 64 cameras): room for all that, yet bounded.
+        client.max_queued_messages_set(2 * config.buffer + 64 + 2 * 64)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_connect_fail = self._on_connect_fail
@@ -526,7 +527,8 @@ class MqttSink(Sink):
         says what the camera sees, and that has not changed. A thumbnail that
         differs from the camera's last goes first, retained, on
         ``{prefix}/{camera}/event/thumbnail``, so that whoever reacts to the
-        event finds its picture there.
+        event finds its picture there; an event without one clears it (an
+        empty retained message), so that no other event's picture stands for it.
         """
         if change not in ("opened", "closed"):
             return
@@ -540,7 +542,7 @@ class MqttSink(Sink):
                     self._cameras.add(camera)
                     if self._connected:
                         self._announce(camera)
-                if event.thumbnail and self._thumbnails.get(camera) != event.thumbnail:
+                if self._thumbnails.get(camera, b"") != event.thumbnail:
                     self._thumbnails[camera] = event.thumbnail
                     self._deliver(f"{topic}/thumbnail", event.thumbnail, buffer=True, retain=True, latest_only=True)
                 self._deliver(topic, payload, buffer=True, retain=True)
