@@ -643,7 +643,7 @@ class MqttSink(Sink):
             return
         if was:
             self._unreachable_said = True  # one line per outage
-            log.warning("MQTT connection to %s lost (%s); buffering up to %d captions and reconnecting",
+            log.warning("MQTT connection to %s lost (%s); buffering up to %d messages and reconnecting",
                         self._where, reason, self._capacity)
         elif not self._unreachable_said:
             # Closed before the broker's CONNACK: what a TLS listener does to a
@@ -651,7 +651,7 @@ class MqttSink(Sink):
             self._unreachable_said = True
             hint = _NEEDS_CERT if self._tls else _NEEDS_TLS
             log.warning("MQTT broker %s closed the connection before accepting it (%s); %s; retrying with "
-                        "backoff, buffering up to %d captions", self._where, self._last_error or reason, hint,
+                        "backoff, buffering up to %d messages", self._where, self._last_error or reason, hint,
                         self._capacity)
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
@@ -660,7 +660,7 @@ class MqttSink(Sink):
         # Once per outage: the broker being away is worth a line, not a line a second.
         if not self._unreachable_said and not self._closing:
             self._unreachable_said = True
-            log.warning("MQTT broker %s %s; retrying with backoff, buffering up to %d captions",
+            log.warning("MQTT broker %s %s; retrying with backoff, buffering up to %d messages",
                         self._where, _connect_failure(cause, self._tls), self._capacity)
 
     def _on_log(self, client: Any, userdata: Any, level: int, message: str) -> None:
@@ -690,7 +690,7 @@ class MqttSink(Sink):
                 info = self._publish(self.availability_topic, b"offline", retain=True) \
                     if self._connected else None
                 if self._buffer:
-                    log.warning("MQTT: %d captions not sent (broker %s away at shutdown)",
+                    log.warning("MQTT: %d messages (captions, events) not sent (broker %s away at shutdown)",
                                 len(self._buffer), self._where)
                     self._buffer.clear()
             if info is not None:
