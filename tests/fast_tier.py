@@ -24,7 +24,7 @@ FAST_FILES: FrozenSet[str] = frozenset({
     "test_captioner.py", "test_compile_benchmark.py", "test_compile_cost_model.py",
     "test_compile_graph.py", "test_compile_partitioner.py", "test_compile_rnn_charge.py",
     "test_compile_validity.py", "test_devices.py", "test_http.py", "test_latency_stats.py",
-    "test_metrics.py", "test_notify.py", "test_plan.py", "test_preprocess.py", "test_scheduler.py",
+    "test_http_events.py", "test_metrics.py", "test_notify.py", "test_plan.py", "test_preprocess.py", "test_scheduler.py",
     "test_service_config.py", "test_service_devices.py", "test_service_state.py", "test_sinks.py",
     "test_sources.py", "test_startup.py", "test_tflite_verify.py", "test_windows.py", "test_imports.py",
 })
