@@ -132,6 +132,9 @@ def test_both_routes_need_the_token_like_the_other_api_routes(history: FakeHisto
         assert request(srv, thumb, headers=bearer)[2] == JPEG_A
         # A bad query from someone without the token learns nothing, not even that it was bad.
         assert request(srv, "/api/events?limit=0")[0] == 401
+        # The icon is public like the style: the login form shows it too.
+        status, headers, body = request(srv, "/static/icon.svg")
+        assert status == 200 and headers["content-type"] == "image/svg+xml" and body.startswith(b"<svg")
 
 
 def test_without_a_history_the_list_is_empty_and_the_page_has_no_search_box() -> None:

@@ -14,7 +14,7 @@ the same security headers.
 Bound to a loopback address it needs no login (and refuses requests naming a
 foreign Host, which is how a web page would reach it by DNS rebinding); bound
 to any other address it refuses to start without an access token, and then
-every route but ``/login``, ``/logout``, the page's script and style and a
+every route but ``/login``, ``/logout``, the page's script, style and icon and a
 bare ``/healthz`` needs ``Authorization: Bearer <token>`` or a session cookie.
 A login makes a fresh random session (``SESSION_MAX_AGE_S``), ``POST /logout``
 ends it; failed logins and wrong bearer tokens are logged as warnings and,
@@ -110,7 +110,8 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'
 SECURITY_HEADERS = (("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"),
                     ("X-Frame-Options", "DENY"), ("Content-Security-Policy", _CSP))
 _LOGOUT = b'<form class="logout" method="post" action="logout"><button type="submit">Log out</button></form>'
-_PUBLIC_STATIC = {"/static/app.js": "text/javascript", "/static/style.css": "text/css"}
+_PUBLIC_STATIC = {"/static/app.js": "text/javascript", "/static/style.css": "text/css",
+                  "/static/icon.svg": "image/svg+xml"}
 
 
 def connection_cap(wanted: int = MAX_CONNECTIONS) -> int:
@@ -189,7 +190,7 @@ class StatusServer:
         self.sessions = _Sessions()
         self.attempts = _Attempts()
         self._static = {name: (STATIC / name).read_bytes()
-                        for name in ("index.html", "login.html", "app.js", "style.css")}
+                        for name in ("index.html", "login.html", "app.js", "style.css", "icon.svg")}
         if token is not None:  # a page without a login has nothing to log out of
             self._static["index.html"] = self._static["index.html"].replace(b"<!--logout-->", _LOGOUT)
         if history is None:  # nothing to search
