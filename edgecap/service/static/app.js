@@ -1,7 +1,7 @@
 // The status page: polls /api/stats once a second and renders it (why polling:
-// edgecap/service/http.py); each camera's event timeline also reads /api/events
-// every few seconds, and the search box (present when the service keeps a
-// history) asks it on submit. Text goes in with textContent only: a caption is data.
+// edgecap/service/http.py). Where the service keeps a history, each camera's
+// event timeline also reads /api/events every few seconds and the search box
+// asks it on submit. Text goes in with textContent only: a caption is data.
 "use strict";
 
 const RECENT = 5;            // captions listed under "Last captions"
@@ -10,7 +10,8 @@ const TIMELINE_EVERY_MS = 5000;
 const SEARCH_LIMIT = 50;
 const API_EVENTS = new URL("api/events", location.href);  // event thumbnail URLs are relative to it
 const cards = new Map();     // camera name -> its DOM nodes and events
-let started = false;         // the timelines' refresh, after the first snapshot
+const form = document.getElementById("search-form");  // there when the service keeps a history
+let started = false;         // the timelines' refresh from the history, after the first snapshot
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -265,13 +266,12 @@ async function poll() {
     if (!r.ok) throw new Error("HTTP " + r.status);
     render(await r.json());
     link("live", "online");
-    if (!started) { started = true; timelines(); }
+    if (form && !started) { started = true; timelines(); }
   } catch (e) {
     link("service unreachable", "offline");
   }
   setTimeout(poll, 1000);
 }
 
-const form = document.getElementById("search-form");  // absent when the service keeps no history
 if (form) form.addEventListener("submit", (e) => { e.preventDefault(); search(form); });
 poll();
