@@ -131,8 +131,8 @@ def connection_cap(wanted: int = MAX_CONNECTIONS) -> int:
     return max(8, min(wanted, soft - FD_RESERVE))
 
 
-class History(Protocol):
-    """What the server reads of the event history (``edgecap.service.history.History``)."""
+class HistoryReader(Protocol):
+    """What the server reads of the event history (``edgecap.service.history.History`` has it)."""
 
     def search(self, q: str = "", camera: str = "", since: Optional[float] = None,
                until: Optional[float] = None, limit: int = 50) -> List[Event]:
@@ -167,7 +167,7 @@ class StatusServer:
                  port: int = 8080, token: Optional[str] = None,
                  max_caption_age_s: float = 60.0, max_connections: int = MAX_CONNECTIONS,
                  header_timeout_s: float = HEADER_TIMEOUT_S,
-                 body_timeout_s: float = BODY_TIMEOUT_S, history: Optional[History] = None) -> None:
+                 body_timeout_s: float = BODY_TIMEOUT_S, history: Optional[HistoryReader] = None) -> None:
         token = token or None
         self.loopback = is_loopback(address)
         if token is None and not self.loopback:
