@@ -175,14 +175,16 @@ CARDS_JS = """[...document.querySelectorAll('.camera')].map((card) => {
   const frame = card.querySelector('.frame'), img = frame.querySelector('img'), cap = frame.querySelector('.caption');
   const f = img.getBoundingClientRect(), c = cap.getBoundingClientRect();
   return {name: card.querySelector('h2').textContent, frame_loaded: img.complete && img.naturalWidth > 0,
-          caption: cap.textContent, over: c.top >= f.top && c.bottom <= f.bottom && c.left >= f.left && c.right <= f.right,
+          caption: cap.textContent,
+          over: c.top >= f.top && c.bottom <= f.bottom && c.left >= f.left && c.right <= f.right,
           confidence: card.querySelector('.confidence').textContent,
           events: [...card.querySelectorAll('.timeline .event')].map(eventOf)};
 })"""
 EVENT_JS = """function eventOf(li) {
   const img = li.querySelector('img');
   return {text: li.querySelector('.event-text').textContent, when: li.querySelector('.when').textContent,
-          thumbnail: img ? img.getAttribute('src') : null, thumbnail_loaded: !!img && img.complete && img.naturalWidth > 0};
+          thumbnail: img ? img.getAttribute('src') : null,
+          thumbnail_loaded: !!img && img.complete && img.naturalWidth > 0};
 }"""
 
 
@@ -260,7 +262,8 @@ def test_a_search_typed_with_the_keyboard_lists_the_matching_events(
         status = browser.evaluate("document.getElementById('search-status').textContent")
         results = browser.evaluate(f"(() => {{ {EVENT_JS}; return [...document.querySelectorAll("
                                    f"'#results .event')].map(eventOf); }})()")
-        browser.wait_for("[...document.querySelectorAll('#results img')].every((i) => i.complete && i.naturalWidth > 0)")
+        browser.wait_for("[...document.querySelectorAll('#results img')]"
+                         ".every((i) => i.complete && i.naturalWidth > 0)")
         focused = browser.evaluate("document.activeElement.id")
         only_local(browser, srv)
         assert browser.problems == []
