@@ -480,3 +480,38 @@ def test_kill_9_during_writes_loses_at_most_the_last_second_short(tmp_path):
 @pytest.mark.slow
 def test_kill_9_during_writes_loses_at_most_the_last_second_ten_trials(tmp_path):
     _kill_trials(tmp_path, 10)
+
+
+# --- in the service -------------------------------------------------------------------------
+
+def test_the_service_writes_events_to_the_history_and_its_page_searches_it(tmp_path, shipped_bundle):
+    import io
+    import urllib.parse
+    import urllib.request
+
+    from edgecap.service.notify import Notifier
+    from edgecap.service.service import Service
+
+    config = tmp_path / "edgecap.toml"
+    config.write_text("\n".join([
+        f'bundle = "{shipped_bundle}"', "[http]", 'address = "127.0.0.1"', "port = 0",
+        "[[cameras]]", 'name = "front"', f'source = "{ROOT / "models" / "demo" / "sample.mp4"}"',
+        "[history]", f'path = "{tmp_path / "h.db"}"', ""]))
+    service = Service(load_config(config), notifier=Notifier({}), stdout=io.StringIO())
+    try:
+        assert service.http.history is service.history and isinstance(service.history, History)
+        event = make_event(start=time.time())
+        service.sinks.event("front", event, "opened")
+        event.closed = True
+        service.sinks.event("front", event, "closed")
+        deadline = time.monotonic() + 10
+        while not History(tmp_path / "h.db").search() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the writer commits within a second
+        url = f"http://127.0.0.1:{service.http.port}/api/events?q=red+star"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            found = json.loads(response.read())["events"]
+        assert [(e["id"], e["closed"]) for e in found] == [(event.id, True)]
+        with urllib.request.urlopen(urllib.parse.urljoin(url, found[0]["thumbnail"]), timeout=10) as response:
+            assert response.read() == JPEG
+    finally:
+        service.close()

@@ -369,6 +369,29 @@ def test_mqtt_tls_keys_are_read_with_paths_relative_to_the_file(tmp_path):
         (False, "", "", "", False)
 
 
+def test_home_assistant_discovery_keys_are_read_and_default_to_on(tmp_path):
+    defaults = load_config(write(tmp_path, MINIMAL)).sinks.mqtt
+    assert (defaults.discovery, defaults.discovery_prefix) == (True, "homeassistant")
+    mqtt = load_config(write(tmp_path, '[sinks.mqtt]\nhost = "b"\ndiscovery = false\ndiscovery_prefix = "ha"\n'
+                                       + MINIMAL, "b.toml")).sinks.mqtt
+    assert (mqtt.discovery, mqtt.discovery_prefix) == (False, "ha")
+
+
+@pytest.mark.parametrize("table, line, problem", [
+    ('discovery = "yes"\n', 3, "sinks.mqtt.discovery: must be bool, got str; use true (announce each camera's "
+                               "caption sensor to Home Assistant) or false"),
+    ('discovery_prefix = "ha/#"\n', 3, "sinks.mqtt.discovery_prefix: must be text without the MQTT wildcards + "
+                                       "and #; use Home Assistant's MQTT discovery prefix (homeassistant unless "
+                                       "changed there), without the wildcards + and #"),
+    ('discovery_prefix = ""\n', 3, "sinks.mqtt.discovery_prefix: must be text without the MQTT wildcards"),
+    ('discovery_prefx = "ha"\n', 3, "sinks.mqtt.discovery_prefx: unknown key; see deploy/edgecap.toml"),
+], ids=["discovery-not-bool", "prefix-wildcard", "prefix-empty", "misspelt"])
+def test_bad_discovery_keys_are_one_line(tmp_path, table, line, problem):
+    path = write(tmp_path, '[sinks.mqtt]\nhost = "broker.lan"\n' + table + MINIMAL)
+    message = error_of(path)
+    assert message.startswith(f"{path}:{line}: {problem}"), message
+
+
 @pytest.mark.parametrize("table, line, problem", [
     ('ca_file = "ca.crt"\n', 3, "sinks.mqtt.ca_file: set while sinks.mqtt.tls is false; set tls = true to "
                                 "connect with TLS, or remove the key"),

@@ -101,7 +101,8 @@ _HINTS: Dict[str, str] = {
     "max_bytes": "use the size in bytes at which the file is rotated",
     "backups": "use how many rotated files to keep",
     "mqtt": "[sinks.mqtt] takes host, port, topic_prefix, client_id, username, password, "
-            "stats_interval_seconds, buffer, tls, ca_file, cert_file, key_file and tls_insecure",
+            "stats_interval_seconds, buffer, tls, ca_file, cert_file, key_file, tls_insecure, discovery "
+            "and discovery_prefix",
     "host": 'give the broker\'s host name or address, or "" to disable MQTT',
     "topic_prefix": "use a topic prefix without the wildcards + and #",
     "client_id": "give a client id, or leave it empty for edgecap-<hostname>",
@@ -112,6 +113,9 @@ _HINTS: Dict[str, str] = {
     "cert_file": "give the PEM file of the client certificate, or \"\" for none",
     "key_file": "give the PEM file of the client certificate's private key",
     "tls_insecure": "use false (check the broker's certificate and name) or true (do not: insecure)",
+    "discovery": "use true (announce each camera's caption sensor to Home Assistant) or false",
+    "discovery_prefix": "use Home Assistant's MQTT discovery prefix (homeassistant unless changed there), "
+                        "without the wildcards + and #",
     "history": "[history] takes path, max_age_days, max_bytes and captions",
     "history.path": 'give the history database file (relative: in the state directory), or "" to keep no history',
     "history.max_age_days": "use the days events are kept, more than 0",
@@ -198,8 +202,8 @@ class MqttSinkConfig(_Record):
     Attributes:
       host: Broker host; empty disables the sink.
       port: Broker port.
-      topic_prefix: Topics are ``{prefix}/{camera}/caption``, ``{prefix}/availability``
-        and ``{prefix}/stats``.
+      topic_prefix: Topics are ``{prefix}/{camera}/caption``, ``{prefix}/{camera}/event``
+        (and ``/event/thumbnail``), ``{prefix}/availability`` and ``{prefix}/stats``.
       client_id: MQTT client id; empty means ``edgecap-<hostname>``.
       username: Broker user (empty: anonymous).
       password: Broker password.
@@ -212,6 +216,9 @@ class MqttSinkConfig(_Record):
         ``cert_file``); must not be readable by every user.
       tls_insecure: Skip the check of the broker's certificate and host name
         (the link is encrypted but the broker not authenticated); logs a warning.
+      discovery: Announce a caption sensor and a thumbnail image per camera to
+        Home Assistant (MQTT discovery, retained, on every connect).
+      discovery_prefix: Home Assistant's discovery prefix.
     """
 
     host: str = ""
@@ -227,6 +234,8 @@ class MqttSinkConfig(_Record):
     cert_file: str = ""
     key_file: str = ""
     tls_insecure: bool = False
+    discovery: bool = True
+    discovery_prefix: TopicPrefix = "homeassistant"
 
 
 class SinksConfig(_Record):

@@ -14,7 +14,7 @@ the same security headers.
 Bound to a loopback address it needs no login (and refuses requests naming a
 foreign Host, which is how a web page would reach it by DNS rebinding); bound
 to any other address it refuses to start without an access token, and then
-every route but ``/login``, ``/logout``, the page's script and style and a
+every route but ``/login``, ``/logout``, the page's script, style and icon and a
 bare ``/healthz`` needs ``Authorization: Bearer <token>`` or a session cookie.
 A login makes a fresh random session (``SESSION_MAX_AGE_S``), ``POST /logout``
 ends it; failed logins and wrong bearer tokens are logged as warnings and,
@@ -26,6 +26,11 @@ balancer, a container health check, an uptime pinger) can still tell up from
 down; without the token it answers only the status code and ``{"ok": ...}``,
 never a camera name, reason or frame. With the token (or on a server without
 one) it carries the full detail.
+
+``/api/events`` searches the event history (``edgecap.service.history``) and
+``/api/events/<id>/thumbnail.jpg`` serves an event's thumbnail, under the
+same token rules; without a history the list is empty and the page shows no
+search box.
 
 The page polls ``/api/stats`` once a second rather than holding a
 server-sent-events stream: a poll holds a worker for a millisecond, passes any
@@ -54,18 +59,20 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, Deque, Dict, Iterable, List, Optional, Protocol, Set, Tuple
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import msgspec
 from prometheus_client.core import CounterMetricFamily
 
 from edgecap.errors import ConfigError
-from edgecap.service.config import TOKEN_FIX, token_weakness
+from edgecap.events import Event
+from edgecap.service.config import NAME_PATTERN, TOKEN_FIX, token_weakness
 from edgecap.service.state import ServiceState
 
 log = logging.getLogger(__name__)
@@ -87,6 +94,13 @@ LOGIN_WINDOW_S = 60.0  # ... in this long, then 429 until the oldest leaves the 
 _LOGIN_BODY_MAX = 4096
 _ADDRESSES_MAX = 4096  # addresses the login limiter remembers
 _FRAME = re.compile(r"^/api/frame/([A-Za-z0-9_-]+)\.jpg$")
+_EVENT_THUMBNAIL = re.compile(r"^/api/events/([^/]+)/thumbnail\.jpg$")
+_EVENT_ID = re.compile(r"^[A-Za-z0-9_-]{0,64}@-?[0-9]{1,16}$")  # CAMERA@START_MS (edgecap.events)
+_CAMERA = re.compile(NAME_PATTERN)
+EVENTS_LIMIT = 500  # the most events one /api/events answer lists
+QUERY_MAX = 200  # characters of search text
+_EVENTS_PARAMS = ("q", "camera", "since", "until", "limit")
+_SEARCH_BLOCK = re.compile(rb"<!--search-->.*?<!--/search-->", re.S)
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]*([0-9]{1,9})[ \t]*\r?\n", re.I)
 # The page and its script come from this server alone; the browser enforces it too.
@@ -96,7 +110,8 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'
 SECURITY_HEADERS = (("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"),
                     ("X-Frame-Options", "DENY"), ("Content-Security-Policy", _CSP))
 _LOGOUT = b'<form class="logout" method="post" action="logout"><button type="submit">Log out</button></form>'
-_PUBLIC_STATIC = {"/static/app.js": "text/javascript", "/static/style.css": "text/css"}
+_PUBLIC_STATIC = {"/static/app.js": "text/javascript", "/static/style.css": "text/css",
+                  "/static/icon.svg": "image/svg+xml"}
 
 
 def connection_cap(wanted: int = MAX_CONNECTIONS) -> int:
@@ -116,6 +131,17 @@ def connection_cap(wanted: int = MAX_CONNECTIONS) -> int:
     return max(8, min(wanted, soft - FD_RESERVE))
 
 
+class HistoryReader(Protocol):
+    """What the server reads of the event history (``edgecap.service.history.History`` has it)."""
+
+    def search(self, q: str = "", camera: str = "", since: Optional[float] = None,
+               until: Optional[float] = None, limit: int = 50) -> List[Event]:
+        """Events matching words and "quoted phrases" in ``q``, newest first, thumbnails not loaded."""
+
+    def thumbnail(self, event_id: str) -> Optional[bytes]:
+        """An event's JPEG thumbnail, or None."""
+
+
 class StatusServer:
     """Serves the status page and API over one ``ServiceState`` and ``Metrics``.
 
@@ -129,6 +155,8 @@ class StatusServer:
       max_connections: The connection cap before ``connection_cap`` lowers it.
       header_timeout_s: Seconds a client has to send a request's head.
       body_timeout_s: Seconds a client has to send a request's body after its head.
+      history: The event history ``/api/events`` searches; None: no history
+        (an empty list, and no search box on the page).
 
     Raises:
       ConfigError: A non-loopback address without a token, or a weak token
@@ -139,7 +167,7 @@ class StatusServer:
                  port: int = 8080, token: Optional[str] = None,
                  max_caption_age_s: float = 60.0, max_connections: int = MAX_CONNECTIONS,
                  header_timeout_s: float = HEADER_TIMEOUT_S,
-                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+                 body_timeout_s: float = BODY_TIMEOUT_S, history: Optional[HistoryReader] = None) -> None:
         token = token or None
         self.loopback = is_loopback(address)
         if token is None and not self.loopback:
@@ -151,6 +179,7 @@ class StatusServer:
             raise ConfigError(f"http: the token {weakness}; {TOKEN_FIX}")
         self.state = state
         self.metrics = metrics
+        self.history = history
         self.address = address
         self.max_caption_age_s = max_caption_age_s
         self.max_connections = connection_cap(max_connections)
@@ -161,9 +190,11 @@ class StatusServer:
         self.sessions = _Sessions()
         self.attempts = _Attempts()
         self._static = {name: (STATIC / name).read_bytes()
-                        for name in ("index.html", "login.html", "app.js", "style.css")}
+                        for name in ("index.html", "login.html", "app.js", "style.css", "icon.svg")}
         if token is not None:  # a page without a login has nothing to log out of
             self._static["index.html"] = self._static["index.html"].replace(b"<!--logout-->", _LOGOUT)
+        if history is None:  # nothing to search
+            self._static["index.html"] = _SEARCH_BLOCK.sub(b"", self._static["index.html"])
         self._dropped: "collections.Counter[str]" = collections.Counter()  # kept across restarts
         self._httpd: Optional[_Server] = None
         self._collecting = False
@@ -251,6 +282,86 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False  # a host name or "": may resolve anywhere, so treat it as exposed
+
+
+def parse_time(text: str) -> float:
+    """Reads a time given as Unix seconds or ISO-8601.
+
+    Args:
+      text: ``1764640000``, ``1764640000.5``, ``2026-12-02``,
+        ``2026-12-02T01:30:00``, ``2026-12-02T01:30:00Z`` or with an offset;
+        without one, the machine's local time.
+
+    Returns:
+      Unix seconds.
+
+    Raises:
+      ValueError: Neither form, or not finite.
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        iso = text.strip()
+        if iso[-1:] in ("Z", "z"):  # fromisoformat before Python 3.11 takes only +00:00
+            iso = iso[:-1] + "+00:00"
+        try:
+            seconds = datetime.fromisoformat(iso).timestamp()
+        except (ValueError, OverflowError, OSError):
+            seconds = math.nan
+    if not math.isfinite(seconds):
+        raise ValueError(f"{text[:40]!r} is not a time; give Unix seconds or ISO-8601 (2026-12-02T01:30:00Z)")
+    return seconds
+
+
+def events_query(query: str) -> Dict[str, Any]:
+    """Reads the query of ``/api/events`` into ``History.search`` arguments.
+
+    Args:
+      query: The URL's query string: ``q`` (words and "quoted phrases"),
+        ``camera``, ``since`` and ``until`` (Unix seconds or ISO-8601),
+        ``limit`` (1 to ``EVENTS_LIMIT``, default 50); each at most once.
+
+    Returns:
+      Keyword arguments for ``History.search``.
+
+    Raises:
+      ValueError: A parameter unknown, repeated, malformed or out of range;
+        the message names it and what it takes.
+    """
+    try:
+        fields = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=16)
+    except ValueError:
+        raise ValueError("too many query parameters; use q, camera, since, until and limit") from None
+    for name, values in fields.items():
+        if name not in _EVENTS_PARAMS:
+            raise ValueError(f"unknown parameter {name!r}; use q, camera, since, until and limit")
+        if len(values) > 1:
+            raise ValueError(f"parameter {name!r} given {len(values)} times; give it once")
+    given = {name: values[0] for name, values in fields.items()}
+    args: Dict[str, Any] = {"q": given.get("q", ""), "camera": given.get("camera", ""), "limit": 50}
+    if len(args["q"]) > QUERY_MAX:
+        raise ValueError(f"q is {len(args['q'])} characters; search with at most {QUERY_MAX}")
+    if args["camera"] and not (len(args["camera"]) <= 64 and _CAMERA.match(args["camera"])):
+        raise ValueError(f"camera {args['camera'][:70]!r} is not a camera name; use letters, digits, _ and -")
+    if given.get("limit", "") != "":
+        limit = given["limit"]
+        if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= EVENTS_LIMIT):
+            raise ValueError(f"limit {limit[:20]!r}; give a whole number from 1 to {EVENTS_LIMIT}")
+        args["limit"] = int(limit)
+    for name in ("since", "until"):
+        text = given.get(name, "")
+        try:
+            args[name] = parse_time(text) if text else None
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+    if args["since"] is not None and args["until"] is not None and args["since"] > args["until"]:
+        raise ValueError("since is after until; give since <= until")
+    return args
+
+
+def thumbnail_url(event_id: str) -> str:
+    """The address of an event's thumbnail, relative to ``/api/events`` (so it works behind a proxy's prefix)."""
+    return f"events/{quote(event_id, safe='@')}/thumbnail.jpg"
 
 
 def _json(value: Any) -> bytes:
@@ -675,12 +786,17 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(HTTPStatus.OK, app.state.snapshot(), head=head)
         if path == "/api/captions":
             return self._send_json(HTTPStatus.OK, app.state.captions(), head=head)
+        if path == "/api/events":
+            return self._events(head)
         if path == "/metrics" and app.metrics is not None:
             body, ctype = app.metrics.render()
             return self._send(HTTPStatus.OK, body, ctype, head=head)
         m = _FRAME.match(path)
         if m:
             return self._frame(m.group(1), head)
+        m = _EVENT_THUMBNAIL.match(path)
+        if m:
+            return self._event_thumbnail(unquote(m.group(1)), head)
         self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"}, head=head)
 
     # -- security --------------------------------------------------------
@@ -813,6 +929,43 @@ class _Handler(BaseHTTPRequestHandler):
         if jpeg is None:
             return self._send_json(HTTPStatus.SERVICE_UNAVAILABLE,
                                    {"error": f"no frame from camera {camera!r} yet"}, head=head)
+        self._send(HTTPStatus.OK, jpeg, "image/jpeg", head=head)
+
+    def _events(self, head: bool) -> None:
+        try:
+            query = events_query(urlsplit(self.path).query)
+        except ValueError as e:
+            return self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(e)}, head=head)
+        history = self.app.history
+        if history is None:
+            return self._send_json(HTTPStatus.OK, {"events": []}, head=head)
+        try:
+            found = history.search(**query)
+        except Exception as e:  # a disk or database fault: the page says so, the service goes on
+            log.warning("http: the history search failed: %s", e)
+            return self._send_json(HTTPStatus.SERVICE_UNAVAILABLE,
+                                   {"error": f"the history cannot be searched now: {e}"}, head=head)
+        # Every event the service records has a thumbnail; the history does not load it for a search.
+        events = [dict(event.to_dict(), thumbnail=thumbnail_url(event.id)) for event in found]
+        self._send_json(HTTPStatus.OK, {"events": events}, head=head)
+
+    def _event_thumbnail(self, event_id: str, head: bool) -> None:
+        if not _EVENT_ID.match(event_id):
+            return self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no event {event_id[:80]!r}"}, head=head)
+        jpeg = None
+        history = self.app.history
+        if history is not None:
+            try:
+                jpeg = history.thumbnail(event_id)
+            except Exception as e:
+                log.warning("http: the history cannot read a thumbnail: %s", e)
+        if jpeg is None:
+            # The event in progress and the last few closed ones, where the state keeps them.
+            kept = getattr(self.app.state, "event_thumbnail", None)
+            jpeg = kept(event_id) if kept is not None else None
+        if not jpeg:
+            return self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no thumbnail for event {event_id!r}"},
+                                   head=head)
         self._send(HTTPStatus.OK, jpeg, "image/jpeg", head=head)
 
     # -- responses -------------------------------------------------------

@@ -87,7 +87,7 @@ class Service:
         options = CaptionerOptions(plan=config.plan or None, board=config.board,
                                    on_missing_tpu=config.on_missing_tpu)
         self.sinks = open_sinks(config, stdout, open_history(config.history))
-        # The history's read side, for StatusServer(..., history=self.history) (the page's /api/events).
+        # The history's read side: the page's /api/events.
         self.history = History(config.history.path) if config.history.path else None
         self._closers: List[Any] = [self.sinks]
         try:
@@ -103,7 +103,7 @@ class Service:
             longest = max(w.frames / (w.sample_fps or 30.0) for w in self.windows.values())
             self.http = StatusServer(self.state, self.metrics, config.http.address, config.http.port,
                                      config.http.token or None,
-                                     max_caption_age_s=max(60.0, 4 * longest))
+                                     max_caption_age_s=max(60.0, 4 * longest), history=self.history)
             self.http.start()  # a port in use fails here, before any camera opens
             self._closers.append(self.http)
             self.feeds = [CameraFeed(self._spec(c), on_state=self._on_state, on_frame=self._on_frame,
