@@ -380,7 +380,8 @@ def edgecap(*args: str) -> subprocess.CompletedProcess:
 def test_history_search_prints_a_table_or_json_beside_a_running_writer(tmp_path):
     path = tmp_path / "h.db"
     now = time.time()
-    write(path, [make_event("front", now - 7200, confidence=-0.25), make_event("door", now - 60, text="a blue circle grows")])
+    write(path, [make_event("front", now - 7200, confidence=-0.25),
+                 make_event("door", now - 60, text="a blue circle grows")])
     sink = HistorySink(path)  # a writer holds the file open, as the service does
     sink.opened.wait(10)
     try:
@@ -433,7 +434,8 @@ def test_times_are_iso_8601_or_how_long_ago():
     assert parse_time("1.5h", now) == now - 5400
     assert parse_time("2d", now) == now - 2 * 86_400
     assert parse_time("1w", now) == now - 7 * 86_400
-    assert parse_time("2026-12-01T08:00:00Z") == datetime.datetime(2026, 12, 1, 8, tzinfo=datetime.timezone.utc).timestamp()
+    utc = datetime.timezone.utc
+    assert parse_time("2026-12-01T08:00:00Z") == datetime.datetime(2026, 12, 1, 8, tzinfo=utc).timestamp()
     assert parse_time("2026-12-01T09:00:00+01:00") == parse_time("2026-12-01T08:00:00Z")
     assert parse_time("2026-12-01") == datetime.datetime(2026, 12, 1).timestamp()  # local midnight
     for bad in ("yesterday", "", "1y", "-1h", "2026-13-01"):

@@ -17,7 +17,8 @@ share (peak less the RSS before it opened); (d) ``--trials`` kill -9 trials: a c
 the service does (two cameras, each event opened, extended and closed) and
 reports each change with its time through a pipe; SIGKILL at a random moment;
 then ``PRAGMA integrity_check`` must be ok and no event the child reported
-more than ``--loss-limit`` seconds (1) before the kill may be missing or behind. One file serves every trial, so each also opens (checks,
+more than ``--loss-limit`` seconds (1) before the kill may be missing or
+behind. One file serves every trial, so each also opens (checks,
 recovers) the one the last kill left.
 
 Thumbnails are the demo clip's frames as the event tracker makes them (JPEG,
@@ -192,7 +193,8 @@ def growth(path: Path, n: int, per_hour: float, thumbs: List[bytes]) -> Dict[str
     budget = HistoryConfig().max_bytes
     return {"events": n, "events_per_hour": per_hour, "windows_per_event": windows,
             "thumbnail_mean_bytes": round(thumb_bytes / n), "file_bytes": path.stat().st_size,
-            "bytes_per_event": round(per_event), "bytes_per_event_without_thumbnail": round(per_event - thumb_bytes / n),
+            "bytes_per_event": round(per_event),
+            "bytes_per_event_without_thumbnail": round(per_event - thumb_bytes / n),
             "mb_per_camera_day": round(per_day / 1e6, 1), "default_max_bytes": budget,
             "camera_days_in_default_budget": round(budget / per_day, 2),
             "fits_default_budget_one_camera_day": per_day <= budget}
@@ -439,7 +441,8 @@ def _run(args: argparse.Namespace, tmp: Path) -> int:
         ("writer RSS, flat out", f"{r['flat_out']['rss_mb_peak']} MB peak, the sink's share "
                                  f"{r['flat_out']['sink_share_mb']} MB ({r['flat_out']['changes_per_s']:,} changes/s)"),
         ("kill -9 trials", f"{k['integrity_ok']}/{k['trials']} integrity ok, {k['within_limit']}/{k['trials']} lost "
-                           f"only changes younger than {k['limit_s']} s (oldest lost: max {k['oldest_lost_age_s_max']} s, "
+                           f"only changes younger than {k['limit_s']} s (oldest lost: max "
+                           f"{k['oldest_lost_age_s_max']} s, "
                            f"median {k['oldest_lost_age_s_p50']} s)"),
     ]
     width = max(len(name) for name, _ in rows)
