@@ -308,6 +308,20 @@ def test_a_full_queue_drops_changes_and_counts_them(tmp_path, monkeypatch):
     assert counters["dropped"] > 0 and counters["written"] + counters["dropped"] == 50
 
 
+def test_a_thumbnail_dropped_with_a_full_queue_comes_with_the_next_change(tmp_path, monkeypatch):
+    sink = HistorySink(tmp_path / "h.db")
+    sink.opened.wait(10)
+    monkeypatch.setattr(sink, "_queue", history.queue.Queue(1))
+    sink._queue.put("blocks the queue")  # the writer is waiting on the old queue: this one stays full
+    e = make_event()
+    sink.event("front", e, "opened")  # dropped, with its thumbnail
+    monkeypatch.undo()
+    e.windows = 2
+    sink.event("front", e, "extended")
+    sink.close(timeout=10)
+    assert History(tmp_path / "h.db").thumbnail(e.id) == JPEG
+
+
 # --- config --------------------------------------------------------------------------------
 
 MINIMAL = """\

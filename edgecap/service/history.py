@@ -187,6 +187,8 @@ class _Pending:
 
 @dataclass
 class _Caption:
+    """One caption waiting for the next commit (``captions = true``)."""
+
     camera: str
     time: float
     start_time: float
@@ -246,7 +248,8 @@ class HistorySink(Sink):
         elif thumb is not None:
             self._thumbs[event.id] = digest
         # A copy: the tracker goes on changing its event while this one waits for the writer.
-        self._put(_Pending(dataclasses.replace(event, thumbnail=b""), thumb))
+        if not self._put(_Pending(dataclasses.replace(event, thumbnail=b""), thumb)) and thumb is not None:
+            self._thumbs.pop(event.id, None)  # dropped: the next change carries the thumbnail again
 
     def caption(self, camera: str, caption: "Caption") -> None:
         """Queues the caption when ``captions`` is on."""
@@ -254,14 +257,17 @@ class HistorySink(Sink):
             self._put(_Caption(camera, time.time(), caption.start_time, caption.end_time, caption.text,
                                caption.confidence))
 
-    def _put(self, item: Any) -> None:
+    def _put(self, item: Any) -> bool:
+        """Queues ``item`` for the writer; False if it was dropped."""
         if self._closed:
-            return
+            return False
         try:
             self._queue.put_nowait(item)
         except queue.Full:  # the disk is slower than the cameras: the service must not wait for it
             with self._lock:
                 self._dropped += 1
+            return False
+        return True
 
     def counters(self) -> Dict[str, Any]:
         """Returns written (events and captions committed), dropped, deleted (by retention), commits, errors."""
