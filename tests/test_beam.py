@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 from typing import List, Tuple
 
 import numpy as np
@@ -13,13 +16,17 @@ from edgecap.bundle import DEMO_DIR, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.cli import main
 from edgecap.errors import ConfigError
+from edgecap.evaluate import evaluate
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.limits import DEFAULT_BEAM, MAX_BEAM
 from edgecap.options import CaptionerOptions
 from edgecap.preprocess import Preprocessor, dequantize
 from edgecap.rnn import RnnDecoder, RnnEncoder, State, log_softmax, top_k
 from edgecap.service.config import load_config
+from edgecap.service.sinks import caption_record
 from edgecap.sources import VideoFileSource, sample
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _greedy(decoder: RnnDecoder, state: State, bos: int, eos: int, max_length: int
@@ -163,6 +170,8 @@ def test_captions_carry_the_decoders_confidence_at_the_chosen_width(demo, monkey
             assert caption.confidence == pytest.approx(decoded.confidence, abs=1e-6)
             assert -1.0 < caption.confidence < 0.0  # the demo is sure of its sample
             assert caption.to_dict()["confidence"] == caption.confidence
+            # What the JSON-lines file, stdout's JSON and MQTT write.
+            assert caption_record("cam", caption)["confidence"] == caption.confidence
     assert CaptionerOptions().beam == DEFAULT_BEAM
 
 
@@ -206,3 +215,24 @@ def test_the_service_config_takes_a_beam_and_defaults_to_the_runtimes(tmp_path):
     assert load_config(path).beam == DEFAULT_BEAM
     path.write_text("beam = 5\n" + cameras)
     assert load_config(path).beam == 5
+
+
+def test_the_beam_bench_scores_what_edgecap_eval_scores(tmp_path):
+    from models.dataset import write_dataset
+
+    data = write_dataset(tmp_path / "data", 6, seed=4242, split_fractions=(0, 0, 1))
+    out = tmp_path / "beam.json"
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "beam_bench.py"), "--data", str(data.root),
+                           "--widths", "2", "--json", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = {r["beam"]: r for r in json.loads(out.read_text())["rows"]}
+    assert sorted(rows) == [1, 2]  # greedy is always measured: "changed" compares with it
+    assert "exact" in done.stdout and "devboard ms" in done.stdout
+    for beam, row in rows.items():
+        report = evaluate(DEMO_DIR / "bundle", data.root, beam=beam)
+        assert report.beam == beam
+        assert (row["clips"], row["exact_match"], row["bleu4"]) == \
+            (report.clips, report.exact_match, pytest.approx(report.bleu4))
+        assert row["confidence"] == pytest.approx(report.confidence, abs=1e-5)
+        assert row["steps"] >= beam * 5 - 1 and row["board_ms"] > 0 and row["host_ms"] > 0
