@@ -80,8 +80,8 @@ class _Hypothesis:
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Returns the log-probabilities of ``logits`` along the last axis, in float64."""
     x = logits.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    top = x.max(axis=-1, keepdims=True)
+    return x - (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -91,6 +91,8 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     beam of one is the greedy decoder token for token.
     """
     flat = scores.ravel()
+    if k == 1:  # the greedy decoder's every step: argmax is the same pick, faster
+        return np.array([np.argmax(flat)])
     k = min(k, flat.size)
     kth = np.partition(flat, flat.size - k)[flat.size - k]
     near = np.flatnonzero(flat >= kth)  # every tie of the k-th best, in index order
