@@ -173,7 +173,7 @@ def format_report(r: Report) -> str:
     """Returns the report as a small text table."""
     rows = [("clips", str(r.clips)), ("BLEU-4", f"{r.bleu4:.3f}"), ("CIDEr-D", f"{r.cider_d:.3f}"),
             ("exact match", f"{r.exact_match:.1%}"),
-            ("mean confidence", f"{r.confidence:.4f} (beam {r.beam})"),
+            ("mean confidence", f"{r.confidence:.3g} (mean log-probability per token; beam {r.beam})"),
             ("int8/float agreement", "n/a (no reference_encoder)" if r.agreement is None
              else f"{r.agreement:.1%}"),
             ("seconds", f"{r.seconds:.1f}")]

@@ -139,17 +139,16 @@ class RnnDecoder:
             return hyp.log_prob / hyp.terms ** length_penalty
 
         live = [_Hypothesis([], 0.0, False, state.h, state.c)]
-        words = [bos]
         done: List[_Hypothesis] = []
         steps = 0
         for _ in range(max_length):
             steps += len(live)
-            outs = [self._run({"word": np.array([w], np.int32), "h": hyp.h, "c": hyp.c})
-                    for w, hyp in zip(words, live)]
+            outs = [self._run({"word": np.array([hyp.tokens[-1] if hyp.tokens else bos], np.int32),
+                               "h": hyp.h, "c": hyp.c}) for hyp in live]
             scores = (np.array([hyp.log_prob for hyp in live])[:, None]
                       + log_softmax(np.concatenate([o["logits"] for o in outs])))
             vocab = scores.shape[1]
-            kept, words = [], []
+            kept = []
             for index in top_k(scores, beam):
                 row, word = divmod(int(index), vocab)
                 hyp, out = live[row], outs[row]
@@ -158,7 +157,6 @@ class RnnDecoder:
                 else:
                     kept.append(_Hypothesis(hyp.tokens + [word], float(scores[row, word]), False,
                                             out["h_out"], out["c_out"]))
-                    words.append(word)
             live = kept
             # Words to come only lower a sum and a caption has at most max_length
             # terms, so a live hypothesis can end no better than its sum over
@@ -167,5 +165,7 @@ class RnnDecoder:
             if not live or (done and max(map(rank, done))
                             >= max(hyp.log_prob for hyp in live) / max_length ** length_penalty):
                 break
-        best = max(done + live, key=rank)  # the live ones were cut at max_length: no eos term
+        else:
+            done += live  # cut at max_length, without an eos term
+        best = max(done, key=rank)
         return Decoded(best.tokens, best.log_prob / best.terms, steps)

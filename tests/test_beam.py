@@ -81,14 +81,20 @@ def test_a_beam_of_one_is_the_greedy_decoder_token_for_token(demo, states):
     decoder = RnnDecoder(demo.decoder_step)
     tok = demo.tokens
     captions = set()
+    cut = 0
     for state in states:
-        expected, mean = _greedy(decoder, state, tok.bos, tok.eos, demo.max_caption_length)
-        got = decoder.decode(state, tok.bos, tok.eos, demo.max_caption_length, beam=1)
-        assert got.tokens == expected
-        assert got.confidence == pytest.approx(mean, abs=1e-9)
-        assert got.confidence <= 0.0
-        captions.add(tuple(expected))
+        # The bundle's length, and 2 words, which cuts most captions (no eos term).
+        for length in (demo.max_caption_length, 2):
+            expected, mean = _greedy(decoder, state, tok.bos, tok.eos, length)
+            got = decoder.decode(state, tok.bos, tok.eos, length, beam=1)
+            assert got.tokens == expected
+            assert got.confidence == pytest.approx(mean, abs=1e-9)
+            assert got.confidence <= 0.0
+            assert got.steps == min(len(expected) + 1, length)
+            captions.add(tuple(expected))
+            cut += len(expected) == length
     assert len(captions) > 5  # the states are varied enough to test something
+    assert cut >= 3  # and some were cut at the length
 
 
 def _every_caption(decoder: RnnDecoder, state: State, bos: int, eos: int, max_length: int
