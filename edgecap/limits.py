@@ -15,5 +15,6 @@ MAX_THREADS = 256
 # Hypotheses of the decoder's beam search: each costs a decoder step per word,
 # and past the vocabulary's size a wider beam finds nothing more.
 MAX_BEAM = 64
-# The default width: chosen from docs/beam-bench.json (docs/runtime.md, Beam search).
-DEFAULT_BEAM = 3
+# The default width, greedy: on the models measured a wider beam did not caption
+# better (docs/beam-bench.json; docs/runtime.md, Beam search).
+DEFAULT_BEAM = 1

@@ -153,11 +153,12 @@ def bench_model(name: str, bundle: Bundle, states: List[State], references: Dict
 
 def format_table(rows: Sequence[Row], board: str) -> str:
     """Returns the rows as a text table."""
-    head = (f"{'model':<14}{'beam':>5}{'alpha':>6}{'exact':>8}{'BLEU-4':>8}{'conf':>8}{'changed':>9}"
+    name = max([len("model")] + [len(r.model) for r in rows]) + 2
+    head = (f"{'model':<{name}}{'beam':>5}{'alpha':>6}{'exact':>8}{'BLEU-4':>8}{'conf':>8}{'changed':>9}"
             f"{'steps':>7}{'host ms':>9}{board + ' ms':>{max(len(board) + 4, 10)}}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.model:<14}{r.beam:>5}{r.length_penalty:>6g}{r.exact_match:>8.1%}{r.bleu4:>8.3f}"
+        lines.append(f"{r.model:<{name}}{r.beam:>5}{r.length_penalty:>6g}{r.exact_match:>8.1%}{r.bleu4:>8.3f}"
                      f"{r.confidence:>8.3f}{r.changed:>9.1%}{r.steps:>7.1f}{r.host_ms:>9.3f}"
                      f"{r.board_ms:>{max(len(board) + 4, 10)}.3f}")
     lines.append(f"host ms: measured here, median per window; {board} ms: modelled (decoder steps x "
