@@ -188,11 +188,46 @@ def test_an_out_of_range_beam_is_refused_in_one_line(beam):
     assert str(info.value).startswith(f"beam {beam}: use a whole number from 1 (greedy) to {MAX_BEAM}")
 
 
-def test_the_json_lines_of_caption_carry_the_confidence_and_the_beam_flag_reaches_it(capfd):
-    assert main(["caption", "--json", "--beam", "1"]) == 0
+def _spy_widths(monkeypatch) -> List[int]:
+    widths: List[int] = []
+    decode = RnnDecoder.decode
+
+    def spy(self, state, bos, eos, max_length, beam=1, length_penalty=1.0):
+        widths.append(beam)
+        return decode(self, state, bos, eos, max_length, beam, length_penalty)
+
+    monkeypatch.setattr(RnnDecoder, "decode", spy)
+    return widths
+
+
+def test_the_json_lines_of_caption_carry_the_confidence_and_the_beam_flag_reaches_it(capfd, monkeypatch):
+    widths = _spy_widths(monkeypatch)
+    assert main(["caption", "--json", "--beam", "3"]) == 0
     records = [json.loads(line) for line in capfd.readouterr().out.splitlines()]
-    assert len(records) == 3
+    assert len(records) == 3 and widths == [3, 3, 3]
     assert all(-1.0 < r["confidence"] < 0.0 for r in records)
+
+
+def test_the_beam_flag_reaches_eval_and_bench(tmp_path, monkeypatch, capfd):
+    from edgecap import bench
+    from models.dataset import write_dataset
+
+    data = write_dataset(tmp_path / "data", 2, seed=4343, split_fractions=(0, 0, 1))
+    widths = _spy_widths(monkeypatch)
+    assert main(["eval", "--data", str(data.root), "--beam", "4", "--out", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["beam"] == 4
+    assert set(widths) == {4} and len(widths) == 4  # two clips, int8 and float encoder
+    assert "(mean log-probability per token; beam 4)" in capfd.readouterr().out
+
+    seen = {}
+
+    def run_bench(*args, **kwargs):
+        seen.update(kwargs)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    assert main(["bench", "--beam", "5"]) == 2
+    assert seen["beam"] == 5
 
 
 @pytest.mark.parametrize("value, problem", [
