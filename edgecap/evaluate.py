@@ -1,4 +1,4 @@
-"""Caption quality of a bundle on a dataset split: BLEU-4, CIDEr-D, exact match, int8/float agreement, confidence."""
+"""Caption quality of a bundle on a split: BLEU-4, CIDEr-D, exact match, int8/float agreement, confidence."""
 
 from __future__ import annotations
 

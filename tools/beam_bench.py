@@ -126,7 +126,7 @@ def bench_model(name: str, bundle: Bundle, states: List[State], references: Dict
     decoder = RnnDecoder(bundle.decoder_step, 1)
     tok = bundle.tokens
     ids = list(references)
-    greedy: Optional[List[List[int]]] = None
+    greedy: List[List[int]] = []  # the first width is 1 (main sees to it)
     rows = []
     settings = [(w, p) for w in widths for p in (penalties if w > 1 else penalties[:1])]
     for beam, penalty in settings:
@@ -137,15 +137,14 @@ def bench_model(name: str, bundle: Bundle, states: List[State], references: Dict
                                           beam, penalty))
             ms.append((time.perf_counter() - start) * 1e3)
         tokens = [d.tokens for d in decoded]
-        if beam == 1:
-            greedy = tokens
+        greedy = tokens if beam == 1 else greedy
         scores = score(references, {cid: bundle.detokenize(t) for cid, t in zip(ids, tokens)})
         steps = float(np.mean([d.steps for d in decoded]))
         rows.append(Row(
             model=name, beam=beam, length_penalty=penalty, clips=len(ids),
             exact_match=scores.exact_match, bleu4=scores.bleu4, cider_d=scores.cider_d,
             confidence=float(np.mean([d.confidence for d in decoded])),
-            changed=float("nan") if greedy is None else float(np.mean([a != b for a, b in zip(tokens, greedy)])),
+            changed=float(np.mean([a != b for a, b in zip(tokens, greedy)])),
             steps=steps, host_ms=float(np.median(ms)), host_ms_mean=float(np.mean(ms)),
             board_ms=steps * step_ms))
     return rows
