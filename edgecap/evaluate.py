@@ -80,11 +80,12 @@ def _scorers() -> Tuple[Any, Any]:
 
 @dataclass(frozen=True)
 class Scores:
-    """Corpus scores of captions against references (``score``)."""
+    """Corpus scores of captions against references (``score``); ``exact``: clip id -> matched a reference."""
 
     bleu4: float
     cider_d: float
     exact_match: float
+    exact: Dict[str, bool]
 
 
 def score(references: Dict[str, List[str]], captions: Dict[str, str]) -> Scores:
@@ -95,8 +96,8 @@ def score(references: Dict[str, List[str]], captions: Dict[str, str]) -> Scores:
       captions: Clip id -> the caption to score (every id of ``references``).
 
     Returns:
-      BLEU-4 and CIDEr-D (pycocoevalcap) and the share of exact matches, after
-      lower-casing and dropping full stops.
+      BLEU-4 and CIDEr-D (pycocoevalcap), the share of exact matches and which
+      clips matched, after lower-casing and dropping full stops.
 
     Raises:
       ConfigError: If pycocoevalcap is not installed.
@@ -106,8 +107,8 @@ def score(references: Dict[str, List[str]], captions: Dict[str, str]) -> Scores:
     res = {cid: [_norm(captions[cid])] for cid in references}
     bleu, _ = bleu_scorer(4).compute_score(gts, res, verbose=0)
     cider, _ = cider_scorer().compute_score(gts, res)
-    exact = sum(res[cid][0] in gts[cid] for cid in gts) / len(gts)
-    return Scores(float(bleu[3]), float(cider), exact)
+    exact = {cid: res[cid][0] in gts[cid] for cid in gts}
+    return Scores(float(bleu[3]), float(cider), sum(exact.values()) / len(exact), exact)
 
 
 def evaluate(bundle: "str | os.PathLike[str] | Bundle", data_dir: "str | os.PathLike[str]",

@@ -277,3 +277,15 @@ def test_the_beam_bench_scores_what_edgecap_eval_scores(tmp_path):
             (report.clips, report.exact_match, pytest.approx(report.bleu4))
         assert row["confidence"] == pytest.approx(report.confidence, abs=1e-5)
         assert row["steps"] >= beam * 5 - 1 and row["board_ms"] > 0 and row["host_ms"] > 0
+
+
+def test_the_beam_bench_auc_is_the_chance_a_match_is_surer_than_a_miss(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("beam_bench", REPO / "tools" / "beam_bench.py")
+    tool = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "beam_bench", tool)  # its dataclass looks itself up there
+    spec.loader.exec_module(tool)
+    assert tool.auc([-0.1, -0.2], [-0.3, -0.2]) == pytest.approx((1 + 1 + 1 + 0.5) / 4)
+    assert tool.auc([-0.1], [-0.5, -0.6]) == 1.0 and tool.auc([-0.9], [-0.5]) == 0.0
+    assert tool.auc([], [-0.5]) is None and tool.auc([-0.5], []) is None

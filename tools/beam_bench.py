@@ -61,6 +61,9 @@ class Row:
       bleu4: Corpus BLEU-4.
       cider_d: CIDEr-D.
       confidence: Mean of the captions' confidence (mean log-probability per token).
+      confidence_auc: How well confidence tells exact matches from misses: the
+        chance that a random match is surer than a random miss (ties count
+        half); None when all match or none does.
       changed: Share of captions that differ from the greedy (width 1) ones.
       steps: Mean decoder step invokes per window.
       host_ms: Median milliseconds of a window's decode on this host (measured).
@@ -76,6 +79,7 @@ class Row:
     bleu4: float
     cider_d: float
     confidence: float
+    confidence_auc: Optional[float]
     changed: float
     steps: float
     host_ms: float
@@ -107,6 +111,14 @@ def encoder_states(bundle: Bundle, clips: Sequence[Path]) -> List[State]:
             state = encoder.step(dequantize(cnn.get_tensor(out["index"]), out), state)
         states.append(state)
     return states
+
+
+def auc(positives: Sequence[float], negatives: Sequence[float]) -> Optional[float]:
+    """The chance that a random positive scores above a random negative (ties half), or None."""
+    if not positives or not negatives:
+        return None
+    p, n = np.asarray(positives)[:, None], np.asarray(negatives)[None, :]
+    return float(np.mean((p > n) + 0.5 * (p == n)))
 
 
 def board_step_ms(bundle: Bundle, board: str) -> float:
@@ -144,6 +156,8 @@ def bench_model(name: str, bundle: Bundle, states: List[State], references: Dict
             model=name, beam=beam, length_penalty=penalty, clips=len(ids),
             exact_match=scores.exact_match, bleu4=scores.bleu4, cider_d=scores.cider_d,
             confidence=float(np.mean([d.confidence for d in decoded])),
+            confidence_auc=auc([d.confidence for d, cid in zip(decoded, ids) if scores.exact[cid]],
+                               [d.confidence for d, cid in zip(decoded, ids) if not scores.exact[cid]]),
             changed=float(np.mean([a != b for a, b in zip(tokens, greedy)])),
             steps=steps, host_ms=float(np.median(ms)), host_ms_mean=float(np.mean(ms)),
             board_ms=steps * step_ms))
@@ -154,15 +168,20 @@ def format_table(rows: Sequence[Row], board: str) -> str:
     """Returns the rows as a text table."""
     name = max([len("model")] + [len(r.model) for r in rows]) + 2
     head = (f"{'model':<{name}}{'beam':>5}{'alpha':>6}{'exact':>8}{'BLEU-4':>8}{'conf':>8}{'changed':>9}"
-            f"{'steps':>7}{'host ms':>9}{board + ' ms':>{max(len(board) + 4, 10)}}")
+            f"{'AUC':>6}{'steps':>7}{'host ms':>9}{board + ' ms':>{max(len(board) + 4, 10)}}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.model:<{name}}{r.beam:>5}{r.length_penalty:>6g}{r.exact_match:>8.1%}{r.bleu4:>8.3f}"
-                     f"{r.confidence:>8.3f}{r.changed:>9.1%}{r.steps:>7.1f}{r.host_ms:>9.3f}"
+                     f"{r.confidence:>8.3f}{r.changed:>9.1%}{_auc(r.confidence_auc):>6}{r.steps:>7.1f}{r.host_ms:>9.3f}"
                      f"{r.board_ms:>{max(len(board) + 4, 10)}.3f}")
     lines.append(f"host ms: measured here, median per window; {board} ms: modelled (decoder steps x "
-                 "the board CPU's price of one step); alpha: length penalty (1 = mean log-probability)")
+                 "the board CPU's price of one step); alpha: length penalty (1 = mean log-probability); "
+                 "AUC: how well confidence tells exact matches from misses")
     return "\n".join(lines)
+
+
+def _auc(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _model(text: str) -> Tuple[str, Path]:
