@@ -30,6 +30,15 @@ FAST_FILES: FrozenSet[str] = frozenset({
 })
 
 FAST_TESTS: Dict[str, List[str]] = {
+    # All but the exhaustive search (4 s) and the beam benchmark's run (4 s).
+    "test_beam.py": ["test_a_beam_of_one_is_the_greedy_decoder_token_for_token",
+                     "test_length_normalisation_decides_between_lengths",
+                     "test_top_k_is_best_first_and_breaks_ties_by_the_lower_index",
+                     "test_captions_carry_the_decoders_confidence_at_the_chosen_width",
+                     "test_an_out_of_range_beam_is_refused_in_one_line",
+                     "test_the_json_lines_of_caption_carry_the_confidence_and_the_beam_flag_reaches_it",
+                     "test_the_service_configs_beam_is_typed_with_a_one_line_error",
+                     "test_the_service_config_takes_a_beam_and_defaults_to_the_runtimes"],
     # All but the libedgetpu fallback (2.7 s: it starts a probe child).
     "test_planner.py": ["test_the_board_is_recognised_from_its_device_tree",
                         "test_the_plan_for_the_board_is_taken_when_its_tpus_are_there",

@@ -18,6 +18,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
     ("hostile_bench.py", ["--slow-clients", "-1"], "--slow-clients -1"),
     ("hostile_bench.py", ["--json", "/nonexistent-edgecap-dir/x.json"], "--json"),
     ("flapping.py", ["--fail-every", "0"], "--fail-every 0"),
+    ("beam_bench.py", ["--data", ".", "--widths", "0"], "argument --widths"),
 ])
 def test_a_script_refuses_bad_input_in_one_line(tmp_path, script, bad, needle) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:

@@ -39,6 +39,7 @@ else:  # pragma: no cover - exercised on Python 3.9/3.10 only
 
 from edgecap import files, schema
 from edgecap.errors import ConfigError, SourceError
+from edgecap.limits import DEFAULT_BEAM, MAX_BEAM
 
 try:  # Annotated is in typing from 3.9 on
     from typing import Annotated, Literal
@@ -54,6 +55,7 @@ CameraFps = Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)]
 Seconds = Annotated[float, msgspec.Meta(gt=0.0, le=86_400.0)]
 WindowFrames = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
 SampleFps = Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]
+Beam = Annotated[int, msgspec.Meta(ge=1, le=MAX_BEAM)]
 # A system CA bundle is about 200 kB; OpenSSL reads a TLS file whole.
 MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
 # MQTT wildcards and NUL have no place in a topic someone publishes to.
@@ -74,6 +76,8 @@ _HINTS: Dict[str, str] = {
     "plan": "give a plan.json or a directory holding one, or leave it empty to plan for `board`",
     "board": "use auto or a board profile name (`edgecap devices` lists them)",
     "on_missing_tpu": 'use "cpu" (run on the CPU) or "fail"',
+    "beam": f"use the decoder's beam width, a whole number from 1 (greedy) to {MAX_BEAM} "
+            f"(default {DEFAULT_BEAM})",
     "log_level": "use debug, info, warning or error",
     "http": "[http] takes address, port, token and token_file",
     "address": "give an IP address to bind, e.g. 127.0.0.1",
@@ -272,6 +276,7 @@ class ServiceConfig(_Record):
       plan: A plan.json or directory (empty: plan for ``board``).
       board: ``auto`` or a board profile name.
       on_missing_tpu: ``cpu`` runs on what is there; ``fail`` refuses to start.
+      beam: The decoder's beam width (``CaptionerOptions.beam``).
       log_level: debug, info, warning or error.
       http: The status page and API.
       sinks: Where captions go.
@@ -283,6 +288,7 @@ class ServiceConfig(_Record):
     plan: str = ""
     board: schema.Name = "auto"
     on_missing_tpu: Literal["cpu", "fail"] = "cpu"
+    beam: Beam = DEFAULT_BEAM
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     sinks: SinksConfig = msgspec.field(default_factory=SinksConfig)
