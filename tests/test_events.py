@@ -196,3 +196,59 @@ def test_a_caller_that_stops_reading_events_stops_the_run():
         events.close()
         assert first.windows == 1 and first.id == "@0"
         assert [c.window for c in cap.stream(frames[:32], fps=16.0)] == [0, 1]  # ready for the next run
+
+
+def _event(n: int, closed: bool = False, thumb: bytes = b"jpeg") -> Event:
+    return Event(id=f"front@{n * 1000}", camera="front", text=f"event {n}", start_time=float(n),
+                 end_time=n + 0.9, confidence=0.0, windows=1, thumbnail=thumb, closed=closed)
+
+
+def test_the_state_keeps_each_cameras_current_event_and_its_last_closed_ones():
+    from edgecap.service.state import ServiceState
+
+    state = ServiceState(["front", "back"], recent_events=2)
+    state.event("front", _event(0, thumb=b"jpeg0"), "opened")
+    snap = state.snapshot()["events"]
+    assert snap["front"]["current"]["id"] == "front@0" and snap["back"] == {"current": None, "recent": []}
+    for n in range(1, 4):
+        state.event("front", _event(n - 1, closed=True, thumb=b"jpeg%d" % (n - 1)), "closed")
+        state.event("front", _event(n, thumb=b"jpeg%d" % n), "opened")
+    snap = state.snapshot()["events"]["front"]
+    assert snap["current"]["id"] == "front@3000"
+    assert [e["id"] for e in snap["recent"]] == ["front@2000", "front@1000"]  # newest first, two kept
+    assert state.event_thumbnail("front@3000") == b"jpeg3" and state.event_thumbnail("front@2000") == b"jpeg2"
+    assert state.event_thumbnail("front@0") is None  # dropped with its event: memory stays bounded
+    json.dumps(state.snapshot())
+
+
+def test_the_jsonl_sink_writes_events_as_they_open_and_close_only_when_asked(tmp_path):
+    from edgecap.service.sinks import JsonlSink
+
+    for events in (True, False):
+        path = tmp_path / f"{events}.jsonl"
+        sink = JsonlSink(path, events=events)
+        for change in ("opened", "extended", "closed"):
+            sink.event("front", _event(0, closed=change == "closed"), change)
+        sink.close()
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        if events:
+            assert [(r["change"], r["id"], r["closed"]) for r in lines] == [
+                ("opened", "front@0", False), ("closed", "front@0", True)]
+            assert lines[1]["text"] == "event 0" and "thumbnail" not in lines[1] and lines[1]["time"] > 0
+        else:
+            assert lines == []
+
+
+def test_the_jsonl_events_key_is_typed_config(tmp_path):
+    from edgecap.errors import ConfigError
+    from edgecap.service.config import load_config
+
+    def config(value: str) -> Path:
+        path = tmp_path / "c.toml"
+        path.write_text(f'[sinks.jsonl]\npath = "x.jsonl"\nevents = {value}\n\n'
+                        f'[[cameras]]\nname = "a"\nsource = "/dev/video0"\n')
+        return path
+
+    assert load_config(config("true")).sinks.jsonl.events is True
+    with pytest.raises(ConfigError, match="sinks.jsonl.events"):
+        load_config(config('"yes"'))
