@@ -215,6 +215,7 @@ class EventTracker:
             return []
         for w in self._pending:
             self._add(w)
+        self._pending = []
         return [self._close()]
 
     def _open(self, windows: List[_Window]) -> Tuple[Event, Change]:

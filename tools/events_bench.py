@@ -1,0 +1,375 @@
+"""Event boundaries against the synthetic ground truth: ``python tools/events_bench.py``.
+
+Renders two videos of synthetic clips (``models.dataset``) with known caption
+changes: each is a run of *segments*, each segment 3 to 8 one-second clips
+that share one caption (shape, colour, motion; the position, size, rate and
+background change from clip to clip), and consecutive segments (the last and
+the first too, for the loop) differ. It runs a real ``edgecap serve`` on them
+as two looping file cameras for ``--minutes``, with the JSON-lines sink
+writing captions and events (``[sinks.jsonl] events = true``), stops it with
+SIGTERM and compares the events with the truth:
+
+* a *boundary* is where an event starts after another one of its camera; a
+  true one is where the video's caption changes (the wrap of the loop
+  included). Events are joined to their windows by their ``windows`` counts
+  (every window is in exactly one event), so a boundary sits at the first
+  source frame of its event's first window; it matches a true change within
+  ``--tolerance-windows`` windows (one-to-one, nearest first).
+* precision = matched / boundaries the events put, recall = matched / true
+  changes; the breakdown counts windows whose caption is wrong, windows that
+  dropped frames *shifted* off the clips (such a window sees a clip restart,
+  a jump no real camera shows) and how many of those were wrong, and windows
+  that straddle a true change.
+* the service's resident memory (peak and last), and events per camera-hour.
+
+Prints a table and writes JSON (``--json``). Every figure is *measured* on
+this host. ``--config-extra`` adds TOML lines at the top of the service's
+config (e.g. ``'[history]' 'path = "/tmp/h.db"'``). Bad input exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import cv2
+import numpy as np
+import psutil
+
+from edgecap.bundle import DEMO_DIR, load_bundle
+from edgecap.command import run_command
+from edgecap.errors import ConfigError
+from edgecap.outputs import check_output, write_text
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # models/ is a top-level package of the repository, not installed
+    sys.path.insert(0, str(REPO))
+
+from models.dataset import FPS, FRAMES, random_spec, render_clip  # noqa: E402
+
+PROG = "python tools/events_bench.py"
+CAMERAS = ("cam0", "cam1")
+SEGMENT_CLIPS = (3, 8)  # clips (seconds) per segment, inclusive
+
+
+@dataclass
+class Segment:
+    """A stretch of a video with one true caption: source frames ``[start, end)``."""
+
+    start: int
+    end: int
+    caption: str
+
+
+def render_video(path: Path, segments: int, seed: int) -> List[Segment]:
+    """Writes a video of ``segments`` segments of same-caption clips; returns its truth.
+
+    Args:
+      path: The .mp4 to write (mp4v, 16 fps, 128x128).
+      segments: How many segments (at least 2).
+      seed: Seed of everything drawn.
+
+    Returns:
+      The segments, in order, covering every frame.
+    """
+    rng = np.random.default_rng(seed)
+    specs: List[Any] = []
+    while len(specs) < segments:
+        spec = random_spec(rng)
+        last = len(specs) == segments - 1
+        if specs and (spec.caption == specs[-1].caption or (last and spec.caption == specs[0].caption)):
+            continue
+        specs.append(spec)
+    size = specs[0].size
+    writer = cv2.VideoWriter(os.fspath(path), cv2.VideoWriter_fourcc(*"mp4v"), FPS, (size, size))
+    if not writer.isOpened():
+        raise OSError(f"OpenCV cannot write {path}")
+    truth: List[Segment] = []
+    frame = 0
+    try:
+        for spec in specs:
+            start = frame
+            for _ in range(int(rng.integers(SEGMENT_CLIPS[0], SEGMENT_CLIPS[1] + 1))):
+                # Same caption, a new clip: where the shape starts, its size, pace and background.
+                other = random_spec(rng)
+                clip = replace(other, shape=spec.shape, color=spec.color, motion=spec.motion)
+                frames, caption = render_clip(clip, rng)
+                assert caption == spec.caption
+                for image in frames:
+                    writer.write(image)
+                frame += len(frames)
+            truth.append(Segment(start, frame, spec.caption))
+    finally:
+        writer.release()
+    return truth
+
+
+def _config(directory: Path, port: int, videos: Sequence[Path], extra: Sequence[str]) -> Path:
+    # The extra lines come first: top-level keys are only top-level before any table.
+    lines = list(extra) + ["", f'bundle = "{DEMO_DIR / "bundle"}"', "", "[http]", f"port = {port}", "",
+                           "[sinks.stdout]", "enabled = false", "",
+                           "[sinks.jsonl]", f'path = "{directory / "out.jsonl"}"', "max_bytes = 1000000000",
+                           "events = true", ""]
+    for name, video in zip(CAMERAS, videos):
+        lines += ["[[cameras]]", f'name = "{name}"', f'source = "{video}"', "loop = true", ""]
+    path = directory / "edgecap.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ready(notify: socket.socket, proc: subprocess.Popen, deadline: float) -> bool:
+    """Waits for READY=1; False if the service exits or the deadline passes first."""
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if b"READY=1" in notify.recv(4096):
+                return True
+        except socket.timeout:
+            pass
+    return False
+
+
+def run_service(directory: Path, videos: Sequence[Path], seconds: float,
+                extra: Sequence[str] = ()) -> Dict[str, Any]:
+    """Runs ``edgecap serve`` on the videos as looping cameras for ``seconds``; returns what it wrote.
+
+    Returns:
+      ``records`` (the JSON lines), ``seconds`` (from READY to SIGTERM),
+      ``exit_code`` and ``rss_mb`` samples.
+
+    Raises:
+      ConfigError: The service refused its config (say, a bad ``--config-extra``)
+        or never became ready.
+    """
+    port = _free_port()
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(directory / "notify.sock"))
+    notify.settimeout(0.5)  # short: a service that refuses its config exits, and is noticed
+    env = dict(os.environ, NOTIFY_SOCKET=str(directory / "notify.sock"))
+    stderr = open(directory / "stderr.txt", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "edgecap.cli", "serve", "--config",
+                             str(_config(directory, port, videos, extra))],
+                            stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    try:
+        if not _ready(notify, proc, deadline=time.monotonic() + 60.0):
+            proc.kill()
+            proc.wait()
+            stderr.seek(0)
+            why = (stderr.read().strip().splitlines() or ["no error line"])[-1]
+            raise ConfigError(f"edgecap serve did not become ready (exit {proc.returncode}): {why}; "
+                              "check --config-extra") from None
+        ps = psutil.Process(proc.pid)
+        rss: List[float] = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds and proc.poll() is None:
+            rss.append(ps.memory_info().rss / 2**20)
+            time.sleep(min(5.0, max(0.2, seconds - (time.monotonic() - t0))))
+        elapsed = time.monotonic() - t0
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        notify.close()
+        stderr.close()
+    records = [json.loads(line) for line in (directory / "out.jsonl").read_text().splitlines()]
+    return {"records": records, "seconds": elapsed, "exit_code": proc.returncode, "rss_mb": rss}
+
+
+def _match(predicted: List[int], true: List[int], tolerance: int) -> List[Tuple[int, int]]:
+    """One-to-one pairs (predicted, true) within ``tolerance`` frames, nearest first."""
+    pairs = sorted((abs(p - t), i, j) for i, p in enumerate(predicted) for j, t in enumerate(true)
+                   if abs(p - t) <= tolerance)
+    used_p, used_t, out = set(), set(), []
+    for _, i, j in pairs:
+        if i not in used_p and j not in used_t:
+            used_p.add(i)
+            used_t.add(j)
+            out.append((predicted[i], true[j]))
+    return out
+
+
+def evaluate(captions: List[Dict[str, Any]], events: List[Dict[str, Any]], truth: List[Segment],
+             tolerance: int) -> Dict[str, Any]:
+    """Scores one camera's closed events against its video's truth.
+
+    Args:
+      captions: The camera's caption records, in order (``start_frame``, ``end_frame``, ``text``).
+      events: Its closed event records, in order (``windows``).
+      truth: The video's segments; frame indices are taken modulo its length (the loop).
+      tolerance: How far (source frames) a boundary may sit from the true change it matches.
+
+    Returns:
+      Counts, precision, recall and the breakdown (JSON-ready).
+    """
+    length = truth[-1].end
+    caption_of = np.empty(length, dtype=np.int32)
+    for n, seg in enumerate(truth):
+        caption_of[seg.start:seg.end] = n
+    texts = [seg.caption for seg in truth]
+    windows = sum(e["windows"] for e in events)
+    if not captions or not events:
+        return {"windows": len(captions), "events": len(events), "precision": None, "recall": None}
+    # Where each event after the first starts: the first frame of its first window.
+    starts, n = [], 0
+    for event in events[:-1]:
+        n += event["windows"]
+        if n < len(captions):
+            starts.append(captions[n]["start_frame"])
+    lo, hi = captions[0]["start_frame"], captions[-1]["end_frame"]
+    changes = [seg.start for seg in truth]  # segment 0 starts where the last one (another caption) ends
+    true = [loop * length + c for loop in range(lo // length, hi // length + 1) for c in changes
+            if lo < loop * length + c <= hi]
+    matched = _match(starts, true, tolerance)
+    wrong = straddling = wrong_straddling = shifted = wrong_shifted = 0
+    for c in captions:
+        segs = Counter(int(caption_of[i % length]) for i in range(c["start_frame"], c["end_frame"] + 1))
+        spans = len(segs) > 1
+        # Dropped frames shift the windows off the clips: such a window sees a clip restart.
+        off = c["start_frame"] % FRAMES != 0
+        straddling += spans
+        shifted += off
+        if c["text"] != texts[segs.most_common(1)[0][0]] and not (spans and c["text"] in {texts[s] for s in segs}):
+            wrong += 1
+            wrong_straddling += spans
+            wrong_shifted += off
+    offsets = [abs(p - t) for p, t in matched]
+    return {
+        "windows": len(captions),
+        "windows_in_events": windows,
+        "events": len(events),
+        "true_changes": len(true),
+        "boundaries": len(starts),
+        "matched": len(matched),
+        "precision": round(len(matched) / len(starts), 4) if starts else None,
+        "recall": round(len(matched) / len(true), 4) if true else None,
+        "false_boundaries": len(starts) - len(matched),
+        "missed_changes": len(true) - len(matched),
+        "mean_offset_frames": round(float(np.mean(offsets)), 2) if offsets else None,
+        "windows_wrong": wrong,
+        "windows_straddling": straddling,
+        "windows_wrong_straddling": wrong_straddling,
+        "windows_shifted": shifted,
+        "windows_wrong_shifted": wrong_shifted,
+    }
+
+
+def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_windows: float = 1.0,
+              extra: Sequence[str] = ()) -> Dict[str, Any]:
+    """Renders the videos, runs the service and scores its events; returns the JSON-ready result."""
+    window = load_bundle(DEMO_DIR / "bundle").window
+    frames_per_window = round(window.frames * FPS / window.sample_fps)  # source frames a window spans
+    tolerance = round(tolerance_windows * frames_per_window)
+    with tempfile.TemporaryDirectory(prefix="events-bench-") as tmp:
+        directory = Path(tmp)
+        videos = [directory / f"{name}.mp4" for name in CAMERAS]
+        truths = [render_video(video, segments, seed + n) for n, video in enumerate(videos)]
+        run = run_service(directory, videos, minutes * 60.0, extra)
+    cameras = {}
+    for name, truth in zip(CAMERAS, truths):
+        mine = [r for r in run["records"] if r["camera"] == name]
+        captions = [r for r in mine if "change" not in r]
+        events = [r for r in mine if r.get("change") == "closed"]
+        cameras[name] = evaluate(captions, events, truth, tolerance)
+        cameras[name]["events_per_camera_hour"] = round(len(events) / (run["seconds"] / 3600.0), 1)
+        cameras[name]["true_segment_seconds_mean"] = round(
+            float(np.mean([(s.end - s.start) / FPS for s in truth])), 2)
+    total = {k: sum(c.get(k) or 0 for c in cameras.values())
+             for k in ("boundaries", "true_changes", "matched", "windows", "windows_wrong", "windows_straddling",
+                       "windows_shifted", "windows_wrong_shifted", "false_boundaries", "missed_changes")}
+    rss = run["rss_mb"]
+    return {
+        "host": "measured",
+        "minutes": round(run["seconds"] / 60.0, 2),
+        "exit_code": run["exit_code"],
+        "tolerance_windows": tolerance_windows,
+        "tolerance_frames": tolerance,
+        "precision": round(total["matched"] / total["boundaries"], 4) if total["boundaries"] else None,
+        "recall": round(total["matched"] / total["true_changes"], 4) if total["true_changes"] else None,
+        "window_accuracy": round(1 - total["windows_wrong"] / total["windows"], 4) if total["windows"] else None,
+        "totals": total,
+        "events_per_camera_hour": round(sum(c["events_per_camera_hour"] for c in cameras.values()) / len(cameras), 1),
+        "rss_mb_peak": round(max(rss), 1) if rss else None,
+        "rss_mb_last": round(rss[-1], 1) if rss else None,
+        "cameras": cameras,
+        "segments_per_video": segments,
+        "seed": seed,
+        "config_extra": list(extra),
+    }
+
+
+def format_table(result: Dict[str, Any]) -> str:
+    """The result as the table the command prints."""
+    head = ("camera", "windows", "events", "true changes", "boundaries", "matched", "precision", "recall",
+            "wrong windows", "shifted (wrong)", "events/h")
+    rows = [head]
+    for name, c in result["cameras"].items():
+        rows.append((name, str(c["windows"]), str(c["events"]), str(c.get("true_changes", "-")),
+                     str(c.get("boundaries", "-")), str(c.get("matched", "-")), f"{c['precision']}",
+                     f"{c['recall']}", str(c.get("windows_wrong", "-")),
+                     f"{c.get('windows_shifted', '-')} ({c.get('windows_wrong_shifted', '-')})",
+                     f"{c['events_per_camera_hour']:.0f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    table = "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows)
+    return (f"{table}\nall: precision {result['precision']}  recall {result['recall']}  "
+            f"(a boundary matches within {result['tolerance_windows']:g} window = "
+            f"{result['tolerance_frames']} source frames)  window accuracy {result['window_accuracy']}\n"
+            f"service: {result['minutes']:.1f} min, RSS peak {result['rss_mb_peak']} MB, last "
+            f"{result['rss_mb_last']} MB, exit {result['exit_code']}  (measured on this host)")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs the benchmark from the command line.
+
+    Args:
+      argv: Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+      The exit code: 0, or 2 on bad input.
+    """
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="how long the service runs")
+    parser.add_argument("--segments", type=int, default=30, help="caption segments per video")
+    parser.add_argument("--seed", type=int, default=18)
+    parser.add_argument("--tolerance-windows", type=float, default=1.0,
+                        help="how far a boundary may sit from the true change, in windows")
+    parser.add_argument("--config-extra", nargs="*", default=[], metavar="LINE",
+                        help="TOML lines put at the top of the service's config")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        if not 0 < args.minutes <= 24 * 60:
+            raise ConfigError(f"--minutes {args.minutes:g}: give a number of minutes in (0, 1440]")
+        if not 2 <= args.segments <= 1000:
+            raise ConfigError(f"--segments {args.segments}: give 2 to 1000")
+        if not 0 <= args.tolerance_windows <= 10:
+            raise ConfigError(f"--tolerance-windows {args.tolerance_windows:g}: give 0 to 10")
+        if args.json is not None:
+            check_output(args.json, "--json")  # before ten minutes of running, not after
+        result = run_bench(args.minutes, args.segments, args.seed, args.tolerance_windows, args.config_extra)
+        print(format_table(result))
+        if args.json is not None:
+            write_text(args.json, json.dumps(result, indent=1) + "\n")
+        return 0
+
+    return run_command(PROG, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
