@@ -147,7 +147,7 @@ def test_a_rule_that_could_never_confirm_is_refused():
         EventRule(confirm_windows=0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a red star grows", "a red star  grows.", "a blue square moves up",
                                            "a white circle shrinks"]),
                           st.sampled_from([SURE, -0.2, UNSURE, -3.0])), min_size=1, max_size=30),

@@ -67,7 +67,7 @@ def test_the_rendered_video_has_the_truth_it_reports(tmp_path):
     assert fps == 16.0 and len(video) == truth[-1].end and truth[0].start == 0
     assert all(a.end == b.start and a.caption != b.caption for a, b in zip(truth, truth[1:]))
     assert truth[-1].caption != truth[0].caption  # the loop's wrap is a change too
-    assert all(3 <= (s.end - s.start) // 16 <= 8 and (s.end - s.start) % 16 == 0 for s in truth)
+    assert all(2 <= (s.end - s.start) // 16 <= 8 and (s.end - s.start) % 16 == 0 for s in truth)
 
 
 @pytest.mark.parametrize("args, needle", [
