@@ -94,3 +94,21 @@ def test_a_short_run_scores_the_services_events(tmp_path):
     assert 0 < result["rss_mb_peak"] < 1000
     assert result["precision"] is not None and 0 <= result["recall"] <= 1
     assert proc.stdout.splitlines()[0].split()[0] == "camera" and "precision" in proc.stdout
+
+
+@pytest.mark.fast
+def test_recorded_captions_replay_through_other_rules_and_dropped_frames_are_counted():
+    bench = _load()
+    truth = [bench.Segment(0, 48, "a red star grows"), bench.Segment(48, 96, "a blue square moves up")]
+    captions = _windows(["a red star grows", "a white circle shrinks", "a red star grows",
+                         "a blue square moves up", "a blue square moves up", "a blue square moves up"])
+    for c in captions:
+        c.update(window=0, start_time=0.0, end_time=0.0)
+    captions[4]["end_frame"] += 2  # a frame dropped inside window 4
+    at_once = bench.replay(captions, "c", bench.REPLAYED_RULES["service rule"])
+    assert [e["windows"] for e in at_once] == [1, 1, 1, 3]  # sure captions (0.0): the flicker splits
+    confirmed = bench.replay(captions, "c", bench.REPLAYED_RULES["confirm 2 always"])
+    assert [(e["text"], e["windows"]) for e in confirmed] == [("a red star grows", 3), ("a blue square moves up", 3)]
+    assert bench.evaluate(captions, confirmed, truth, 16)["precision"] == 1.0
+    score = bench.evaluate(captions, at_once, truth, 16)
+    assert (score["precision"], score["recall"], score["windows_gapped"]) == (round(1 / 3, 4), 1.0, 1)

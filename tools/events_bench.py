@@ -18,6 +18,12 @@ SIGTERM and compares the events with the truth:
   changes; the breakdown counts windows whose caption is wrong, windows that
   dropped frames *shifted* off the one-second grid the video was rendered on
   (and how many of those were wrong), and windows that straddle a true change.
+* the same recorded captions replayed through ``EventTracker`` offline: with
+  the service's rule (a check: the same events) and with every change
+  confirmed by 2 windows, what the rule does for unsure captions.
+* frames the feeds dropped (the pipeline was behind), windows with a frame
+  dropped inside (one step of their motion twice as long) and how many of
+  those were wrong;
 * the service's resident memory (peak and last), and events per camera-hour.
 
 Prints a table and writes JSON (``--json``). Every figure is *measured* on
@@ -29,13 +35,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,8 +55,10 @@ import numpy as np
 import psutil
 
 from edgecap.bundle import DEMO_DIR, load_bundle
+from edgecap.captioner import Caption
 from edgecap.command import run_command
 from edgecap.errors import ConfigError
+from edgecap.events import EventRule, EventTracker
 from edgecap.outputs import check_output, write_text
 
 REPO = Path(__file__).resolve().parent.parent
@@ -171,6 +182,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _dropped(port: int) -> Dict[str, float]:
+    """Sampled frames each camera's feed dropped for newer ones (the pipeline was busy), from /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r'^edgecap_frames_dropped_total\{camera="([^"]*)"\} (\S+)$', text, re.M)}
+
+
 def _ready(notify: socket.socket, proc: subprocess.Popen, deadline: float) -> bool:
     """Waits for READY=1; False if the service exits or the deadline passes first."""
     while proc.poll() is None and time.monotonic() < deadline:
@@ -188,7 +207,7 @@ def run_service(directory: Path, videos: Sequence[Path], seconds: float,
 
     Returns:
       ``records`` (the JSON lines), ``seconds`` (from READY to SIGTERM),
-      ``exit_code`` and ``rss_mb`` samples.
+      ``exit_code``, ``rss_mb`` samples and ``dropped`` frames per camera.
 
     Raises:
       ConfigError: The service refused its config (say, a bad ``--config-extra``)
@@ -218,6 +237,7 @@ def run_service(directory: Path, videos: Sequence[Path], seconds: float,
             rss.append(ps.memory_info().rss / 2**20)
             time.sleep(min(5.0, max(0.2, seconds - (time.monotonic() - t0))))
         elapsed = time.monotonic() - t0
+        dropped = _dropped(port)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     finally:
@@ -225,7 +245,8 @@ def run_service(directory: Path, videos: Sequence[Path], seconds: float,
         notify.close()
         stderr.close()
     records = [json.loads(line) for line in (directory / "out.jsonl").read_text().splitlines()]
-    return {"records": records, "seconds": elapsed, "exit_code": proc.returncode, "rss_mb": rss}
+    return {"records": records, "seconds": elapsed, "exit_code": proc.returncode, "rss_mb": rss,
+            "dropped": dropped}
 
 
 def _match(predicted: List[int], true: List[int], tolerance: int) -> List[Tuple[int, int]]:
@@ -242,7 +263,7 @@ def _match(predicted: List[int], true: List[int], tolerance: int) -> List[Tuple[
 
 
 def evaluate(captions: List[Dict[str, Any]], events: List[Dict[str, Any]], truth: List[Segment],
-             tolerance: int) -> Dict[str, Any]:
+             tolerance: int, span: int = FRAMES - 2) -> Dict[str, Any]:
     """Scores one camera's closed events against its video's truth.
 
     Args:
@@ -250,6 +271,7 @@ def evaluate(captions: List[Dict[str, Any]], events: List[Dict[str, Any]], truth
       events: Its closed event records, in order (``windows``).
       truth: The video's segments; frame indices are taken modulo its length (the loop).
       tolerance: How far (source frames) a boundary may sit from the true change it matches.
+      span: Source frames from a window's first frame to its last when none was dropped.
 
     Returns:
       Counts, precision, recall and the breakdown (JSON-ready).
@@ -273,18 +295,22 @@ def evaluate(captions: List[Dict[str, Any]], events: List[Dict[str, Any]], truth
     true = [loop * length + c for loop in range(lo // length, hi // length + 1) for c in changes
             if lo < loop * length + c <= hi]
     matched = _match(starts, true, tolerance)
-    wrong = straddling = wrong_straddling = shifted = wrong_shifted = 0
+    wrong = straddling = wrong_straddling = shifted = wrong_shifted = gapped = wrong_gapped = 0
     for c in captions:
         segs = Counter(int(caption_of[i % length]) for i in range(c["start_frame"], c["end_frame"] + 1))
         spans = len(segs) > 1
         # Dropped frames shift the windows off the seconds the segments were rendered in.
         off = c["start_frame"] % FRAMES != 0
+        # A frame dropped inside the window: one step of its motion is twice as long.
+        gap = c["end_frame"] - c["start_frame"] > span
         straddling += spans
         shifted += off
+        gapped += gap
         if c["text"] != texts[segs.most_common(1)[0][0]] and not (spans and c["text"] in {texts[s] for s in segs}):
             wrong += 1
             wrong_straddling += spans
             wrong_shifted += off
+            wrong_gapped += gap
     offsets = [abs(p - t) for p, t in matched]
     return {
         "windows": len(captions),
@@ -303,7 +329,27 @@ def evaluate(captions: List[Dict[str, Any]], events: List[Dict[str, Any]], truth
         "windows_wrong_straddling": wrong_straddling,
         "windows_shifted": shifted,
         "windows_wrong_shifted": wrong_shifted,
+        "windows_gapped": gapped,
+        "windows_wrong_gapped": wrong_gapped,
     }
+
+
+def replay(captions: List[Dict[str, Any]], camera: str, rule: EventRule) -> List[Dict[str, Any]]:
+    """The closed events ``rule`` makes of a camera's recorded captions (``EventTracker`` offline)."""
+    tracker = EventTracker(camera, rule)
+    closed = []
+    for r in captions:
+        caption = Caption(text=r["text"], tokens=[], window=r["window"], start_frame=r["start_frame"],
+                          end_frame=r["end_frame"], start_time=r["start_time"], end_time=r["end_time"],
+                          confidence=r.get("confidence", 0.0))
+        closed += [e.to_dict() for e, change in tracker.update(caption) if change == "closed"]
+    return closed + [e.to_dict() for e, _ in tracker.close()]
+
+
+# What the same captions would give under other rules: the service's own rule
+# (a consistency check of the replay), and confirmation by 2 windows always,
+# which is what the default rule does for captions below its confidence.
+REPLAYED_RULES = {"service rule": EventRule(), "confirm 2 always": EventRule(confident=math.inf)}
 
 
 def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_windows: float = 1.0,
@@ -311,6 +357,7 @@ def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_wind
     """Renders the videos, runs the service and scores its events; returns the JSON-ready result."""
     window = load_bundle(DEMO_DIR / "bundle").window
     frames_per_window = round(window.frames * FPS / window.sample_fps)  # source frames a window spans
+    span = round((window.frames - 1) * FPS / window.sample_fps)  # its first frame to its last
     tolerance = round(tolerance_windows * frames_per_window)
     with tempfile.TemporaryDirectory(prefix="events-bench-") as tmp:
         directory = Path(tmp)
@@ -322,13 +369,30 @@ def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_wind
         mine = [r for r in run["records"] if r["camera"] == name]
         captions = [r for r in mine if "change" not in r]
         events = [r for r in mine if r.get("change") == "closed"]
-        cameras[name] = evaluate(captions, events, truth, tolerance)
+        cameras[name] = evaluate(captions, events, truth, tolerance, span)
+        cameras[name]["frames_dropped"] = run["dropped"].get(name, 0.0)  # absent: none counted
+        cameras[name]["replayed"] = {}
+        for rule_name, rule in REPLAYED_RULES.items():
+            replayed = replay(captions, name, rule)
+            score = evaluate(captions, replayed, truth, tolerance, span)
+            cameras[name]["replayed"][rule_name] = {
+                k: score[k] for k in ("events", "boundaries", "matched", "true_changes", "precision", "recall")}
+            if rule_name == "service rule":
+                cameras[name]["replay_matches_service"] = [e["windows"] for e in replayed] == [
+                    e["windows"] for e in events]
         cameras[name]["events_per_camera_hour"] = round(len(events) / (run["seconds"] / 3600.0), 1)
         cameras[name]["true_segment_seconds_mean"] = round(
             float(np.mean([(s.end - s.start) / FPS for s in truth])), 2)
     total = {k: sum(c.get(k) or 0 for c in cameras.values())
              for k in ("boundaries", "true_changes", "matched", "windows", "windows_wrong", "windows_straddling",
-                       "windows_shifted", "windows_wrong_shifted", "false_boundaries", "missed_changes")}
+                       "windows_shifted", "windows_wrong_shifted", "windows_gapped", "windows_wrong_gapped",
+                       "false_boundaries", "missed_changes", "frames_dropped")}
+    replayed = {}
+    for rule_name in REPLAYED_RULES:
+        scores = [c["replayed"][rule_name] for c in cameras.values()]
+        matched, put, true = (sum(x[k] or 0 for x in scores) for k in ("matched", "boundaries", "true_changes"))
+        replayed[rule_name] = {"precision": round(matched / put, 4) if put else None,
+                               "recall": round(matched / true, 4) if true else None}
     rss = run["rss_mb"]
     return {
         "host": "measured",
@@ -340,6 +404,7 @@ def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_wind
         "recall": round(total["matched"] / total["true_changes"], 4) if total["true_changes"] else None,
         "window_accuracy": round(1 - total["windows_wrong"] / total["windows"], 4) if total["windows"] else None,
         "totals": total,
+        "replayed": replayed,
         "events_per_camera_hour": round(sum(c["events_per_camera_hour"] for c in cameras.values()) / len(cameras), 1),
         "rss_mb_peak": round(max(rss), 1) if rss else None,
         "rss_mb_last": round(rss[-1], 1) if rss else None,
@@ -352,20 +417,23 @@ def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_wind
 
 def format_table(result: Dict[str, Any]) -> str:
     """The result as the table the command prints."""
-    head = ("camera", "windows", "events", "true changes", "boundaries", "matched", "precision", "recall",
-            "wrong windows", "shifted (wrong)", "events/h")
+    head = ("camera", "windows", "frames dropped", "events", "true changes", "boundaries", "matched", "precision",
+            "recall", "wrong windows", "with a drop (wrong)", "events/h")
     rows = [head]
     for name, c in result["cameras"].items():
-        rows.append((name, str(c["windows"]), str(c["events"]), str(c.get("true_changes", "-")),
-                     str(c.get("boundaries", "-")), str(c.get("matched", "-")), f"{c['precision']}",
-                     f"{c['recall']}", str(c.get("windows_wrong", "-")),
-                     f"{c.get('windows_shifted', '-')} ({c.get('windows_wrong_shifted', '-')})",
+        rows.append((name, str(c["windows"]), f"{c.get('frames_dropped') or 0:.0f}", str(c["events"]),
+                     str(c.get("true_changes", "-")), str(c.get("boundaries", "-")), str(c.get("matched", "-")),
+                     f"{c['precision']}", f"{c['recall']}", str(c.get("windows_wrong", "-")),
+                     f"{c.get('windows_gapped', '-')} ({c.get('windows_wrong_gapped', '-')})",
                      f"{c['events_per_camera_hour']:.0f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     table = "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows)
+    replays = "; ".join(f"{name}: precision {r['precision']} recall {r['recall']}"
+                        for name, r in result["replayed"].items())
     return (f"{table}\nall: precision {result['precision']}  recall {result['recall']}  "
             f"(a boundary matches within {result['tolerance_windows']:g} window = "
             f"{result['tolerance_frames']} source frames)  window accuracy {result['window_accuracy']}\n"
+            f"the same captions replayed: {replays}\n"
             f"service: {result['minutes']:.1f} min, RSS peak {result['rss_mb_peak']} MB, last "
             f"{result['rss_mb_last']} MB, exit {result['exit_code']}  (measured on this host)")
 
