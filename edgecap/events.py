@@ -19,13 +19,23 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Literal, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Literal, Optional, Protocol, Tuple
 
 import cv2
 import numpy as np
 
-if TYPE_CHECKING:  # the captioner pulls in the interpreters; the tracker reads only fields
-    from edgecap.captioner import Caption
+
+class CaptionLike(Protocol):
+    """What the tracker reads of a window's caption (``edgecap.captioner.Caption`` has it).
+
+    The captioner imports this module for ``EdgeCaptioner.events``; naming its
+    ``Caption`` here would make an import circle.
+    """
+
+    text: str
+    start_time: float
+    end_time: float
+    confidence: float
 
 # What happened to an event at a call of ``Sink.event``: it opened (its first
 # window), took one more window, or closed (the caption changed or the camera
@@ -165,7 +175,7 @@ class EventTracker:
         """A copy of the event in progress (without the windows still pending), or None."""
         return None if self._event is None else dataclasses.replace(self._event)
 
-    def update(self, caption: "Caption", image: Optional[np.ndarray] = None,
+    def update(self, caption: CaptionLike, image: Optional[np.ndarray] = None,
                start: Optional[float] = None, end: Optional[float] = None) -> List[Tuple[Event, Change]]:
         """Takes the next window's caption.
 
