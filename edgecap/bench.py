@@ -57,6 +57,7 @@ from edgecap import devices, schema, stages
 from edgecap.bundle import DEMO_DIR, Bundle, WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError, EdgecapError
+from edgecap.limits import DEFAULT_BEAM
 from edgecap.options import CaptionerOptions
 from edgecap.plan import Plan
 from edgecap.planner import HostSchedule
@@ -199,6 +200,7 @@ class BenchResult:
     published: List[Published] = field(default_factory=list)
     host_choice: Optional[HostSchedule] = None
     startup: List[Startup] = field(default_factory=list)
+    beam: int = DEFAULT_BEAM
 
     def to_json(self) -> Dict[str, Any]:
         """Returns the results as JSON-ready plain types (what ``--json`` writes)."""
@@ -209,6 +211,7 @@ class BenchResult:
             "bundle": self.bundle,
             "clips": self.clips,
             "frames": self.frames,
+            "beam": self.beam,
             "rows": [dict(asdict(r), of_bound=r.of_bound, same=r.same) for r in self.rows],
             "published": [msgspec.to_builtins(p) for p in self.published],
             "goals": goals(self.rows),
@@ -243,6 +246,7 @@ def run_bench(
     progress: Optional[Progress] = None,
     row_seconds: float = 20.0,
     check_windows: int = 2,
+    beam: int = DEFAULT_BEAM,
 ) -> BenchResult:
     """Runs the benchmark.
 
@@ -266,6 +270,7 @@ def run_bench(
         (host, all its rounds) would take longer than this for ``frames`` runs
         fewer frames, at least two windows.
       check_windows: Windows of frames the output check computes.
+      beam: The decoder's beam width in every run.
 
     Returns:
       The ``BenchResult``.
@@ -294,22 +299,23 @@ def run_bench(
     if "board" in profiles:
         for name in boards:
             rows += bench_board(b, images, name, timing_only, threads, trace, strides, progress,
-                                row_seconds, check_windows)
+                                row_seconds, check_windows, beam)
             trace = None  # one pipelined run is traced: the first board's
     choice = None
     if "host" in profiles:
-        host_rows, choice = bench_host(b, images, batch, progress, row_seconds)
+        host_rows, choice = bench_host(b, images, batch, progress, row_seconds, beam=beam)
         rows += host_rows
     overhead = bench_overhead()
     scaling = bench_scaling(b, seconds=row_seconds / 2) if "host" in profiles else []
     started = []
     if "startup" in profiles:
-        started.append(bench_startup(b.root, clips[0]))
+        beam_args = ["--beam", str(beam)]
+        started.append(bench_startup(b.root, clips[0], beam_args))
         if boards:
             plan_for_board(b, boards[0])  # cached: the child plans nothing
-            started.append(bench_startup(b.root, clips[0], ["--board", boards[0]]))
+            started.append(bench_startup(b.root, clips[0], ["--board", boards[0], *beam_args]))
     return BenchResult(str(b.root), [str(c) for c in clips], len(images), rows, overhead, scaling,
-                       published, choice, started)
+                       published, choice, started, beam)
 
 
 def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1, boards: int = 1) -> int:
@@ -411,6 +417,7 @@ def bench_board(
     progress: Optional[Progress] = None,
     row_seconds: float = float("inf"),
     check_windows: int = 2,
+    beam: int = DEFAULT_BEAM,
 ) -> List[Row]:
     """Runs the five schedules on the emulated ``board``, at each window stride.
 
@@ -418,6 +425,7 @@ def bench_board(
       strides: Window strides (default: the bundle's); each repeats every row.
       row_seconds: Cap on a row's run time at its bound (see ``run_bench``).
       check_windows: Windows the output check computes (timing-only rows).
+      beam: The decoder's beam width.
 
     Returns:
       Rows a, b, e, c, d, plus "d timing-only" (the bound check) unless every
@@ -432,7 +440,7 @@ def bench_board(
         window = CaptionerOptions(stride=stride).window(bundle.window)
         plans = board_plans(bundle, board, window)  # planned for the window it runs
         checks = check_outputs(bundle, plans, pipelined, frames[: check_windows * window.frames],
-                               window, threads, with_captions=timing_only)
+                               window, threads, with_captions=timing_only, beam=beam)
         reference: Optional[List[List[int]]] = None
         runs = [(s, plans[s], pipelined[s], timing_only) for s in SCHEDULES]
         if not timing_only:
@@ -440,7 +448,7 @@ def bench_board(
         at_stride: List[Row] = []
         for schedule, plan, pipe, zero in runs:
             options = CaptionerOptions(plan=plan, emulate=True, timing_only=zero, pipelined=pipe,
-                                       num_threads=threads, sample_fps=0, stride=stride,
+                                       num_threads=threads, sample_fps=0, stride=stride, beam=beam,
                                        trace=trace if schedule == "d" else None)
             bound = _bound_fps(plan, pipe, window)
             with EdgeCaptioner(bundle, options) as cap:
@@ -462,7 +470,7 @@ def bench_board(
 
 def check_outputs(
     bundle: Bundle, plans: Dict[str, Plan], pipelined: Dict[str, bool], frames: List[np.ndarray],
-    window: WindowSpec, threads: int = 1, with_captions: bool = True,
+    window: WindowSpec, threads: int = 1, with_captions: bool = True, beam: int = DEFAULT_BEAM,
 ) -> Dict[str, "tuple[bool, Optional[bool], int]"]:
     """Checks each schedule's outputs against the CPU path's (row a's) with real compute.
 
@@ -479,6 +487,7 @@ def check_outputs(
       window: The window the captions run at.
       threads: Threads of each CPU interpreter.
       with_captions: Also compare captions (else None).
+      beam: The decoder's beam width.
 
     Returns:
       Schedule -> ``(same features, same captions, frames checked)``.
@@ -493,7 +502,7 @@ def check_outputs(
                   if s.spec.kind == "tpu"}
         options = CaptionerOptions(plan=plan, emulate=False, devices_map=to_cpu, num_threads=threads,
                                    pipelined=pipelined[name], sample_fps=0, frames=window.frames,
-                                   stride=window.stride)
+                                   stride=window.stride, beam=beam)
         with EdgeCaptioner(bundle, options) as cap:
             captions[name] = [c.tokens for c in cap.stream(frames, fps=0)]
     return {name: (all(np.array_equal(x, y) for x, y in zip(features[name], features["a"])),
@@ -556,7 +565,7 @@ def goals(rows: Sequence[Row], fps: float = 59.0, speedup: float = 55.0, over_eq
 
 def bench_host(bundle: Bundle, frames: List[np.ndarray], batch: int = 8,
                progress: Optional[Progress] = None, row_seconds: float = float("inf"),
-               cores: Optional[int] = None, rounds: int = HOST_ROUNDS
+               cores: Optional[int] = None, rounds: int = HOST_ROUNDS, beam: int = DEFAULT_BEAM
                ) -> "tuple[List[Row], HostSchedule]":
     """Runs the CNN and the RNN computed on this machine's CPU, unpaced (measured).
 
@@ -577,7 +586,7 @@ def bench_host(bundle: Bundle, frames: List[np.ndarray], batch: int = 8,
     """
     plan = plan_for_board(bundle, "host")
     cores = cores or devices.cpu_cores()
-    base = CaptionerOptions(plan=plan, emulate=False, sample_fps=0)
+    base = CaptionerOptions(plan=plan, emulate=False, sample_fps=0, beam=beam)
     with EdgeCaptioner(bundle, base) as probe:  # the host rule, as `edgecap caption` applies it
         choice = probe.choice.host
     # Every row runs the same frames: as many as one encoder thread gets

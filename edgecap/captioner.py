@@ -2,8 +2,8 @@
 
 Every sampled frame goes through the plan's CNN stages (each on its device's
 worker thread), then the RNN encoder step of every window the frame belongs
-to (on the CPU worker), then, when a window is complete, the greedy decoder
-(on a worker of its own, so decoding never stalls the CNN). The scheduler
+to (on the CPU worker), then, when a window is complete, the beam-search
+decoder (on a worker of its own, so decoding never stalls the CNN). The scheduler
 (``edgecap.scheduler``) runs these steps pipelined across frames.
 """
 
@@ -279,23 +279,25 @@ def _ends_a_window(job: _FrameJob) -> bool:
 
 
 class _Decode:
-    """The greedy decoder of finished windows; owned by the decode worker."""
+    """The beam-search decoder of finished windows; owned by the decode worker."""
 
-    def __init__(self, bundle: Bundle) -> None:
+    def __init__(self, bundle: Bundle, beam: int) -> None:
         self._decoder = RnnDecoder(bundle.decoder_step, 1)
         self._bundle = bundle
+        self._beam = beam
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         tok = self._bundle.tokens
         for win, last in job.finished:
             t = time.perf_counter()
-            ids = self._decoder.decode(win.state, tok.bos, tok.eos, self._bundle.max_caption_length)
+            decoded = self._decoder.decode(win.state, tok.bos, tok.eos,
+                                           self._bundle.max_caption_length, self._beam)
             done = time.perf_counter()
             win.stage_ms["decode"] = (done - t) * 1e3
             job.captions.append(
                 Caption(
-                    text=self._bundle.detokenize(ids),
-                    tokens=ids,
+                    text=self._bundle.detokenize(decoded.tokens),
+                    tokens=decoded.tokens,
                     window=win.number,
                     start_frame=win.first.index,
                     end_frame=last.index,
@@ -303,6 +305,7 @@ class _Decode:
                     end_time=last.timestamp,
                     stage_ms={k: round(v, 3) for k, v in win.stage_ms.items()},
                     latency_ms=round((done - job.arrived) * 1e3, 3),
+                    confidence=round(decoded.confidence, 6),
                 )
             )
         job.finished = []
@@ -389,9 +392,9 @@ class EdgeCaptioner:
                                 self._output_quantization, compute=choice.rnn_compute)
         steps.append(Step("rnn_step", str(planner.CPU), _guarded("rnn_step", str(planner.CPU), rnn)))
         # The decoder sees only frames that end a window: the others pass its worker by.
+        decode = functools.partial(_Decode, self.bundle, self.options.beam)
         steps.append(Step("decode", planner.DECODE_WORKER,
-                          _guarded("decode", planner.DECODE_WORKER, functools.partial(_Decode, self.bundle)),
-                          accepts=_ends_a_window))
+                          _guarded("decode", planner.DECODE_WORKER, decode), accepts=_ends_a_window))
         return Pipeline(steps, pipelined=choice.pipelined, queue_size=self.options.queue_size,
                         batch=choice.batch, tracer=self._tracer)
 

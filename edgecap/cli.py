@@ -27,7 +27,7 @@ from edgecap.argtypes import Parser, float_in, int_in, int_list_in
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
 from edgecap.errors import EdgecapError
-from edgecap.limits import MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES
+from edgecap.limits import DEFAULT_BEAM, MAX_BEAM, MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES
 from edgecap.outputs import atomic_path, check_output, write_text
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 WINDOW = int_in(1, MAX_WINDOW_FRAMES)
 THREADS = int_in(1, MAX_THREADS)
 BATCH = int_in(1, MAX_QUEUE)
+BEAM = int_in(1, MAX_BEAM)
 MAX_CLIPS = 1_000_000  # eval --limit
 MAX_BENCH_FRAMES = 1_000_000  # bench --frames: a run, not a soak (tools/soak.py)
 MAX_TPUS = 8  # compile --tpus: no board carries more EdgeTPUs
@@ -54,6 +55,7 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=WINDOW, help="sampled frames between windows (default: bundle's)")
     p.add_argument("--sample-fps", type=float_in(0, MAX_SAMPLE_FPS), help="sampling rate, 0 = every frame")
     p.add_argument("--threads", type=THREADS, help="CPU threads of the CNN (default: the physical cores)")
+    _add_beam(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per caption")
     p.add_argument("--plan", type=Path, help="plan.json (or its directory) from `edgecap compile`")
     p.add_argument("--board", default="auto",
@@ -68,6 +70,12 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=BATCH, default=None,
                    help="frames of a video file handed between devices at once; more than 1 "
                         "pays off only when stages take well under a millisecond")
+
+
+def _add_beam(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam", type=BEAM, default=DEFAULT_BEAM,
+                   help=f"beam width of the caption decoder: 1 is greedy, each more costs about a "
+                        f"decoder step per word (default {DEFAULT_BEAM})")
 
 
 @contextlib.contextmanager
@@ -115,7 +123,7 @@ def _captioner_options(args: argparse.Namespace) -> "CaptionerOptions":
 
     return CaptionerOptions(plan=args.plan, board=args.board, emulate=args.emulate, trace=args.trace,
                             frames=args.frames, stride=args.stride, sample_fps=args.sample_fps,
-                            num_threads=args.threads, batch=args.batch)
+                            num_threads=args.threads, batch=args.batch, beam=args.beam)
 
 
 def _cmd_caption(args: argparse.Namespace) -> int:
@@ -165,7 +173,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         check_output(args.out, "--out")
     with _progress(args.limit, "eval", "clip") as bar:
         report = evaluate(args.bundle or default_bundle(), args.data, args.split, args.limit,
-                          progress=_updater(bar))
+                          progress=_updater(bar), beam=args.beam)
     print(format_report(report))
     if args.out:
         write_text(args.out, report_json(report))
@@ -274,7 +282,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with _progress(runs * max(args.frames, 1), "bench", "frame") as bar:
         result = bench.run_bench(
             args.bundle, args.clips, args.frames, args.board, profiles, args.timing_only,
-            args.threads, args.batch, strides, trace, progress=_updater(bar))
+            args.threads, args.batch, strides, trace, progress=_updater(bar), beam=args.beam)
     print(bench.format_table(result.rows, result.overhead, result.scaling, result))
     doc = result.to_json()
     if args.json is not None:
@@ -327,6 +335,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                         "(default: the bundle's)")
     p.add_argument("--threads", type=THREADS, default=1,
                    help="threads of each CPU encoder interpreter (default 1)")
+    _add_beam(p)
     p.add_argument("--batch", type=BATCH, default=8,
                    help="frames per hand-off in the host's batched pipeline rows (default 8)")
     p.add_argument("--json", type=Path, help="write the results here")
@@ -478,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, required=True, help="dataset directory (captions.json)")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int_in(1, MAX_CLIPS), help="score only the first N clips")
+    _add_beam(p)
     p.add_argument("--out", type=Path, help="also write the report as JSON here")
     p.set_defaults(func=_cmd_eval)
 

@@ -12,3 +12,9 @@ MAX_DEADLINE = 1e6
 # CPU threads of one interpreter: more than any board's or host's cores
 # (TFLite crashed at 32768).
 MAX_THREADS = 256
+# Hypotheses of the decoder's beam search: each costs a decoder step per word,
+# and past the vocabulary's size a wider beam finds nothing more.
+MAX_BEAM = 64
+# The default width, greedy: on the models measured a wider beam did not caption
+# better (docs/beam-bench.json; docs/runtime.md, Beam search).
+DEFAULT_BEAM = 1

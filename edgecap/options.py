@@ -16,7 +16,8 @@ from typing import Any, Mapping, Optional, Union
 from edgecap.bundle import WindowSpec
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError
-from edgecap.limits import MAX_DEADLINE, MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES
+from edgecap.limits import (DEFAULT_BEAM, MAX_BEAM, MAX_DEADLINE, MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS,
+                            MAX_WINDOW_FRAMES)
 from edgecap.plan import Plan
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -88,6 +89,9 @@ class CaptionerOptions:
         strike. An isolated worker is killed at the invoke's deadline
         (``deadline_factor``, ``deadline_floor_s``), when the watchdog calls
         it hung.
+      beam: Width of the decoder's beam search (``edgecap.rnn.RnnDecoder``):
+        1 is greedy; each more costs about a decoder step per word of every
+        window (docs/runtime.md, Beam search).
 
     Raises:
       ConfigError: If a value is out of range (checked when the record is made).
@@ -112,6 +116,7 @@ class CaptionerOptions:
     deadline_factor: float = 20.0
     deadline_floor_s: float = 0.5
     isolate: Optional[bool] = None
+    beam: int = DEFAULT_BEAM
 
     def __post_init__(self) -> None:
         # Device strings are parsed once, here, at the edge.
@@ -146,6 +151,9 @@ class CaptionerOptions:
         if self.batch is not None and not (_is_int(self.batch) and 1 <= self.batch <= MAX_QUEUE):
             raise ConfigError(f"batch {self.batch}: hand over at least 1 frame (at most "
                               f"{MAX_QUEUE}) at a time")
+        if not (_is_int(self.beam) and 1 <= self.beam <= MAX_BEAM):
+            raise ConfigError(f"beam {self.beam}: use a whole number from 1 (greedy) to {MAX_BEAM} "
+                              f"(default {DEFAULT_BEAM})")
         if self.on_missing_tpu not in ("cpu", "fail"):
             raise ConfigError(f"on_missing_tpu {self.on_missing_tpu!r}: use cpu or fail")
         if self.reference_encoder and (self.plan is not None or self.board != "auto"):

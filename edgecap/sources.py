@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -94,6 +95,22 @@ class ArraySource(FrameSource):
             yield Frame(i, i / self.fps, as_bgr(image, f"frame {i}"))
 
 
+def _check_openable(path: Path) -> None:
+    """Raises ``SourceError`` with the system's reason if ``path`` cannot be opened at all.
+
+    Raises:
+      SourceError: The open fails, e.g. the process is out of file descriptors
+        (EMFILE), which OpenCV would report as a file it cannot decode.
+    """
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as e:
+        fix = ("the process has too many files open: raise LimitNOFILE or find what holds them"
+               if e.errno in (errno.EMFILE, errno.ENFILE) else "check the file")
+        raise SourceError(f"{path}: cannot open: {e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)}); "
+                          f"{fix}") from None
+
+
 class VideoFileSource(FrameSource):
     """Every frame of a video file, in order."""
 
@@ -111,6 +128,7 @@ class VideoFileSource(FrameSource):
         ok, first = self._cap.read() if self._cap.isOpened() else (False, None)
         if not ok:
             self._cap.release()
+            _check_openable(path)  # OpenCV says "not a video" for any open that fails
             raise SourceError(f"{path}: not a video OpenCV can decode: pass a video file "
                               "such as .mp4 or .avi")
         self._first: Optional[np.ndarray] = first

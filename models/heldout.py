@@ -58,7 +58,7 @@ class FrameEncoder:
 
 
 def caption_windows(bundle_dir: Path, windows: np.ndarray, reference: bool = False) -> List[str]:
-    """Greedily captions RGB uint8 windows ``[B,N,S,S,3]`` with the runtime's own captioner.
+    """Captions RGB uint8 windows ``[B,N,S,S,3]`` with the runtime's own captioner (its default beam).
 
     Args:
       bundle_dir: The exported bundle.

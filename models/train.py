@@ -10,8 +10,9 @@
 2. Int8 export of the CNN, calibrated on training frames.
 3. Fine-tuning of the RNN alone on the int8 encoder's features mixed with the
    float ones, so int8 and float features yield the same captions.
-4. Export of the step models, vocab and bundle.json; greedy captions of the
-   test split from the exported files, printed and recorded in provenance.
+4. Export of the step models, vocab and bundle.json; captions of the test
+   split from the exported files by the runtime's decoder (its default beam),
+   printed and recorded in provenance.
 
 Seeded, with op determinism on: small runs repeat bit for bit, full-size runs
 on this host do not (models/README.md).

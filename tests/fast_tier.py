@@ -24,12 +24,21 @@ FAST_FILES: FrozenSet[str] = frozenset({
     "test_captioner.py", "test_compile_benchmark.py", "test_compile_cost_model.py",
     "test_compile_graph.py", "test_compile_partitioner.py", "test_compile_rnn_charge.py",
     "test_compile_validity.py", "test_devices.py", "test_http.py", "test_latency_stats.py",
-    "test_metrics.py", "test_notify.py", "test_plan.py", "test_preprocess.py", "test_scheduler.py",
+    "test_http_events.py", "test_metrics.py", "test_notify.py", "test_plan.py", "test_preprocess.py", "test_scheduler.py",
     "test_service_config.py", "test_service_devices.py", "test_service_state.py", "test_sinks.py",
     "test_sources.py", "test_startup.py", "test_tflite_verify.py", "test_windows.py", "test_imports.py",
 })
 
 FAST_TESTS: Dict[str, List[str]] = {
+    # All but the exhaustive search (4 s) and the beam benchmark's run (4 s).
+    "test_beam.py": ["test_a_beam_of_one_is_the_greedy_decoder_token_for_token",
+                     "test_length_normalisation_decides_between_lengths",
+                     "test_top_k_is_best_first_and_breaks_ties_by_the_lower_index",
+                     "test_captions_carry_the_decoders_confidence_at_the_chosen_width",
+                     "test_an_out_of_range_beam_is_refused_in_one_line",
+                     "test_the_json_lines_of_caption_carry_the_confidence_and_the_beam_flag_reaches_it",
+                     "test_the_service_configs_beam_is_typed_with_a_one_line_error",
+                     "test_the_service_config_takes_a_beam_and_defaults_to_the_runtimes"],
     # All but the libedgetpu fallback (2.7 s: it starts a probe child).
     "test_planner.py": ["test_the_board_is_recognised_from_its_device_tree",
                         "test_the_plan_for_the_board_is_taken_when_its_tpus_are_there",
@@ -93,6 +102,9 @@ FAST_TESTS: Dict[str, List[str]] = {
                                   "test_device_override_runs_tpu_stages_on_cpu_workers",
                                   "test_timing_only_emulation_still_yields_every_window",
                                   "test_plan_for_another_model_is_rejected"],
+    # The broker-free checks of topics and Home Assistant's discovery configs (milliseconds).
+    "test_mqtt.py": ["test_camera_names_become_valid_topic_levels_and_home_assistant_ids",
+                     "test_discovery_configs_are_what_home_assistant_accepts"],
     "test_quality.py": ["test_eval_report"],
     "test_soak.py": ["test_the_command_writes_its_figures", "test_the_command_refuses_a_soak_shorter_than_its_warm_up",
                      "test_a_fault_whose_device_the_plan_left_before_it_fired_moves_to_the_running_tpu"],

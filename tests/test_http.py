@@ -153,6 +153,8 @@ def test_off_loopback_without_a_token_refuses_to_start(state: ServiceState) -> N
         StatusServer(state, None, address="0.0.0.0", port=0, token="short")
     with pytest.raises(ConfigError, match="visible ASCII"):
         StatusServer(state, None, port=0, token="has spaces in the middle of it")
+    with pytest.raises(ConfigError, match=r"too easy to guess .*secrets\.token_urlsafe\(32\)"):
+        StatusServer(state, None, address="0.0.0.0", port=0, token="a" * 16)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("board.local")
 
@@ -191,30 +193,105 @@ def test_tokens_are_compared_in_constant_time(guarded: StatusServer, monkeypatch
     assert calls == [(b"wrong", TOKEN.encode())]
 
 
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def login(server: StatusServer, token: str = TOKEN, cookie: Optional[str] = None
+          ) -> Tuple[int, Dict[str, str], bytes]:
+    headers = dict(FORM, **({"Cookie": cookie} if cookie else {}))
+    return request(server, "/login", "POST", f"token={token}".encode(), headers)
+
+
+def session_cookie(headers: Dict[str, str]) -> str:
+    """``edgecap_session=<id>`` out of a Set-Cookie header."""
+    return headers["set-cookie"].split(";")[0].strip()
+
+
 def test_login_sets_an_httponly_strict_cookie_that_is_not_the_token(guarded: StatusServer) -> None:
     status, headers, body = request(guarded, "/login")
     assert status == 200 and b'name="token"' in body and b'method="post"' in body
 
-    form = {"Content-Type": "application/x-www-form-urlencoded"}
-    status, headers, body = request(guarded, "/login", "POST", b"token=wrong", form)
+    status, headers, body = login(guarded, "wrong")
     assert status == 401 and b"Wrong token." in body and "set-cookie" not in headers
 
-    status, headers, _ = request(guarded, "/login", "POST", f"token={TOKEN}".encode(), form)
+    status, headers, _ = login(guarded)
     assert status == 303 and headers["location"] == "./"
     cookie = headers["set-cookie"]
     attrs = [a.strip() for a in cookie.split(";")]
     assert "HttpOnly" in attrs and "SameSite=Strict" in attrs and "Path=/" in attrs
+    assert f"Max-Age={service_http.SESSION_MAX_AGE_S}" in attrs
     name, value = attrs[0].split("=", 1)
-    assert name == "edgecap_session" and TOKEN not in value and len(value) == 64
+    assert name == "edgecap_session" and TOKEN not in value and len(value) >= 43
 
     status, _, body = request(guarded, "/api/captions", headers={"Cookie": attrs[0]})
     assert status == 200 and json.loads(body)["front"]["text"] == "a man is playing a guitar"
     assert request(guarded, "/", headers={"Cookie": attrs[0]})[0] == 200
-    assert request(guarded, "/api/stats", headers={"Cookie": f"edgecap_session={value[:-1]}0"})[0] == 401
+    other = value[:-1] + ("A" if value[-1] != "A" else "B")  # one character off
+    assert request(guarded, "/api/stats", headers={"Cookie": f"edgecap_session={other}"})[0] == 401
     assert request(guarded, "/api/stats", headers={"Cookie": 'edgecap_session="\\'})[0] == 401
 
-    status, _, _ = request(guarded, "/login", "POST", b"x" * 5000, form)
+    status, _, _ = request(guarded, "/login", "POST", b"x" * 5000, FORM)
     assert status == 413
+
+
+def test_each_login_makes_a_fresh_session_and_ends_the_one_it_replaces(guarded: StatusServer) -> None:
+    first = session_cookie(login(guarded)[1])
+    other = session_cookie(login(guarded)[1])  # another browser
+    assert first != other
+    again = session_cookie(login(guarded, cookie=first)[1])  # the first browser logs in again
+    assert again not in (first, other)
+    assert request(guarded, "/api/stats", headers={"Cookie": first})[0] == 401
+    assert request(guarded, "/api/stats", headers={"Cookie": other})[0] == 200
+    assert request(guarded, "/api/stats", headers={"Cookie": again})[0] == 200
+
+
+def test_logout_ends_the_session_and_clears_the_cookie(guarded: StatusServer) -> None:
+    cookie = session_cookie(login(guarded)[1])
+    assert b'action="logout"' in request(guarded, "/", headers={"Cookie": cookie})[2]
+    status, headers, _ = request(guarded, "/logout", "POST", b"", {"Cookie": cookie})
+    assert status == 303 and headers["location"] == "login"
+    assert "Max-Age=0" in headers["set-cookie"] and session_cookie(headers) == "edgecap_session="
+    # The browser drops the cookie; one kept by someone else no longer works either.
+    assert request(guarded, "/api/stats", headers={"Cookie": cookie})[0] == 401
+    assert request(guarded, "/logout", "POST", b"")[0] == 303  # without a session: harmless
+
+
+def test_sessions_expire(guarded: StatusServer, monkeypatch) -> None:
+    cookie = session_cookie(login(guarded)[1])
+    now = time.monotonic()
+    monkeypatch.setattr(guarded.sessions, "clock", lambda: now + service_http.SESSION_MAX_AGE_S + 1)
+    assert request(guarded, "/api/stats", headers={"Cookie": cookie})[0] == 401
+
+
+def test_failed_logins_are_warned_and_limited_per_address(guarded: StatusServer, caplog) -> None:
+    caplog.set_level("WARNING", logger="edgecap.service.http")
+    for _ in range(service_http.LOGIN_ATTEMPTS):
+        assert login(guarded, "wrong-guess-123")[0] == 401
+    assert "failed login from 127.0.0.1" in caplog.text and "wrong-guess-123" not in caplog.text
+    assert "refusing logins from 127.0.0.1" in caplog.text
+    # Now even the right token is not checked until the window has passed.
+    status, headers, body = login(guarded)
+    assert status == 429 and b"Too many failed logins" in body and "set-cookie" not in headers
+    assert 0 < int(headers["retry-after"]) <= service_http.LOGIN_WINDOW_S
+    assert headers["content-security-policy"] == service_http._CSP
+    # Bearer guesses count too, and are refused alike.
+    status, headers, body = request(guarded, "/api/stats", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert status == 429 and "retry-after" in headers and b"guitar" not in body
+    # The window passes: the address may try again.
+    later = time.monotonic() + service_http.LOGIN_WINDOW_S + 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(guarded.attempts, "clock", lambda: later)
+        assert login(guarded)[0] == 303
+
+
+def test_wrong_bearer_tokens_are_warned_and_limited(guarded: StatusServer, caplog) -> None:
+    caplog.set_level("WARNING", logger="edgecap.service.http")
+    for _ in range(service_http.LOGIN_ATTEMPTS):
+        assert request(guarded, "/api/stats", headers={"Authorization": "Bearer guess-0123456789"})[0] == 401
+    assert "wrong bearer token from 127.0.0.1" in caplog.text and "guess-0123456789" not in caplog.text
+    assert request(guarded, "/api/stats", headers={"Authorization": f"Bearer {TOKEN}"})[0] == 429
+    assert json.loads(request(guarded, "/healthz", headers={"Authorization": f"Bearer {TOKEN}"})[2]) == {"ok": False}
+    assert login(guarded)[0] == 429
 
 
 def test_off_loopback_with_a_token_serves_and_guards(state: ServiceState) -> None:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -23,7 +24,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -34,7 +35,9 @@ import msgspec  # noqa: E402
 from edgecap.captioner import Caption  # noqa: E402
 from edgecap.errors import ConfigError  # noqa: E402
 from edgecap.service.config import JsonlSinkConfig, MqttSinkConfig, SinksConfig, load_config  # noqa: E402
-from edgecap.service.sinks import JsonlSink, MqttSink, SinkSet, open_sinks, tls_context  # noqa: E402
+from edgecap.events import Event  # noqa: E402
+from edgecap.service.sinks import (  # noqa: E402
+    JsonlSink, MqttSink, SinkSet, discovery_configs, discovery_id, open_sinks, tls_context, topic_level)
 
 REPO = Path(__file__).resolve().parent.parent
 MOSQUITTO = shutil.which("mosquitto") or next(
@@ -131,14 +134,14 @@ class Subscriber:
     def __init__(self, port: int, prefix: str, client_id: Optional[str] = None, persistent: bool = False,
                  pki: Optional[Path] = None):
         self.port, self.prefix = port, prefix
-        self.messages: "queue.Queue[Tuple[str, str, bool]]" = queue.Queue()
+        self.messages: "queue.Queue[Tuple[str, bytes, bool]]" = queue.Queue()
         self.client = paho.Client(paho.CallbackAPIVersion.VERSION2,
                                   client_id=client_id or f"test-{uuid.uuid4().hex[:8]}",
                                   clean_session=not persistent)
         if pki is not None:  # over TLS, with the client certificate
             self.client.tls_set(ca_certs=str(pki / "ca.crt"), certfile=str(pki / "client.crt"),
                                 keyfile=str(pki / "client.key"))
-        self.client.on_message = lambda c, u, m: self.messages.put((m.topic, m.payload.decode(), m.retain))
+        self.client.on_message = lambda c, u, m: self.messages.put((m.topic, m.payload, m.retain))
         self.subscribed = queue.Queue()
         self.client.on_subscribe = lambda *args: self.subscribed.put(True)
 
@@ -154,6 +157,11 @@ class Subscriber:
         self.client.loop_stop()
 
     def next(self, topic: str, timeout: float = 5.0) -> Tuple[str, bool]:
+        """The next payload on `topic` (others are skipped), as text, with its retain flag."""
+        payload, retain = self.next_bytes(topic, timeout)
+        return payload.decode(), retain
+
+    def next_bytes(self, topic: str, timeout: float = 5.0) -> Tuple[bytes, bool]:
         """The next payload on `topic` (others are skipped), with its retain flag."""
         deadline = time.monotonic() + timeout
         while True:
@@ -327,6 +335,312 @@ def test_broker_restart_mid_run_the_sink_recovers_and_other_sinks_keep_going(bro
         sinks.close()
         sub.disconnect()
     assert retained(broker.port, f"{prefix}/availability") == "offline"
+
+
+# --- events and Home Assistant discovery ----------------------------------------------------
+
+# Not real JPEGs: bytes that are not UTF-8, which the sink must carry untouched.
+JPEG_A = b"\xff\xd8\xff\xe0 thumbnail A \x00\x80\xff\xd9"
+JPEG_B = b"\xff\xd8\xff\xe0 thumbnail B \x00\x81\xff\xd9"
+
+
+def make_event(camera: str = "front", start: float = 1000.0, windows: int = 1, text: str = "a red star",
+               thumbnail: bytes = JPEG_A, closed: bool = False) -> Event:
+    return Event(id=f"{camera}@{int(start * 1000)}", camera=camera, text=text, start_time=start,
+                 end_time=start + 0.88 * windows, confidence=-0.4213, windows=windows, thumbnail=thumbnail,
+                 closed=closed)
+
+
+def record(event: Event, change: str) -> dict:
+    """What a subscriber must read on the event topic: the event's fields and the change."""
+    return {**event.to_dict(), "change": change}
+
+
+def retained_message(port: int, topic: str, timeout: float = 3.0) -> Tuple[bytes, bool]:
+    """What a new subscriber is told on `topic`, with the retain flag it carries."""
+    sub = Subscriber(port, topic).connect()  # `topic/#` matches `topic` too
+    try:
+        return sub.next_bytes(topic, timeout)
+    finally:
+        sub.disconnect()
+
+
+def retained_under(port: int, prefix: str, count: int, timeout: float = 5.0) -> Dict[str, Tuple[bytes, bool]]:
+    """The retained messages a new subscriber to `prefix/#` is told, waiting for `count` of them."""
+    sub = Subscriber(port, prefix).connect()
+    got: Dict[str, Tuple[bytes, bool]] = {}
+    try:
+        deadline = time.monotonic() + timeout
+        while len(got) < count:
+            try:
+                topic, payload, retain = sub.messages.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"{len(got)} of {count} retained messages under {prefix}/: {sorted(got)}")
+            got[topic] = (payload, retain)
+    finally:
+        sub.disconnect()
+    return got
+
+
+def test_events_publish_on_change_only_retained_with_their_thumbnail(broker):
+    prefix = "edgecap-" + uuid.uuid4().hex[:6]
+    sub = Subscriber(broker.port, prefix).connect()
+    sink = MqttSink(sink_config(broker.port, prefix, discovery=False), reconnect_delay=FAST)
+    events, thumbnails = f"{prefix}/front/event", f"{prefix}/front/event/thumbnail"
+    try:
+        assert sub.next(f"{prefix}/availability") == ("online", False)
+        opened = make_event()
+        sink.event("front", opened, "opened")
+        # The thumbnail first, so that whoever reacts to the event finds it.
+        assert sub.messages.get(timeout=5) == (thumbnails, JPEG_A, False)
+        topic, payload, _ = sub.messages.get(timeout=5)
+        assert (topic, json.loads(payload)) == (events, record(opened, "opened"))
+        assert json.loads(payload) == {
+            "id": "front@1000000", "camera": "front", "text": "a red star", "start_time": 1000.0,
+            "end_time": 1000.88, "confidence": -0.4213, "windows": 1, "has_thumbnail": True, "closed": False,
+            "change": "opened"}
+        published = sink.counters()["published"]
+
+        for windows in (2, 3):  # a window more of the same: nothing
+            sink.event("front", make_event(windows=windows), "extended")
+        assert sink.counters()["published"] == published
+        closed = make_event(windows=4, closed=True)
+        sink.event("front", closed, "closed")
+        # The very next message is the close: "extended" sent nothing, the same thumbnail is not sent again.
+        topic, payload, _ = sub.messages.get(timeout=5)
+        assert (topic, json.loads(payload)) == (events, record(closed, "closed"))
+        assert sink.counters()["published"] == published + 1
+
+        following = make_event(start=1003.52, text="a blue circle", thumbnail=JPEG_B)
+        sink.event("front", following, "opened")
+        assert sub.messages.get(timeout=5) == (thumbnails, JPEG_B, False)
+        topic, payload, _ = sub.messages.get(timeout=5)
+        assert (topic, json.loads(payload)) == (events, record(following, "opened"))
+
+        # Retained: a subscriber that comes later (Home Assistant after a restart) reads the camera's state.
+        payload, retain = retained_message(broker.port, events)
+        assert (json.loads(payload), retain) == (record(following, "opened"), True)
+        assert retained_message(broker.port, thumbnails) == (JPEG_B, True)
+
+        # An event without a thumbnail clears the last one: no other event's picture stands for it.
+        bare = make_event(start=1007.04, text="an empty room", thumbnail=b"")
+        sink.event("front", bare, "opened")
+        assert sub.messages.get(timeout=5) == (thumbnails, b"", False)
+        topic, payload, _ = sub.messages.get(timeout=5)
+        assert (topic, json.loads(payload)["has_thumbnail"]) == (events, False)
+        assert sink.counters()["dropped"] == 0 and sink.counters()["errors"] == 0
+    finally:
+        sink.close()
+        sub.disconnect()
+
+
+def test_events_wait_for_the_broker_in_order_with_only_the_newest_thumbnail(stopped_broker):
+    prefix = "edgecap-" + uuid.uuid4().hex[:6]
+    stopped_broker.start()
+    sub = Subscriber(stopped_broker.port, prefix, client_id="event-watcher", persistent=True).connect()
+    sub.disconnect()
+    stopped_broker.stop()
+
+    sink = MqttSink(sink_config(stopped_broker.port, prefix, discovery=False), reconnect_delay=FAST)
+    first = make_event(text="a red star", thumbnail=JPEG_A)
+    second = make_event(start=1002.0, text="a blue circle", thumbnail=JPEG_B)
+    sink.event("front", first, "opened")
+    sink.event("front", make_event(windows=2), "extended")
+    sink.event("front", make_event(windows=2, closed=True), "closed")
+    sink.event("front", second, "opened")
+    # Three changes wait in order; thumbnail A gave way to B, which is no loss.
+    counters = sink.counters()
+    assert (counters["connected"], counters["buffered"], counters["dropped"]) == (False, 4, 0)
+
+    stopped_broker.start()
+    wait_for(lambda: sink.connected, 5.0, "the sink to reconnect")
+    sub = Subscriber(stopped_broker.port, prefix, client_id="event-watcher", persistent=True)
+    sub.client.connect("127.0.0.1", stopped_broker.port)
+    sub.client.loop_start()
+    try:
+        got: List[Tuple[str, bytes]] = []
+        while len(got) < 4:
+            topic, payload, _ = sub.messages.get(timeout=5)
+            if topic != f"{prefix}/availability":
+                got.append((topic, payload))
+        events, thumbnails = f"{prefix}/front/event", f"{prefix}/front/event/thumbnail"
+        assert [topic for topic, _ in got] == [events, events, thumbnails, events]
+        assert [json.loads(p) for t, p in got if t == events] == [
+            record(first, "opened"), record(make_event(windows=2, closed=True), "closed"), record(second, "opened")]
+        assert got[2][1] == JPEG_B
+        assert sink.counters()["buffered"] == 0
+        assert retained_message(stopped_broker.port, thumbnails) == (JPEG_B, True)
+    finally:
+        sink.close()
+        sub.disconnect()
+
+
+# What Home Assistant accepts, from its MQTT integration (homeassistant/components/mqtt):
+# discovery.py's TOPIC_MATCHER for the topic; schemas.py, sensor.py and image.py for the keys. Its
+# discovery schemas drop unknown keys without a word, so a misspelt key must fail here instead.
+HA_DISCOVERY_TOPIC = re.compile(r"(?P<component>\w+)/(?:(?P<node_id>[a-zA-Z0-9_-]+)/)?"
+                                r"(?P<object_id>[a-zA-Z0-9_-]+)/config")
+HA_ENTITY_KEYS = {"name", "unique_id", "object_id", "icon", "qos", "encoding", "device", "origin",
+                  "availability_topic", "availability", "availability_mode", "availability_template",
+                  "payload_available", "payload_not_available", "json_attributes_topic",
+                  "json_attributes_template", "enabled_by_default", "entity_category", "entity_picture"}
+HA_KEYS = {
+    "sensor": HA_ENTITY_KEYS | {"state_topic", "value_template", "device_class", "state_class",
+                                "unit_of_measurement", "force_update", "expire_after",
+                                "last_reset_value_template", "suggested_display_precision", "options"},
+    "image": HA_ENTITY_KEYS | {"image_topic", "url_topic", "content_type", "image_encoding", "url_template"},
+}
+HA_DEVICE_KEYS = {"identifiers", "connections", "manufacturer", "model", "name", "hw_version", "serial_number",
+                  "sw_version", "via_device", "suggested_area", "configuration_url"}
+HA_MAX_STATE = 255  # homeassistant.const.MAX_LENGTH_STATE_STATE
+
+
+def ha_topic(topic: str) -> None:
+    """Home Assistant's util.valid_topic: UTF-8, no NUL, control characters or non-characters; no wildcards."""
+    assert topic and len(topic.encode("utf-8")) <= 65535
+    assert not any(c <= "\u001f" or "\u007f" <= c <= "\u009f" or "\ufdd0" <= c <= "\ufdef"
+                   or (ord(c) & 0xFFFF) in (0xFFFE, 0xFFFF) for c in topic), topic
+    assert "+" not in topic and "#" not in topic, topic
+
+
+def check_home_assistant_accepts(prefix: str, topic: str, payload: bytes) -> Tuple[str, dict]:
+    """Checks one discovery message as Home Assistant reads it; returns its component and config."""
+    assert topic.startswith("homeassistant/")
+    match = HA_DISCOVERY_TOPIC.fullmatch(topic[len("homeassistant/"):])
+    assert match and match["node_id"], f"Home Assistant ignores {topic}"
+    component, config = match["component"], json.loads(payload)
+    assert component in HA_KEYS
+    assert set(config) <= HA_KEYS[component], set(config) - HA_KEYS[component]
+    assert isinstance(config["unique_id"], str) and config["unique_id"]
+    assert isinstance(config["name"], str) and config["name"]
+    assert (config["availability_topic"], config["payload_available"], config["payload_not_available"]) == \
+        (f"{prefix}/availability", "online", "offline")
+    assert set(config["device"]) <= HA_DEVICE_KEYS and config["device"]["identifiers"]
+    assert all(isinstance(i, str) and i for i in config["device"]["identifiers"])
+    assert isinstance(config["origin"]["name"], str) and config["origin"]["name"]
+    if component == "sensor":
+        for key in ("state_topic", "json_attributes_topic"):
+            ha_topic(config[key])
+    else:
+        ha_topic(config["image_topic"])
+        assert "url_topic" not in config and config["content_type"] == "image/jpeg"
+    return component, config
+
+
+def render(template: str, payload: bytes) -> str:
+    """A value_template rendered as Home Assistant does: Jinja2, sandboxed, `value_json` the parsed payload."""
+    jinja2 = pytest.importorskip("jinja2.sandbox", reason="jinja2 is in the dev extra: pip install -e .[dev]")
+    return jinja2.ImmutableSandboxedEnvironment().from_string(template).render(
+        value=payload.decode(), value_json=json.loads(payload))
+
+
+CAMERAS = ["front", "back door", "café", "cafe", "门", "窗", "a/b+c#d", ""]
+
+
+def test_camera_names_become_valid_topic_levels_and_home_assistant_ids():
+    assert [topic_level(name) for name in CAMERAS] == [
+        "front", "back door", "café", "cafe", "门", "窗", "a_b_c_d", "_"]
+    assert topic_level("line\nbreak\x00\x7f\ufdd0\ufffe\ud800") == "line_break_____"
+    ids = [discovery_id(name) for name in CAMERAS]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", i) for i in ids), ids
+    assert len(set(ids)) == len(CAMERAS)  # café and cafe, 门 and 窗 stay apart
+    assert ids[0] == "front" and ids[3] == "cafe"  # a name that is an id already stays itself
+    assert re.fullmatch(r"back_door_[0-9a-f]{8}", ids[1]) and re.fullmatch(r"cafe_[0-9a-f]{8}", ids[2])
+    assert re.fullmatch(r"[0-9a-f]{8}", ids[4]), ids[4]
+
+
+def test_discovery_configs_are_what_home_assistant_accepts():
+    seen = set()
+    for camera in CAMERAS:
+        configs = discovery_configs("homeassistant", "house/edgecap", "edgecap-board1", camera)
+        assert [component for component, _ in (check_home_assistant_accepts(
+            "house/edgecap", topic, json.dumps(config).encode()) for topic, config in configs)] == ["sensor", "image"]
+        sensor, image = (config for _, config in configs)
+        level = topic_level(camera)
+        assert sensor["state_topic"] == sensor["json_attributes_topic"] == f"house/edgecap/{level}/event"
+        assert image["image_topic"] == f"house/edgecap/{level}/event/thumbnail"
+        assert sensor["device"] == image["device"]  # one device per camera, both entities on it
+        seen.update(config["unique_id"] for _, config in configs)
+        # The state is the caption, cut to what a state holds; the whole record is in the attributes.
+        long = make_event(camera=camera, text="a red star " * 30)
+        payload = json.dumps(record(long, "opened"), ensure_ascii=False).encode()
+        assert render(sensor["value_template"], payload) == long.text[:HA_MAX_STATE]
+        assert render(sensor["value_template"], json.dumps(record(make_event(), "closed")).encode()) == "a red star"
+    assert len(seen) == 2 * len(CAMERAS)
+
+
+def test_discovery_is_retained_on_connect_and_sent_again_when_the_broker_lost_it(broker):
+    prefix = "edgecap-" + uuid.uuid4().hex[:6]
+    cameras = ["front", "back door", "门"]
+    settings = sink_config(broker.port, prefix)
+    node = discovery_id(settings.client_id)
+    sink = MqttSink(settings, reconnect_delay=FAST, cameras=cameras)
+    expected = {topic: config for camera in cameras
+                for topic, config in discovery_configs("homeassistant", prefix, node, camera)}
+    try:
+        wait_for(lambda: sink.connected, 5.0, "the sink to connect")
+        got = retained_under(broker.port, "homeassistant", len(expected))
+        assert set(got) == set(expected)
+        for topic, (payload, retain) in got.items():
+            assert retain and json.loads(payload) == expected[topic]
+            check_home_assistant_accepts(prefix, topic, payload)
+        assert retained(broker.port, f"{prefix}/availability") == "online"  # so the entities are available
+
+        # The broker restarts without its store (a new broker, a wiped volume): the next connect re-announces.
+        broker.stop()
+        store = broker.directory / "mosquitto.db"
+        assert store.exists()
+        store.unlink()
+        broker.start()
+        wait_for(lambda: sink.counters()["connects"] == 2 and sink.connected, 10.0, "the sink to reconnect")
+        got = retained_under(broker.port, "homeassistant", len(expected))
+        assert {topic: json.loads(payload) for topic, (payload, _) in got.items()} == expected
+
+        # A camera first met by its event (the Python API) is announced then, before its state.
+        sink.event("porch", make_event(camera="porch"), "opened")
+        porch = dict(discovery_configs("homeassistant", prefix, node, "porch"))
+        got = retained_under(broker.port, "homeassistant", len(expected) + 2)
+        assert {t: json.loads(p) for t, (p, _) in got.items() if t in porch} == porch
+        # Its sensor's state topic holds what Home Assistant shows: the caption.
+        sensor = porch[f"homeassistant/sensor/{node}/porch_caption/config"]
+        payload, _ = retained_message(broker.port, sensor["state_topic"])
+        assert render(sensor["value_template"], payload) == "a red star"
+    finally:
+        sink.close()
+
+
+def test_the_service_announces_its_configured_cameras_before_any_event(broker, tmp_path):
+    path = tmp_path / "edgecap.toml"
+    path.write_text('[[cameras]]\nname = "front"\nsource = "0"\n[[cameras]]\nname = "door"\nsource = "1"\n')
+    prefix = "edgecap-" + uuid.uuid4().hex[:6]
+    settings = sink_config(broker.port, prefix)
+    sinks = open_sinks(msgspec.structs.replace(load_config(path), sinks=SinksConfig(mqtt=settings)), stdout=None)
+    try:
+        node = discovery_id(settings.client_id)
+        assert set(retained_under(broker.port, "homeassistant", 4)) == {
+            f"homeassistant/{component}/{node}/{camera}_{entity}/config" for camera in ("front", "door")
+            for component, entity in (("sensor", "caption"), ("image", "thumbnail"))}
+    finally:
+        sinks.close()
+
+
+def test_discovery_can_be_turned_off_or_given_another_prefix(broker):
+    prefix = "edgecap-" + uuid.uuid4().hex[:6]
+    off = MqttSink(sink_config(broker.port, prefix, discovery=False), reconnect_delay=FAST, cameras=["front"])
+    settings = sink_config(broker.port, prefix + "b", discovery_prefix="ha/")
+    on = MqttSink(settings, reconnect_delay=FAST, cameras=["front"])
+    try:
+        wait_for(lambda: off.connected and on.connected, 5.0, "the sinks to connect")
+        off.event("front", make_event(), "opened")
+        retained_message(broker.port, f"{prefix}/front/event")  # delivered, so everything before it was
+        assert off.counters()["published"] == 3  # online, thumbnail, event: no config
+        node = discovery_id(settings.client_id)
+        assert set(retained_under(broker.port, "ha", 2)) == {
+            f"ha/sensor/{node}/front_caption/config", f"ha/image/{node}/front_thumbnail/config"}
+        assert on.counters()["published"] == 3  # online and two configs
+    finally:
+        off.close()
+        on.close()
 
 
 # --- TLS ------------------------------------------------------------------------------------

@@ -86,7 +86,8 @@ def test_wheel_ships_its_data_without_a_packages_warning(built_wheel) -> None:
     shipped = {p.name for p in (REPO / "compile" / "boards").glob("*.json")}
     assert shipped and {f"edgecap_compile/boards/{n}" for n in shipped} <= names
     assert "edgecap_compile/boards.py" in names
-    assert "edgecap/service/static/index.html" in names
+    static = REPO / "edgecap" / "service" / "static"
+    assert {f"edgecap/service/static/{p.name}" for p in static.iterdir() if p.suffix != ".py"} <= names
     demo = REPO / "models" / "demo"
     assert {f"edgecap/demo/{p.relative_to(demo).as_posix()}" for p in demo.rglob("*") if p.is_file()} <= names
 

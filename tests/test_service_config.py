@@ -274,9 +274,12 @@ def test_off_loopback_without_a_token_is_refused(tmp_path, address):
     assert not is_loopback(address)
 
 
+STRONG = "Vq3x-8Lm_Tz2RkP0wYbN5c"  # secrets.token_urlsafe(16)
+
+
 def test_off_loopback_with_a_token_starts(tmp_path):
-    config = load_config(write(tmp_path, '[http]\naddress = "0.0.0.0"\ntoken = "s3cret"\n' + MINIMAL))
-    assert config.http.token == "s3cret"
+    config = load_config(write(tmp_path, f'[http]\naddress = "0.0.0.0"\ntoken = "{STRONG}"\n' + MINIMAL))
+    assert config.http.token == STRONG
     # ... and a flag that moves the address off loopback is held to the same rule.
     message = error_of(write(tmp_path, MINIMAL, "b.toml"), {"http.address": "0.0.0.0"})
     assert "http.address (from an override): 0.0.0.0 is not a loopback address" in message
@@ -284,10 +287,10 @@ def test_off_loopback_with_a_token_starts(tmp_path):
 
 def test_token_file_is_read_when_private(tmp_path):
     secret = tmp_path / "token"
-    secret.write_text("  abc123\n")
+    secret.write_text(f"  {STRONG}\n")
     secret.chmod(0o600)
     config = load_config(write(tmp_path, '[http]\naddress = "0.0.0.0"\ntoken_file = "token"\n' + MINIMAL))
-    assert config.http.token == "abc123"
+    assert config.http.token == STRONG
     assert config.http.token_file == str(secret)
 
 
@@ -364,6 +367,29 @@ def test_mqtt_tls_keys_are_read_with_paths_relative_to_the_file(tmp_path):
     defaults = load_config(write(tmp_path, MINIMAL, "b.toml")).sinks.mqtt
     assert (defaults.tls, defaults.ca_file, defaults.cert_file, defaults.key_file, defaults.tls_insecure) == \
         (False, "", "", "", False)
+
+
+def test_home_assistant_discovery_keys_are_read_and_default_to_on(tmp_path):
+    defaults = load_config(write(tmp_path, MINIMAL)).sinks.mqtt
+    assert (defaults.discovery, defaults.discovery_prefix) == (True, "homeassistant")
+    mqtt = load_config(write(tmp_path, '[sinks.mqtt]\nhost = "b"\ndiscovery = false\ndiscovery_prefix = "ha"\n'
+                                       + MINIMAL, "b.toml")).sinks.mqtt
+    assert (mqtt.discovery, mqtt.discovery_prefix) == (False, "ha")
+
+
+@pytest.mark.parametrize("table, line, problem", [
+    ('discovery = "yes"\n', 3, "sinks.mqtt.discovery: must be bool, got str; use true (announce each camera's "
+                               "caption sensor to Home Assistant) or false"),
+    ('discovery_prefix = "ha/#"\n', 3, "sinks.mqtt.discovery_prefix: must be text without the MQTT wildcards + "
+                                       "and #; use Home Assistant's MQTT discovery prefix (homeassistant unless "
+                                       "changed there), without the wildcards + and #"),
+    ('discovery_prefix = ""\n', 3, "sinks.mqtt.discovery_prefix: must be text without the MQTT wildcards"),
+    ('discovery_prefx = "ha"\n', 3, "sinks.mqtt.discovery_prefx: unknown key; see deploy/edgecap.toml"),
+], ids=["discovery-not-bool", "prefix-wildcard", "prefix-empty", "misspelt"])
+def test_bad_discovery_keys_are_one_line(tmp_path, table, line, problem):
+    path = write(tmp_path, '[sinks.mqtt]\nhost = "broker.lan"\n' + table + MINIMAL)
+    message = error_of(path)
+    assert message.startswith(f"{path}:{line}: {problem}"), message
 
 
 @pytest.mark.parametrize("table, line, problem", [
@@ -445,3 +471,31 @@ w = 5
 ])
 def test_locate_finds_the_line_of_a_key(key, line):
     assert locate(LOCATOR_DOC, key) == line
+
+
+@pytest.mark.parametrize("token, problem", [
+    ("aaaaaaaaaaaaaaaa", "is too easy to guess (16 characters, 1 different: about 0 bits where 72 are needed)"),
+    ("abcdefghijklmnop", "is too easy to guess (16 characters, 16 different: about 64 bits where 72 are needed)"),
+    ("s3cret", "has 6 characters; at least 16 are needed"),
+    ("correct horse battery staple", "must be visible ASCII characters without spaces"),
+])
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_weak_token_is_refused_with_how_to_make_a_good_one(tmp_path, token, problem, inline):
+    if inline:
+        path = write(tmp_path, f'[http]\naddress = "0.0.0.0"\ntoken = "{token}"\n' + MINIMAL)
+    else:
+        (tmp_path / "token").write_text(token + "\n")
+        (tmp_path / "token").chmod(0o600)
+        path = write(tmp_path, '[http]\naddress = "0.0.0.0"\ntoken_file = "token"\n' + MINIMAL)
+    key = "http.token" if inline else "http.token_file"
+    assert error_of(path) == (f"{path}:3: {key}: the token {problem}; make one with "
+                              "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+
+
+def test_random_tokens_of_the_suggested_kinds_pass():
+    import secrets
+    from edgecap.service.config import token_weakness
+    for _ in range(200):
+        assert token_weakness(secrets.token_urlsafe(32)) is None
+        assert token_weakness(secrets.token_urlsafe(16)) is None
+        assert token_weakness(secrets.token_hex(16)) is None

@@ -15,7 +15,10 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
     ("soak.py", ["--frames", "100", "--warmup", "200"], "warm-up"),
     ("isolation_bench.py", ["--frames", "0"], "--frames 0"),
     ("service_bench.py", ["--json", "/nonexistent-edgecap-dir/x.json"], "--json"),
+    ("hostile_bench.py", ["--slow-clients", "-1"], "--slow-clients -1"),
+    ("hostile_bench.py", ["--json", "/nonexistent-edgecap-dir/x.json"], "--json"),
     ("flapping.py", ["--fail-every", "0"], "--fail-every 0"),
+    ("beam_bench.py", ["--data", ".", "--widths", "0"], "argument --widths"),
 ])
 def test_a_script_refuses_bad_input_in_one_line(tmp_path, script, bad, needle) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:

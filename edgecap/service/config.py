@@ -20,7 +20,9 @@ so that the service's user reads it through its group.
 
 from __future__ import annotations
 
+import collections
 import ipaddress
+import math
 import os
 import re
 import stat
@@ -37,6 +39,7 @@ else:  # pragma: no cover - exercised on Python 3.9/3.10 only
 
 from edgecap import files, schema
 from edgecap.errors import ConfigError, SourceError
+from edgecap.limits import DEFAULT_BEAM, MAX_BEAM
 
 try:  # Annotated is in typing from 3.9 on
     from typing import Annotated, Literal
@@ -52,6 +55,7 @@ CameraFps = Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)]
 Seconds = Annotated[float, msgspec.Meta(gt=0.0, le=86_400.0)]
 WindowFrames = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
 SampleFps = Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]
+Beam = Annotated[int, msgspec.Meta(ge=1, le=MAX_BEAM)]
 # A system CA bundle is about 200 kB; OpenSSL reads a TLS file whole.
 MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
 # MQTT wildcards and NUL have no place in a topic someone publishes to.
@@ -59,12 +63,21 @@ TopicPrefix = Annotated[str, msgspec.Meta(pattern=r"^[^#+\x00]+$", max_length=25
 
 _FIX = "see deploy/edgecap.toml for every key and its default"
 
+MIN_TOKEN_CHARS = 16
+# Bits by the token's own character mix (length x Shannon entropy per character): a
+# random 22-character token_urlsafe scores ~85-120, "aaaaaaaaaaaaaaaa" 0, "abcdefghijklmnop" 64.
+MIN_TOKEN_BITS = 72.0
+TOKEN_FIX = "make one with `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+_VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")  # fits a header and a form unchanged
+
 # What to do about a bad value, by key: appended to the message.
 _HINTS: Dict[str, str] = {
     "bundle": "give the bundle's directory",
     "plan": "give a plan.json or a directory holding one, or leave it empty to plan for `board`",
     "board": "use auto or a board profile name (`edgecap devices` lists them)",
     "on_missing_tpu": 'use "cpu" (run on the CPU) or "fail"',
+    "beam": f"use the decoder's beam width, a whole number from 1 (greedy) to {MAX_BEAM} "
+            f"(default {DEFAULT_BEAM})",
     "log_level": "use debug, info, warning or error",
     "http": "[http] takes address, port, token and token_file",
     "address": "give an IP address to bind, e.g. 127.0.0.1",
@@ -92,7 +105,8 @@ _HINTS: Dict[str, str] = {
     "max_bytes": "use the size in bytes at which the file is rotated",
     "backups": "use how many rotated files to keep",
     "mqtt": "[sinks.mqtt] takes host, port, topic_prefix, client_id, username, password, "
-            "stats_interval_seconds, buffer, tls, ca_file, cert_file, key_file and tls_insecure",
+            "stats_interval_seconds, buffer, tls, ca_file, cert_file, key_file, tls_insecure, discovery "
+            "and discovery_prefix",
     "host": 'give the broker\'s host name or address, or "" to disable MQTT',
     "topic_prefix": "use a topic prefix without the wildcards + and #",
     "client_id": "give a client id, or leave it empty for edgecap-<hostname>",
@@ -103,6 +117,9 @@ _HINTS: Dict[str, str] = {
     "cert_file": "give the PEM file of the client certificate, or \"\" for none",
     "key_file": "give the PEM file of the client certificate's private key",
     "tls_insecure": "use false (check the broker's certificate and name) or true (do not: insecure)",
+    "discovery": "use true (announce each camera's caption sensor to Home Assistant) or false",
+    "discovery_prefix": "use Home Assistant's MQTT discovery prefix (homeassistant unless changed there), "
+                        "without the wildcards + and #",
 }
 
 
@@ -188,8 +205,8 @@ class MqttSinkConfig(_Record):
     Attributes:
       host: Broker host; empty disables the sink.
       port: Broker port.
-      topic_prefix: Topics are ``{prefix}/{camera}/caption``, ``{prefix}/availability``
-        and ``{prefix}/stats``.
+      topic_prefix: Topics are ``{prefix}/{camera}/caption``, ``{prefix}/{camera}/event``
+        (and ``/event/thumbnail``), ``{prefix}/availability`` and ``{prefix}/stats``.
       client_id: MQTT client id; empty means ``edgecap-<hostname>``.
       username: Broker user (empty: anonymous).
       password: Broker password.
@@ -202,6 +219,9 @@ class MqttSinkConfig(_Record):
         ``cert_file``); must not be readable by every user.
       tls_insecure: Skip the check of the broker's certificate and host name
         (the link is encrypted but the broker not authenticated); logs a warning.
+      discovery: Announce a caption sensor and a thumbnail image per camera to
+        Home Assistant (MQTT discovery, retained, on every connect).
+      discovery_prefix: Home Assistant's discovery prefix.
     """
 
     host: str = ""
@@ -217,6 +237,8 @@ class MqttSinkConfig(_Record):
     cert_file: str = ""
     key_file: str = ""
     tls_insecure: bool = False
+    discovery: bool = True
+    discovery_prefix: TopicPrefix = "homeassistant"
 
 
 class SinksConfig(_Record):
@@ -236,6 +258,7 @@ class ServiceConfig(_Record):
       plan: A plan.json or directory (empty: plan for ``board``).
       board: ``auto`` or a board profile name.
       on_missing_tpu: ``cpu`` runs on what is there; ``fail`` refuses to start.
+      beam: The decoder's beam width (``CaptionerOptions.beam``).
       log_level: debug, info, warning or error.
       http: The status page and API.
       sinks: Where captions go.
@@ -246,6 +269,7 @@ class ServiceConfig(_Record):
     plan: str = ""
     board: schema.Name = "auto"
     on_missing_tpu: Literal["cpu", "fail"] = "cpu"
+    beam: Beam = DEFAULT_BEAM
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     sinks: SinksConfig = msgspec.field(default_factory=SinksConfig)
@@ -667,6 +691,10 @@ def _check_http(path: Path, text: str, config: ServiceConfig, applied: Sequence[
     if http.token_file:
         token = _read_token(path, text, Path(http.token_file), applied)
         http = msgspec.structs.replace(http, token=token)
+    weakness = token_weakness(http.token) if http.token else None
+    if weakness is not None:
+        key = ("http", "token_file") if http.token_file else ("http", "token")
+        raise ConfigError(_message(path, text, key, f"the token {weakness}", applied, TOKEN_FIX))
     if not http.token and not is_loopback(http.address):
         raise ConfigError(_message(
             path, text, ("http", "address"),
@@ -701,3 +729,25 @@ def _read_token(path: Path, text: str, token_file: Path, applied: Sequence[Key])
         raise ConfigError(_message(path, text, key, f"{token_file} is empty", applied,
                                    "write the access token into it"))
     return token
+
+
+def token_weakness(token: str) -> Optional[str]:
+    """Says what makes an access token easy to guess, or None for a good one.
+
+    Args:
+      token: The token as configured.
+
+    Returns:
+      None, or the problem as words that follow "the token", e.g. "is too easy to
+      guess (16 characters, 1 different: ...)"; ``TOKEN_FIX`` says how to make one.
+    """
+    if not _VISIBLE_ASCII.match(token):
+        return "must be visible ASCII characters without spaces"
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"has {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed"
+    counts = collections.Counter(token).values()
+    bits = sum(n * math.log2(len(token) / n) for n in counts)
+    if bits < MIN_TOKEN_BITS:
+        return (f"is too easy to guess ({len(token)} characters, {len(counts)} different: about "
+                f"{bits:.0f} bits where {MIN_TOKEN_BITS:.0f} are needed)")
+    return None

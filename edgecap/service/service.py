@@ -92,7 +92,7 @@ class Service:
         self._throttle = devices.ThrottleWatch(_log)
         bundle = load_bundle(config.bundle or default_bundle())
         options = CaptionerOptions(plan=config.plan or None, board=config.board,
-                                   on_missing_tpu=config.on_missing_tpu)
+                                   on_missing_tpu=config.on_missing_tpu, beam=config.beam)
         self.sinks = open_sinks(config, stdout)
         self._closers: List[Any] = [self.sinks]
         try:

@@ -9,10 +9,20 @@ fatal: the MQTT sink keeps a bounded buffer and reconnects with backoff.
 MQTT topics, under ``topic_prefix``:
 
 - ``{prefix}/{camera}/caption``: one JSON object per caption (``caption_record``).
+- ``{prefix}/{camera}/event``: retained, one JSON object (``event_record``) each
+  time an event opens or closes; never per window.
+- ``{prefix}/{camera}/event/thumbnail``: retained, the event's JPEG, when it
+  differs from the last one sent (empty: the event has none).
 - ``{prefix}/availability``: retained ``online`` on connect; ``offline`` on a
   clean close and, by the broker's last will, when the connection dies.
 - ``{prefix}/stats``: the service's stats snapshot as JSON, at most every
   ``stats_interval_seconds``.
+
+With ``discovery = true``, every connect also publishes retained Home Assistant
+MQTT discovery configs (``discovery_configs``): a caption sensor and an image
+per camera, available while ``{prefix}/availability`` says ``online``. A
+camera's name goes into topics as one level (``topic_level``) and into Home
+Assistant's ids as ``[A-Za-z0-9_-]+`` (``discovery_id``).
 
 With ``tls = true`` the sink checks the broker's certificate against
 ``ca_file`` (or the system's CAs) and its host name, and may present a client
@@ -23,6 +33,7 @@ the cause, and retried like a broker that is down.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -32,9 +43,11 @@ import ssl
 import sys
 import threading
 import time
+import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, NoReturn, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterable, List, NoReturn, Optional, Set, TextIO, Tuple
 
+from edgecap import __version__
 from edgecap.errors import ConfigError
 
 if TYPE_CHECKING:  # the captioner pulls in the interpreters; sinks only need to_dict()
@@ -66,20 +79,106 @@ def caption_record(camera: str, caption: "Caption") -> Dict[str, Any]:
 
 
 def event_record(event: "Event", change: "Change") -> Dict[str, Any]:
-    """The JSON object the JSON-lines sink writes for a change of an event.
+    """The JSON object the MQTT sink publishes, and the JSON-lines sink writes, for an event's change.
 
     Args:
       event: The event.
-      change: ``"opened"`` or ``"closed"`` (or ``"extended"``).
+      change: What happened to it (``opened`` or ``closed``).
 
     Returns:
-      ``change``, the event's fields (``Event.to_dict()``: times in Unix
-      seconds in the service) and ``time``, the wall-clock time it was written.
+      The event's fields (``Event.to_dict()``, no thumbnail bytes) and ``change``.
     """
-    record: Dict[str, Any] = {"change": change}
-    record.update(event.to_dict())
-    record["time"] = round(time.time(), 3)
+    record = event.to_dict()
+    record["change"] = change
     return record
+
+
+def topic_level(name: str) -> str:
+    """A camera's name as one MQTT topic level.
+
+    Spaces and any language's letters are fine in a topic; what is not
+    becomes ``_``: ``+`` and ``#`` (wildcards a publisher may not use), ``/``
+    (it would add levels), and what MQTT forbids or advises against and Home
+    Assistant refuses to subscribe to (NUL, control characters,
+    non-characters, halves of surrogate pairs). The service's names
+    (``[A-Za-z0-9_-]+``) pass unchanged.
+
+    Args:
+      name: The camera's name (any text: the Python API takes any).
+
+    Returns:
+      A non-empty topic level (``_`` for an empty name).
+    """
+    return "".join("_" if _unfit_in_topic(char) else char for char in name) or "_"
+
+
+def _unfit_in_topic(char: str) -> bool:
+    code = ord(char)
+    return (char in "/+#" or code <= 0x1F or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xDFFF
+            or 0xFDD0 <= code <= 0xFDEF or code & 0xFFFF >= 0xFFFE)
+
+
+def discovery_id(name: str) -> str:
+    """A name as a Home Assistant discovery node or object id, ``[A-Za-z0-9_-]+``.
+
+    Home Assistant ignores a discovery topic with any other character. A name
+    that is not such an id already is transliterated to ASCII where it can be,
+    the rest replaced by ``_``, and a hash of the name appended, so that two
+    names never share an id (``café`` and ``cafe``, ``门`` and ``窗``).
+
+    Args:
+      name: A camera's name or the MQTT client id.
+
+    Returns:
+      The id: ``name`` itself when it is one.
+    """
+    if re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        return name
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "_", ascii_name).strip("_")
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{slug}_{digest}" if slug else digest
+
+
+def discovery_configs(discovery_prefix: str, topic_prefix: str, node: str,
+                      camera: str) -> List[Tuple[str, Dict[str, Any]]]:
+    """Home Assistant's MQTT discovery configs for one camera: a caption sensor and a thumbnail image.
+
+    The sensor's state is the text of the camera's latest event (cut to the 255
+    characters a state may hold), its attributes the event's record; both come
+    from the retained event topic. The image shows the retained thumbnail.
+    Both are unavailable while ``{topic_prefix}/availability`` says
+    ``offline`` (a clean stop or the broker's last will).
+
+    Args:
+      discovery_prefix: Home Assistant's discovery prefix (``homeassistant``).
+      topic_prefix: The sink's topic prefix, without a trailing ``/``.
+      node: The node id of this board (``discovery_id`` of its MQTT client id).
+      camera: The camera's name.
+
+    Returns:
+      ``(topic, config)`` pairs, to be published retained.
+    """
+    level, object_id = topic_level(camera), discovery_id(camera)
+    event_topic = f"{topic_prefix}/{level}/event"
+    common = {
+        "availability_topic": f"{topic_prefix}/availability",
+        "payload_available": "online",
+        "payload_not_available": "offline",
+        "qos": 1,
+        # One device per camera, so that its entities sit together; the ids
+        # carry the node so that two boards' cameras named alike stay apart.
+        "device": {"identifiers": [f"edgecap_{node}_{object_id}"], "name": camera or "edgecap",
+                   "manufacturer": "edgecap", "model": "edgecap camera", "sw_version": __version__},
+        "origin": {"name": "edgecap", "sw_version": __version__},
+    }
+    sensor = {"name": "Caption", "unique_id": f"edgecap_{node}_{object_id}_caption", "icon": "mdi:text-box-outline",
+              "state_topic": event_topic, "value_template": "{{ value_json.text[:255] }}",
+              "json_attributes_topic": event_topic, **common}
+    image = {"name": "Event thumbnail", "unique_id": f"edgecap_{node}_{object_id}_thumbnail",
+             "image_topic": f"{event_topic}/thumbnail", "content_type": "image/jpeg", **common}
+    return [(f"{discovery_prefix}/sensor/{node}/{object_id}_caption/config", sensor),
+            (f"{discovery_prefix}/image/{node}/{object_id}_thumbnail/config", image)]
 
 
 def is_journal(stream: Any) -> bool:
@@ -350,24 +449,27 @@ def _ssl_reason(exc: BaseException) -> str:
 
 
 class MqttSink(Sink):
-    """Captions, availability and stats on an MQTT broker (paho-mqtt 2.x, its own network thread).
+    """Captions, events, availability and stats on an MQTT broker (paho-mqtt 2.x, its own network thread).
 
     Never blocks the caller and never raises: while the broker is away,
-    captions wait in a buffer of ``buffer`` messages (the oldest are dropped
-    beyond it, and counted); paho's thread reconnects with exponential backoff
-    and the buffer is sent, in order, once it is back.
+    captions and events wait in a buffer of ``buffer`` messages (the oldest
+    are dropped beyond it, and counted; of a camera's thumbnails only the
+    newest waits); paho's thread reconnects with exponential backoff and the
+    buffer is sent, in order, once it is back, after the discovery configs.
     """
 
     name = "mqtt"
 
     def __init__(self, config: "MqttSinkConfig", reconnect_delay: Tuple[float, float] = (1.0, 30.0),
-                 keepalive: int = 30) -> None:
+                 keepalive: int = 30, cameras: Iterable[str] = ()) -> None:
         """Starts connecting in the background; returns at once.
 
         Args:
           config: The ``[sinks.mqtt]`` table (``host`` must be set).
           reconnect_delay: First and longest wait between connection attempts (s).
           keepalive: Seconds between pings; a broker silent for 1.5x this is gone.
+          cameras: Cameras to announce to Home Assistant from the first connect;
+            a camera whose first event comes later is announced then.
 
         Raises:
           ConfigError: If TLS is on and its files cannot be loaded (``tls_context``).
@@ -375,6 +477,7 @@ class MqttSink(Sink):
         import paho.mqtt.client as mqtt  # the service extra; only this sink needs it
 
         prefix = config.topic_prefix.rstrip("/")
+        self._prefix = prefix
         self._caption_topic = prefix + "/{camera}/caption"
         self.availability_topic = f"{prefix}/availability"
         self.stats_topic = f"{prefix}/stats"
@@ -384,7 +487,7 @@ class MqttSink(Sink):
         self._tls = config.tls
         self._last_error = ""  # paho's last error-level log line: why a connection closed
         self._lock = threading.Lock()
-        self._buffer: Deque[Tuple[str, bytes]] = collections.deque()
+        self._buffer: Deque[Tuple[str, bytes, bool]] = collections.deque()  # topic, payload, retain
         self._capacity = config.buffer
         self._connected = False
         self._closing = False
@@ -393,8 +496,12 @@ class MqttSink(Sink):
         self._errors = 0
         self._connects = 0
         self._unreachable_said = False
+        self._cameras: Set[str] = set(cameras)
+        self._thumbnails: Dict[str, bytes] = {}  # by camera: the last one sent or buffered (b"": none)
+        self._discovery_prefix = config.discovery_prefix.rstrip("/") if config.discovery else ""
 
         client_id = config.client_id or f"edgecap-{socket.gethostname()}"
+        self._node = discovery_id(client_id)  # the broker already requires it unique
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
         if config.username:
             client.username_pw_set(config.username, config.password or None)
@@ -408,8 +515,9 @@ class MqttSink(Sink):
         client.reconnect_delay_set(*reconnect_delay)
         # paho's own queue holds what is in flight (awaiting PUBACK), the flush of
         # our buffer on reconnect, and what is sent while a dead connection is not
-        # yet noticed (up to 1.5x keepalive): room for all that, yet bounded.
-        client.max_queued_messages_set(2 * config.buffer + 64)
+        # yet noticed (up to 1.5x keepalive), and the discovery configs of each
+        # connect (two for each of up to 64 cameras): room for all that, yet bounded.
+        client.max_queued_messages_set(2 * config.buffer + 64 + 2 * 64)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_connect_fail = self._on_connect_fail
@@ -428,9 +536,38 @@ class MqttSink(Sink):
         """Publishes the caption (QoS 1) on ``{prefix}/{camera}/caption``, or buffers it."""
         try:
             payload = json.dumps(caption_record(camera, caption), ensure_ascii=False).encode("utf-8")
-            self._send(self._caption_topic.format(camera=camera), payload, buffer=True)
+            self._send(self._caption_topic.format(camera=topic_level(camera)), payload, buffer=True)
         except Exception as exc:  # never into the caption loop
             self._error("caption", exc)
+
+    def event(self, camera: str, event: "Event", change: "Change") -> None:
+        """Publishes an event that opened or closed on ``{prefix}/{camera}/event``, retained; or buffers it.
+
+        "extended" (one window more of the same) publishes nothing: the topic
+        says what the camera sees, and that has not changed. A thumbnail that
+        differs from the camera's last goes first, retained, on
+        ``{prefix}/{camera}/event/thumbnail``, so that whoever reacts to the
+        event finds its picture there; an event without one clears it (an
+        empty retained message), so that no other event's picture stands for it.
+        """
+        if change not in ("opened", "closed"):
+            return
+        try:
+            topic = f"{self._prefix}/{topic_level(camera)}/event"
+            payload = json.dumps(event_record(event, change), ensure_ascii=False).encode("utf-8")
+            with self._lock:
+                if self._closing:
+                    return
+                if camera not in self._cameras:
+                    self._cameras.add(camera)
+                    if self._connected:
+                        self._announce(camera)
+                if self._thumbnails.get(camera, b"") != event.thumbnail:
+                    self._thumbnails[camera] = event.thumbnail
+                    self._deliver(f"{topic}/thumbnail", event.thumbnail, buffer=True, retain=True, latest_only=True)
+                self._deliver(topic, payload, buffer=True, retain=True)
+        except Exception as exc:
+            self._error("event", exc)
 
     def stats(self, snapshot: Dict[str, Any]) -> None:
         """Publishes the snapshot on ``{prefix}/stats`` if ``stats_interval_seconds`` have passed.
@@ -450,21 +587,45 @@ class MqttSink(Sink):
         with self._lock:
             if self._closing:
                 return
-            if not self._connected:
-                if buffer:
-                    self._keep(topic, payload)
-                return
-            self._publish(topic, payload)
+            self._deliver(topic, payload, buffer)
 
-    def _keep(self, topic: str, payload: bytes) -> None:
-        """Buffers a message while disconnected, dropping the oldest beyond capacity (lock held)."""
+    def _deliver(self, topic: str, payload: bytes, buffer: bool, retain: bool = False,
+                 latest_only: bool = False) -> None:
+        """Publishes a message if connected, else buffers it if asked (lock held); see ``_keep``."""
+        if self._connected:
+            self._publish(topic, payload, retain)
+        elif buffer:
+            self._keep(topic, payload, retain, latest_only)
+
+    def _keep(self, topic: str, payload: bytes, retain: bool = False, latest_only: bool = False) -> None:
+        """Buffers a message while disconnected, dropping the oldest beyond capacity (lock held).
+
+        Args:
+          topic: Its topic.
+          payload: Its bytes.
+          retain: Publish it retained.
+          latest_only: It replaces a message of its topic still in the buffer
+            (a retained picture: only the newest is worth its bytes, and a
+            superseded one is no loss, so it is not counted as dropped).
+        """
         if self._capacity <= 0:
             self._dropped += 1
             return
+        if latest_only:
+            for message in [m for m in self._buffer if m[0] == topic]:
+                self._buffer.remove(message)
         if len(self._buffer) >= self._capacity:
             self._buffer.popleft()
             self._dropped += 1
-        self._buffer.append((topic, payload))
+        self._buffer.append((topic, payload, retain))
+
+    def _announce(self, camera: str) -> None:
+        """Publishes the camera's Home Assistant discovery configs, retained, if discovery is on (lock held)."""
+        if not self._discovery_prefix:
+            return
+        for topic, config in discovery_configs(self._discovery_prefix, self._prefix, self._node, camera):
+            # ASCII with \u escapes: encodes whatever the name holds (this runs in paho's thread).
+            self._publish(topic, json.dumps(config).encode("ascii"), retain=True)
 
     def _publish(self, topic: str, payload: bytes, retain: bool = False) -> Any:
         """Hands a message to paho (lock held); counts what paho refuses."""
@@ -484,6 +645,9 @@ class MqttSink(Sink):
             return
         with self._lock:
             self._publish(self.availability_topic, b"online", retain=True)
+            # On every connect: a broker that lost its retained messages gets them back.
+            for camera in sorted(self._cameras):
+                self._announce(camera)
             while self._buffer:
                 self._publish(*self._buffer.popleft())
             self._connected = True
@@ -499,7 +663,7 @@ class MqttSink(Sink):
             return
         if was:
             self._unreachable_said = True  # one line per outage
-            log.warning("MQTT connection to %s lost (%s); buffering up to %d captions and reconnecting",
+            log.warning("MQTT connection to %s lost (%s); buffering up to %d messages and reconnecting",
                         self._where, reason, self._capacity)
         elif not self._unreachable_said:
             # Closed before the broker's CONNACK: what a TLS listener does to a
@@ -507,7 +671,7 @@ class MqttSink(Sink):
             self._unreachable_said = True
             hint = _NEEDS_CERT if self._tls else _NEEDS_TLS
             log.warning("MQTT broker %s closed the connection before accepting it (%s); %s; retrying with "
-                        "backoff, buffering up to %d captions", self._where, self._last_error or reason, hint,
+                        "backoff, buffering up to %d messages", self._where, self._last_error or reason, hint,
                         self._capacity)
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
@@ -516,7 +680,7 @@ class MqttSink(Sink):
         # Once per outage: the broker being away is worth a line, not a line a second.
         if not self._unreachable_said and not self._closing:
             self._unreachable_said = True
-            log.warning("MQTT broker %s %s; retrying with backoff, buffering up to %d captions",
+            log.warning("MQTT broker %s %s; retrying with backoff, buffering up to %d messages",
                         self._where, _connect_failure(cause, self._tls), self._capacity)
 
     def _on_log(self, client: Any, userdata: Any, level: int, message: str) -> None:
@@ -546,7 +710,7 @@ class MqttSink(Sink):
                 info = self._publish(self.availability_topic, b"offline", retain=True) \
                     if self._connected else None
                 if self._buffer:
-                    log.warning("MQTT: %d captions not sent (broker %s away at shutdown)",
+                    log.warning("MQTT: %d messages (captions, events) not sent (broker %s away at shutdown)",
                                 len(self._buffer), self._where)
                     self._buffer.clear()
             if info is not None:
@@ -690,7 +854,7 @@ def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None) -> Sink
         if config.sinks.stdout.enabled:
             sinks.append(StdoutSink(stdout))
         if config.sinks.mqtt.host:  # raises, if at all, before its thread starts
-            sinks.append(MqttSink(config.sinks.mqtt))
+            sinks.append(MqttSink(config.sinks.mqtt, cameras=[camera.name for camera in config.cameras]))
     except ConfigError:
         SinkSet(sinks).close()  # the file already opened
         raise
