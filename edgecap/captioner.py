@@ -21,6 +21,7 @@ import numpy as np
 
 from edgecap import devices, faults, planner, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
+from edgecap.events import Event, EventRule, EventTracker
 from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
 from edgecap.isolation import IsolatedSegment
 from edgecap.options import CaptionerOptions
@@ -426,14 +427,58 @@ class EdgeCaptioner:
           SourceError: If the source cannot be opened or read.
           EdgecapError: If the captioner is closed.
         """
+        jobs = self._source_jobs(source, fps)
+        try:
+            for job in jobs:
+                yield from job.captions
+        finally:
+            jobs.close()  # now, not at garbage collection: the source and the run end with the caller
+
+    def events(self, source: SourceLike, fps: Optional[float] = None, camera: str = "",
+               rule: Optional[EventRule] = None) -> Iterator[Event]:
+        """Yields each ``Event`` as it closes, and the last one when the source ends.
+
+        Consecutive windows with near-same captions merge into one event by
+        ``rule`` (docs/runtime.md, "Events"); times are the source's
+        timestamps, thumbnails come from the frames. Reading, dropping and
+        stopping work as in ``stream()``.
+
+        Args:
+          source: As for ``stream()``.
+          fps: As for ``stream()``.
+          camera: The name the events carry (their ids are ``CAMERA@START_MS``).
+          rule: The event rule (default ``EventRule()``).
+
+        Raises:
+          SourceError: If the source cannot be opened or read.
+          EdgecapError: If the captioner is closed.
+        """
+        tracker = EventTracker(camera, rule)
+        jobs = self._source_jobs(source, fps)
+        try:
+            for job in jobs:
+                for caption in job.captions:
+                    image = job.frame.image if job.frame is not None else None
+                    for event, change in tracker.update(caption, image):
+                        if change == "closed":
+                            yield event
+        finally:
+            jobs.close()  # now, not at garbage collection: the source and the run end with the caller
+        for event, _ in tracker.close():
+            yield event
+
+    def _source_jobs(self, source: SourceLike, fps: Optional[float]) -> Iterator[_FrameJob]:
+        """The finished jobs of one source's run (``stream()`` and ``events()`` read them)."""
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         in_memory_rate = fps or self.window.sample_fps or 30.0
         src = open_source(source, fps=in_memory_rate)
         frames = sample(src, self.window.sample_fps)
         try:
+            # Not ``yield from``: a caller that stops reading closes the source
+            # before the run's generator, as it always has.
             for job in self._supervisor.run(((None, f) for f in frames), {}, src.live, src, self._job):
-                yield from job.captions
+                yield job
         except (KeyboardInterrupt, GeneratorExit):
             # A camera has no end of its own: Ctrl-C, or a caller that stops
             # reading, is how its run ends, so its trace is written; a file's

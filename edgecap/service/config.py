@@ -193,11 +193,15 @@ class JsonlSinkConfig(_Record):
       path: The file; empty disables the sink.
       max_bytes: Size at which the file is rotated.
       backups: Rotated files kept (``file.1`` is the newest).
+      events: Also write a line when an event opens and when it closes
+        (``edgecap.service.sinks.event_record``); off by default, so the file
+        holds only captions.
     """
 
     path: str = ""
     max_bytes: Annotated[int, msgspec.Meta(ge=1024, le=schema.MAX_BYTES)] = 10_000_000
     backups: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3
+    events: bool = False
 
 
 class MqttSinkConfig(_Record):

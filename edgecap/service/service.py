@@ -4,6 +4,7 @@
 
     camera feeds ─► mux ─► EdgeCaptioner.run_frames (one pipeline, shared devices) ─► this loop
                                                                                       ├─► sinks (stdout/journal, JSON lines, MQTT)
+                                                                                      ├─► EventTracker per camera ─► sinks.event, state
                                                                                       ├─► ServiceState ─► HTTP page and API
                                                                                       ├─► Metrics ─► /metrics
                                                                                       └─► systemd: READY, WATCHDOG, STATUS
@@ -23,6 +24,12 @@ vanishes is re-planned around without a restart (the captioner's failover,
 docs/runtime.md), counted in ``edgecap_failovers_total``. SIGTERM (or SIGINT)
 stops the cameras, lets the frames in flight finish, flushes the sinks and
 returns within ``STOP_BUDGET_S``.
+
+Events: each camera's captions go through its own ``EventTracker``
+(docs/runtime.md, "Events"); every change (opened, extended, closed) goes to
+the state and to ``sinks.event``, with Unix times. A camera that goes offline
+closes its event at once; a stop closes every camera's event before the sinks
+close.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ import cv2
 
 from edgecap import devices
 from edgecap.bundle import WindowSpec, default_bundle, load_bundle
-from edgecap.captioner import EdgeCaptioner, FrameResult
+from edgecap.captioner import Caption, EdgeCaptioner, FrameResult
 from edgecap.errors import EdgecapError, RunCancelled, RunFailure
+from edgecap.events import Change, Event, EventTracker
 from edgecap.options import CaptionerOptions
 from edgecap.service.cameras import CameraFeed, CameraMux, CameraSpec
 from edgecap.service.config import ServiceConfig
@@ -106,6 +114,9 @@ class Service:
                                      max_caption_age_s=max(60.0, 4 * longest), history=self.history)
             self.http.start()  # a port in use fails here, before any camera opens
             self._closers.append(self.http)
+            # Fed by the loop's thread, closed by a feed's (offline) or the stopping one.
+            self._trackers = {name: EventTracker(name) for name in names}
+            self._events_lock = threading.Lock()
             self.feeds = [CameraFeed(self._spec(c), on_state=self._on_state, on_frame=self._on_frame,
                                      on_drop=self._on_drop, on_reconnect=self._on_reconnect)
                           for c in config.cameras]
@@ -138,6 +149,7 @@ class Service:
         self.metrics.camera_up(camera, status == "online")
         if status == "offline":
             _log.warning("edgecap: camera %s offline: %s", camera, reason)
+            self._end_event(camera)
 
     def _on_frame(self, camera: str) -> None:
         self.metrics.frames_captured(camera)
@@ -236,6 +248,25 @@ class Service:
             self.sinks.caption(camera, caption)
             self.metrics.caption_latency(camera, caption.latency_ms / 1000.0)
             self._latency[camera].append(caption.latency_ms)
+            self._track(camera, caption, result.frame.image)
+
+    def _track(self, camera: str, caption: Caption, image: Any) -> None:
+        # On the wall clock: the window ended (its last frame left the camera's
+        # feed) latency_ms ago, and began as long before that as it lasted.
+        end = time.time() - caption.latency_ms / 1000.0
+        start = end - (caption.end_time - caption.start_time)
+        with self._events_lock:
+            for event, change in self._trackers[camera].update(caption, image, start, end):
+                self._event(camera, event, change)
+
+    def _end_event(self, camera: str) -> None:
+        with self._events_lock:
+            for event, change in self._trackers[camera].close():
+                self._event(camera, event, change)
+
+    def _event(self, camera: str, event: Event, change: Change) -> None:
+        self.state.event(camera, event, change)
+        self.sinks.event(camera, event, change)
 
     def _publish_stats(self) -> None:
         stats = self.captioner.stats()
@@ -288,6 +319,8 @@ class Service:
         deadline = self._stop_by or time.monotonic() + STOP_BUDGET_S
         for feed in self.feeds:
             feed.stop(timeout=max(0.0, min(1.0, deadline - time.monotonic() - 1.0)))
+        for name in self._names:  # the events in progress end with the run, before the sinks close
+            self._end_event(name)
         self._close_all()
 
     def _close_all(self) -> None:

@@ -79,7 +79,7 @@ def caption_record(camera: str, caption: "Caption") -> Dict[str, Any]:
 
 
 def event_record(event: "Event", change: "Change") -> Dict[str, Any]:
-    """The JSON object the MQTT sink publishes for an event's change.
+    """The JSON object the MQTT sink publishes, and the JSON-lines sink writes, for an event's change.
 
     Args:
       event: The event.
@@ -293,17 +293,24 @@ class JsonlSink(Sink):
     becomes ``path.2`` and so on (``backups`` kept), ``path`` becomes ``path.1``
     and a new ``path`` starts. Each line is flushed to the OS (not fsynced: a
     power cut may lose the last lines, a crash of the service does not).
+
+    One ``caption_record`` line per caption and, with ``events`` (``[sinks.jsonl]
+    events = true``), one ``event_record`` line when an event opens and when it
+    closes (not per window: the caption lines are those); an event line is told
+    apart by its ``change`` key.
     """
 
     name = "jsonl"
 
-    def __init__(self, path: "str | os.PathLike[str]", max_bytes: int = 10_000_000, backups: int = 3) -> None:
+    def __init__(self, path: "str | os.PathLike[str]", max_bytes: int = 10_000_000, backups: int = 3,
+                 events: bool = False) -> None:
         """Opens (or creates, mode 0640) the file for appending.
 
         Args:
           path: The file.
           max_bytes: Size past which the file is rotated.
           backups: Rotated files kept.
+          events: Also write events as they open and close.
 
         Raises:
           ConfigError: If the file cannot be opened for writing (missing
@@ -312,6 +319,7 @@ class JsonlSink(Sink):
         self._path = Path(path)
         self._max_bytes = max_bytes
         self._backups = backups
+        self._events = events
         self._written = 0
         self._rotations = 0
         self._closed = False
@@ -335,9 +343,21 @@ class JsonlSink(Sink):
         Raises:
           OSError: The disk is full or the file went away (``SinkSet`` counts it).
         """
+        self._write(caption_record(camera, caption))
+
+    def event(self, camera: str, event: "Event", change: "Change") -> None:
+        """Appends the event's line when it opens or closes, if the sink writes events.
+
+        Raises:
+          OSError: As ``caption``.
+        """
+        if self._events and change != "extended":
+            self._write(event_record(event, change))
+
+    def _write(self, record: Dict[str, Any]) -> None:
         if self._closed:
             return
-        line = json.dumps(caption_record(camera, caption), ensure_ascii=False) + "\n"
+        line = json.dumps(record, ensure_ascii=False) + "\n"
         size = len(line.encode("utf-8"))
         # No file: the last rotation failed half-way; try it again.
         if self._file is None or (self._size and self._size + size > self._max_bytes):
@@ -831,7 +851,7 @@ def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None, extra: 
     jsonl = config.sinks.jsonl
     try:
         if jsonl.path:
-            sinks.append(JsonlSink(jsonl.path, jsonl.max_bytes, jsonl.backups))
+            sinks.append(JsonlSink(jsonl.path, jsonl.max_bytes, jsonl.backups, jsonl.events))
         if config.sinks.stdout.enabled:
             sinks.append(StdoutSink(stdout))
         if config.sinks.mqtt.host:  # raises, if at all, before its thread starts

@@ -4,6 +4,14 @@ One lock guards everything; writers hold it for a dict update, readers for a
 copy. Ages are measured on the monotonic clock (a board without a real-time
 clock steps its wall clock when NTP syncs); wall-clock times are recorded only
 for display.
+
+Events (``edgecap.events``): each camera's event in progress and its last
+``recent_events`` closed ones, as ``Event.to_dict()`` records (``id``,
+``camera``, ``text``, ``start_time`` and ``end_time`` in Unix seconds,
+``confidence``, ``windows``, ``has_thumbnail``, ``closed``), under
+``snapshot()["events"][camera]`` as ``{"current": record or None, "recent":
+[records, newest first]}``; ``event_thumbnail(id)`` returns the JPEG of any of
+them.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ class _Camera:
     caption_at: Optional[float] = None  # monotonic arrival time of the latest caption
     captions: int = 0
     pipeline: Dict[str, Any] = field(default_factory=dict)
+    event: Optional[Dict[str, Any]] = None  # the event in progress, to_dict()
+    closed_events: Deque[Dict[str, Any]] = field(default_factory=deque)  # newest first
 
 
 class ServiceState:
@@ -41,6 +51,7 @@ class ServiceState:
     Args:
       cameras: The camera names, in display order.
       recent: How many captions per camera to keep (the latest included).
+      recent_events: How many closed events per camera to keep.
       clock: Monotonic clock in seconds (a parameter so tests can move time).
 
     Raises:
@@ -48,7 +59,7 @@ class ServiceState:
         layer refuses these first; here they are programming errors).
     """
 
-    def __init__(self, cameras: Sequence[str], recent: int = 10,
+    def __init__(self, cameras: Sequence[str], recent: int = 10, recent_events: int = 10,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not cameras:
             raise ValueError("service state: no camera; name at least one")
@@ -62,8 +73,10 @@ class ServiceState:
         self._started = now
         self._started_wall = time.time()
         self._cameras: Dict[str, _Camera] = {
-            name: _Camera("starting", "", now, deque(maxlen=recent)) for name in cameras
+            name: _Camera("starting", "", now, deque(maxlen=recent), closed_events=deque(maxlen=recent_events))
+            for name in cameras
         }
+        self._thumbnails: Dict[str, bytes] = {}  # event id -> JPEG, for the events the cameras keep
         self._devices: List[Dict[str, Any]] = []
         self._version = 0  # bumped on every write: lets a reader skip an unchanged snapshot
 
@@ -136,6 +149,39 @@ class ServiceState:
             cam.captions += 1
             self._version += 1
 
+    def event(self, camera: str, event: Any, change: str) -> None:
+        """Records a change of one of a camera's events.
+
+        Args:
+          camera: The camera's name.
+          event: An ``edgecap.events.Event``.
+          change: ``"opened"``, ``"extended"`` or ``"closed"``.
+
+        Raises:
+          KeyError: An unknown camera.
+        """
+        record = event.to_dict()
+        with self._lock:
+            cam = self._camera(camera)
+            if change == "closed":
+                if cam.event is not None and cam.event["id"] == record["id"]:
+                    cam.event = None
+                if len(cam.closed_events) == cam.closed_events.maxlen:
+                    self._thumbnails.pop(cam.closed_events[-1]["id"], None)
+                cam.closed_events.appendleft(record)
+            else:
+                if cam.event is not None and cam.event["id"] != record["id"]:
+                    self._thumbnails.pop(cam.event["id"], None)  # ended without a close (not by the tracker)
+                cam.event = record
+            if event.thumbnail:
+                self._thumbnails[record["id"]] = event.thumbnail
+            self._version += 1
+
+    def event_thumbnail(self, event_id: str) -> Optional[bytes]:
+        """Returns the JPEG thumbnail of an event the state keeps (in progress or recent), or None."""
+        with self._lock:
+            return self._thumbnails.get(event_id)
+
     def devices(self, rows: Sequence[Dict[str, Any]]) -> None:
         """Replaces the device table.
 
@@ -180,7 +226,9 @@ class ServiceState:
 
         Returns:
           ``{"version", "started", "uptime_s", "cameras": {name: {...}},
-          "captions": {name: [newest first]}, "devices": [...]}``. Each camera
+          "captions": {name: [newest first]}, "events": {name: {"current":
+          event or None, "recent": [closed events, newest first]}},
+          "devices": [...]}`` (events as the module docstring says). Each camera
           has ``status``, ``reason``, ``status_age_s``, ``frame_seq`` (bumped
           per frame: a page reloads the image when it changes), ``frame_t``,
           ``frame_age_s``, ``caption_age_s``, ``captions`` (count) and
@@ -190,6 +238,7 @@ class ServiceState:
             now = self._clock()
             cameras = {}
             captions = {}
+            events = {}
             for name, cam in self._cameras.items():
                 cameras[name] = {
                     "status": cam.status,
@@ -203,12 +252,15 @@ class ServiceState:
                     "pipeline": dict(cam.pipeline),
                 }
                 captions[name] = [dict(c) for c in reversed(cam.recent)]
+                events[name] = {"current": None if cam.event is None else dict(cam.event),
+                                "recent": [dict(e) for e in cam.closed_events]}
             return {
                 "version": self._version,
                 "started": self._started_wall,
                 "uptime_s": now - self._started,
                 "cameras": cameras,
                 "captions": captions,
+                "events": events,
                 "devices": [dict(d) for d in self._devices],
             }
 
