@@ -58,6 +58,8 @@ class Event:
       windows: How many windows it merged.
       thumbnail: A small JPEG of a representative frame (b"" when none).
       closed: True once it ended.
+      thumbnail_stored: True when a reader left out a thumbnail it holds
+        (``History.search`` does not load them): the event has one all the same.
     """
 
     id: str
@@ -69,13 +71,14 @@ class Event:
     windows: int
     thumbnail: bytes = b""
     closed: bool = False
+    thumbnail_stored: bool = False
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the record as JSON-ready plain types, without the thumbnail's bytes."""
         return {"id": self.id, "camera": self.camera, "text": self.text,
                 "start_time": round(self.start_time, 3), "end_time": round(self.end_time, 3),
                 "confidence": round(self.confidence, 4), "windows": self.windows,
-                "has_thumbnail": bool(self.thumbnail), "closed": self.closed}
+                "has_thumbnail": bool(self.thumbnail) or self.thumbnail_stored, "closed": self.closed}
 
 
 @dataclass(frozen=True)

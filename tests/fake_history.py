@@ -39,7 +39,7 @@ class FakeHistory:
                  and (since is None or e.end_time >= since)
                  and (until is None or e.start_time <= until)]
         found.sort(key=lambda e: e.start_time, reverse=True)
-        return [dataclasses.replace(e, thumbnail=b"") for e in found[:limit]]
+        return [dataclasses.replace(e, thumbnail=b"", thumbnail_stored=bool(e.thumbnail)) for e in found[:limit]]
 
     def thumbnail(self, event_id: str) -> Optional[bytes]:
         """The event's JPEG, or None for an unknown id or an event without one."""

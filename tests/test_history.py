@@ -66,6 +66,16 @@ def test_events_are_written_once_per_batch_and_found_newest_first(tmp_path):
     assert History(path).thumbnail("no id at all") is None
 
 
+def test_a_search_says_which_events_have_a_thumbnail_without_loading_them(tmp_path):
+    path = tmp_path / "h.db"
+    write(path, [make_event(start=1_700_000_000.0, text="a red star moves right"),
+                 make_event(start=1_700_000_001.0, text="a red star moves up", thumbnail=b"")])
+    found = {e.text: e for e in History(path).search("red star")}
+    assert found["a red star moves right"].thumbnail == b""  # not loaded...
+    assert found["a red star moves right"].to_dict()["has_thumbnail"] is True  # ...but there
+    assert found["a red star moves up"].to_dict()["has_thumbnail"] is False
+
+
 def test_commits_come_at_most_about_once_a_second(tmp_path):
     path = tmp_path / "h.db"
     sink = HistorySink(path)

@@ -56,6 +56,12 @@ def test_a_search_lists_matching_events_newest_first_with_thumbnail_urls(server:
     assert history.searches[-1] == {"q": '"red star"', "camera": "", "since": None, "until": None, "limit": 50}
 
 
+def test_an_event_without_a_thumbnail_has_no_thumbnail_url(server: StatusServer) -> None:
+    found = {e["text"]: e for e in events(server, "?camera=back")}
+    assert found["a cat sleeps"]["thumbnail"] is None and found["a cat sleeps"]["has_thumbnail"] is False
+    assert found["a dog runs on a red star rug"]["has_thumbnail"] is True
+
+
 def test_camera_time_range_and_limit_reach_the_history(server: StatusServer, history: FakeHistory) -> None:
     found = events(server, f"?camera=front&since={T0 + 30}&until={T0 + 1000}&limit=5")
     assert [e["text"] for e in found] == ["a red star is spinning"]

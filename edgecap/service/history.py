@@ -615,13 +615,15 @@ class History:
                 match = '{camera} : "' + " ".join(w.replace("_", " ") for w in words) + '" AND ' + match \
                     if words else match
             sql = ("SELECT e.rowid, e.id, e.camera, e.text, e.start_time, e.end_time, e.confidence, e.windows, "
-                   "e.closed FROM events_fts JOIN events e ON e.rowid = events_fts.rowid "
+                   "e.closed, EXISTS (SELECT 1 FROM thumbnails t WHERE t.rowid = e.rowid) "
+                   "FROM events_fts JOIN events e ON e.rowid = events_fts.rowid "
                    "WHERE events_fts MATCH ? AND events_fts.rowid BETWEEN ? AND ?")
             params += [match, lo, hi]
             order = "events_fts.rowid"
         else:
             sql = ("SELECT e.rowid, e.id, e.camera, e.text, e.start_time, e.end_time, e.confidence, e.windows, "
-                   "e.closed FROM events e WHERE e.rowid BETWEEN ? AND ?")
+                   "e.closed, EXISTS (SELECT 1 FROM thumbnails t WHERE t.rowid = e.rowid) "
+                   "FROM events e WHERE e.rowid BETWEEN ? AND ?")
             params += [lo, hi]
             order = "e.rowid"
         if camera:
@@ -631,7 +633,7 @@ class History:
         params.append(int(limit))
         rows = self._query(sql, params)
         return [Event(id=r[1], camera=r[2], text=r[3], start_time=r[4], end_time=r[5], confidence=r[6],
-                      windows=r[7], closed=bool(r[8])) for r in rows]
+                      windows=r[7], closed=bool(r[8]), thumbnail_stored=bool(r[9])) for r in rows]
 
     def thumbnail(self, event_id: str) -> Optional[bytes]:
         """The event's JPEG thumbnail, or None if it has none or is not in the history."""

@@ -945,8 +945,11 @@ class _Handler(BaseHTTPRequestHandler):
             log.warning("http: the history search failed: %s", e)
             return self._send_json(HTTPStatus.SERVICE_UNAVAILABLE,
                                    {"error": f"the history cannot be searched now: {e}"}, head=head)
-        # Every event the service records has a thumbnail; the history does not load it for a search.
-        events = [dict(event.to_dict(), thumbnail=thumbnail_url(event.id)) for event in found]
+        events = []
+        for event in found:
+            record = event.to_dict()
+            record["thumbnail"] = thumbnail_url(event.id) if record["has_thumbnail"] else None
+            events.append(record)
         self._send_json(HTTPStatus.OK, {"events": events}, head=head)
 
     def _event_thumbnail(self, event_id: str, head: bool) -> None:
