@@ -93,6 +93,9 @@ def test_a_short_run_scores_the_services_events(tmp_path):
         assert camera["true_changes"] >= 1 and camera["events"] >= 1
     assert 0 < result["rss_mb_peak"] < 1000
     assert result["precision"] is not None and 0 <= result["recall"] <= 1
+    # The history the service keeps by default, in the bench's own state directory, holds every event.
+    closed = sum(camera["events"] for camera in result["cameras"].values())
+    assert result["history"]["events"] >= closed and result["history"]["bytes_per_event"] > 0
     assert proc.stdout.splitlines()[0].split()[0] == "camera" and "precision" in proc.stdout
 
 
@@ -112,3 +115,14 @@ def test_recorded_captions_replay_through_other_rules_and_dropped_frames_are_cou
     assert bench.evaluate(captions, confirmed, truth, 16)["precision"] == 1.0
     score = bench.evaluate(captions, at_once, truth, 16)
     assert (score["precision"], score["recall"], score["windows_gapped"]) == (round(1 / 3, 4), 1.0, 1)
+
+
+@pytest.mark.fast
+def test_extra_config_lines_may_open_a_table_without_swallowing_the_rest(tmp_path):
+    from edgecap.service.config import tomllib
+
+    bench = _load()
+    path = bench._config(tmp_path, 8080, [tmp_path / "a.mp4", tmp_path / "b.mp4"], ["[history]", 'path = ""'])
+    config = tomllib.loads(path.read_text())
+    assert config["history"] == {"path": ""}  # the table holds only the extra line
+    assert "bundle" in config and config["http"]["port"] == 8080 and len(config["cameras"]) == 2

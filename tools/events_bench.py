@@ -34,11 +34,13 @@ config (e.g. ``'[history]' 'path = "/tmp/h.db"'``). Bad input exits 2 with one l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
 import signal
+import sqlite3
 import socket
 import subprocess
 import sys
@@ -164,8 +166,9 @@ def render_video(path: Path, segments: int, seed: int) -> List[Segment]:
 
 
 def _config(directory: Path, port: int, videos: Sequence[Path], extra: Sequence[str]) -> Path:
-    # The extra lines come first: top-level keys are only top-level before any table.
-    lines = list(extra) + ["", f'bundle = "{DEMO_DIR / "bundle"}"', "", "[http]", f"port = {port}", "",
+    # The extra lines come before the first table (a top-level key is one only there);
+    # a table they open ends at the [http] header that follows them.
+    lines = [f'bundle = "{DEMO_DIR / "bundle"}"', ""] + list(extra) + ["", "[http]", f"port = {port}", "",
                            "[sinks.stdout]", "enabled = false", "",
                            "[sinks.jsonl]", f'path = "{directory / "out.jsonl"}"', "max_bytes = 1000000000",
                            "events = true", ""]
@@ -217,7 +220,8 @@ def run_service(directory: Path, videos: Sequence[Path], seconds: float,
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(directory / "notify.sock"))
     notify.settimeout(0.5)  # short: a service that refuses its config exits, and is noticed
-    env = dict(os.environ, NOTIFY_SOCKET=str(directory / "notify.sock"))
+    # The state directory is the bench's own, so the history (on by default) is measured, then deleted.
+    env = dict(os.environ, NOTIFY_SOCKET=str(directory / "notify.sock"), STATE_DIRECTORY=str(directory))
     stderr = open(directory / "stderr.txt", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "edgecap.cli", "serve", "--config",
                              str(_config(directory, port, videos, extra))],
@@ -246,7 +250,17 @@ def run_service(directory: Path, videos: Sequence[Path], seconds: float,
         stderr.close()
     records = [json.loads(line) for line in (directory / "out.jsonl").read_text().splitlines()]
     return {"records": records, "seconds": elapsed, "exit_code": proc.returncode, "rss_mb": rss,
-            "dropped": dropped}
+            "dropped": dropped, "history": _history(directory / "history.db")}
+
+
+def _history(path: Path) -> Optional[Dict[str, Any]]:
+    """The history the service kept: its files' bytes and its events (None when it kept none)."""
+    if not path.exists():
+        return None
+    size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))  # with -wal and -shm
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        events = db.execute("SELECT count(*) FROM events").fetchone()[0]
+    return {"bytes": size, "events": events}
 
 
 def _match(predicted: List[int], true: List[int], tolerance: int) -> List[Tuple[int, int]]:
@@ -394,6 +408,13 @@ def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_wind
         replayed[rule_name] = {"precision": round(matched / put, 4) if put else None,
                                "recall": round(matched / true, 4) if true else None}
     rss = run["rss_mb"]
+    history = run["history"]
+    if history is not None and history["events"]:
+        # Extrapolated from this run: its bytes per event at its events per camera-hour.
+        per_event = history["bytes"] / history["events"]
+        per_hour = sum(c["events_per_camera_hour"] for c in cameras.values()) / len(cameras)
+        history = dict(history, bytes_per_event=round(per_event),
+                       mb_per_camera_day=round(per_event * per_hour * 24 / 1e6, 1))
     return {
         "host": "measured",
         "minutes": round(run["seconds"] / 60.0, 2),
@@ -408,6 +429,7 @@ def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_wind
         "events_per_camera_hour": round(sum(c["events_per_camera_hour"] for c in cameras.values()) / len(cameras), 1),
         "rss_mb_peak": round(max(rss), 1) if rss else None,
         "rss_mb_last": round(rss[-1], 1) if rss else None,
+        "history": history,
         "cameras": cameras,
         "segments_per_video": segments,
         "seed": seed,
@@ -435,7 +457,16 @@ def format_table(result: Dict[str, Any]) -> str:
             f"{result['tolerance_frames']} source frames)  window accuracy {result['window_accuracy']}\n"
             f"the same captions replayed: {replays}\n"
             f"service: {result['minutes']:.1f} min, RSS peak {result['rss_mb_peak']} MB, last "
-            f"{result['rss_mb_last']} MB, exit {result['exit_code']}  (measured on this host)")
+            f"{result['rss_mb_last']} MB, exit {result['exit_code']}  (measured on this host)"
+            + _history_line(result.get("history")))
+
+
+def _history_line(history: Optional[Dict[str, Any]]) -> str:
+    if not history:
+        return "\nhistory: none kept"
+    return (f"\nhistory: {history['events']} events, {history['bytes'] / 1e6:.1f} MB, "
+            f"{history.get('bytes_per_event')} B/event, {history.get('mb_per_camera_day')} MB per "
+            "camera-day extrapolated")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
