@@ -166,7 +166,7 @@ def test_a_cpu_step_that_raises_ends_the_service_with_one_line_and_exit_1(tmp_pa
 
     def step(self, feature, state):
         calls.append(1)
-        if len(calls) == 30:
+        if len(calls) == 9:  # mid-run: the first window's steps went through
             raise RuntimeError("tensor arena exhausted")
         return real(self, feature, state)
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.fast
-
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "service_bench.py"
 
 
