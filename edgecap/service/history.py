@@ -150,6 +150,21 @@ def fts_query(text: str) -> str:
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": _DAY_S, "w": 7 * _DAY_S}
 
 
+def iso_seconds(text: str) -> float:
+    """Reads an ISO-8601 time (local unless it ends in ``Z`` or an offset) as Unix seconds.
+
+    Raises:
+      ValueError: Not ISO-8601, or a time the platform cannot convert.
+    """
+    text = text.strip()
+    try:
+        # Python before 3.11 does not read "Z"; it is UTC.
+        when = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+        return when.timestamp()  # a naive time is local, as timestamp() takes it
+    except (OverflowError, OSError) as exc:
+        raise ValueError(str(exc)) from None
+
+
 def parse_time(text: str, now: Optional[float] = None) -> float:
     """Reads a time a user gives: ISO-8601, or how long ago (``90s``, ``15m``, ``1h``, ``2d``, ``1w``).
 
@@ -169,12 +184,10 @@ def parse_time(text: str, now: Optional[float] = None) -> float:
     if relative:
         return (time.time() if now is None else now) - float(relative.group(1)) * _UNITS[relative.group(2)]
     try:
-        # Python before 3.11 does not read "Z"; it is UTC.
-        when = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+        return iso_seconds(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a time: give ISO-8601 (2026-12-01T08:00, local time unless it "
                          "ends in Z or an offset) or how long ago (30m, 1h, 2d)") from None
-    return when.timestamp()  # a naive time is local, as timestamp() takes it
 
 
 @dataclass

@@ -59,7 +59,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler
@@ -73,6 +72,7 @@ from prometheus_client.core import CounterMetricFamily
 from edgecap.errors import ConfigError
 from edgecap.events import Event
 from edgecap.service.config import NAME_PATTERN, TOKEN_FIX, token_weakness
+from edgecap.service.history import iso_seconds
 from edgecap.service.state import ServiceState
 
 log = logging.getLogger(__name__)
@@ -301,12 +301,9 @@ def parse_time(text: str) -> float:
     try:
         seconds = float(text)
     except ValueError:
-        iso = text.strip()
-        if iso[-1:] in ("Z", "z"):  # fromisoformat before Python 3.11 takes only +00:00
-            iso = iso[:-1] + "+00:00"
         try:
-            seconds = datetime.fromisoformat(iso).timestamp()
-        except (ValueError, OverflowError, OSError):
+            seconds = iso_seconds(text)
+        except ValueError:
             seconds = math.nan
     if not math.isfinite(seconds):
         raise ValueError(f"{text[:40]!r} is not a time; give Unix seconds or ISO-8601 (2026-12-02T01:30:00Z)")
