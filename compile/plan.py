@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from edgecap.devices import parse_device
 from edgecap.modelfile import TensorSpec
-from edgecap.plan import EdgeTpuReport, ParamBytes, Plan, Prediction, Stage
+from edgecap.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage
 from edgecap_compile.boards import Board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import Graph
@@ -118,6 +118,13 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             param_bytes=ParamBytes(int(cost.param_bytes - cost.streamed_bytes), int(cost.streamed_bytes)),
             macs=int(cost.macs),
             edgetpu=compiled,
+            cost=CostParts(
+                compute_ms=round(float(cost.compute_ms), 6),
+                invoke_ms=round(float(cost.invoke_ms), 6),
+                link_bytes=int(cost.streamed_bytes + cost.io_bytes),
+                link_bytes_per_s=device.link_bytes_per_s if device.is_tpu else None,
+                extra_ms=round(ms - float(cost.total_ms - cost.extra_ms), 6),
+                link=device.link if device.is_tpu else None),
         ))
     timed = dataclasses.replace(split, stage_ms=tuple(stage_ms))
     return Plan(

@@ -86,6 +86,21 @@ class _EdgeTpuDoc(msgspec.Struct, forbid_unknown_fields=True):
     compiled_sha256: Optional[_Sha256] = None
 
 
+class _CostDoc(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    compute_ms: _InvokeMs
+    invoke_ms: _InvokeMs = 0.0
+    link_bytes: schema.Bytes = 0
+    link_bytes_per_s: Optional[schema.Rate] = None
+    extra_ms: _InvokeMs = 0.0
+    link: Optional[schema.Name] = None
+    bus: Optional[schema.Name] = None
+
+
+class _BusDoc(msgspec.Struct, forbid_unknown_fields=True):
+    name: schema.Name
+    bytes_per_s: schema.Rate
+
+
 class _StageDoc(msgspec.Struct, forbid_unknown_fields=True):
     index: schema.Count
     device: schema.Name
@@ -101,6 +116,8 @@ class _StageDoc(msgspec.Struct, forbid_unknown_fields=True):
     # segment swapped or rewritten since is refused at load_plan.
     segment_sha256: Optional[_Sha256] = None
     segment_bytes: Optional[schema.Bytes] = None
+    # What predicted_ms is made of (absent in older plans), so a board can re-price it.
+    cost: Optional[_CostDoc] = None
 
 
 class _ModelDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -132,6 +149,8 @@ class _PlanDoc(msgspec.Struct, forbid_unknown_fields=True):
     rnn_ms: Optional[_InvokeMs] = None
     rnn_steps_per_frame: Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)] = 1.0
     predicted: Optional[_PredictedDoc] = None
+    # Buses that several stages' links share (absent in older plans: none shared).
+    buses: Tuple[_BusDoc, ...] = ()
 
 
 class _VersionDoc(msgspec.Struct):
@@ -177,6 +196,52 @@ class ParamBytes:
 
 
 @dataclass(frozen=True)
+class CostParts:
+    """What a stage's predicted time is made of, so the running board can re-price it.
+
+    ``predicted_ms = compute_ms + invoke_ms + link_ms + extra_ms``.
+
+    Attributes:
+      compute_ms: MACs, element work and per-op overhead on the stage's device.
+      invoke_ms: The device's fixed cost per invoke.
+      link_bytes: Bytes over the device's link every invoke: streamed
+        parameters plus boundary tensors in and out (0 on the CPU).
+      link_bytes_per_s: The link rate the prediction used; None on the CPU.
+      extra_ms: Work besides the ops: the RNN steps on the CPU stage, the ops
+        edgetpu_compiler left on the CPU inside a TPU stage.
+      link: Link kind (``pcie``, ``usb3``, ``usb2``; edgecap/data/links.json), None on the CPU.
+      bus: Name of the shared bus the link sits behind (``Plan.buses``), or None.
+    """
+
+    compute_ms: float
+    invoke_ms: float = 0.0
+    link_bytes: int = 0
+    link_bytes_per_s: Optional[float] = None
+    extra_ms: float = 0.0
+    link: Optional[str] = None
+    bus: Optional[str] = None
+
+    @property
+    def link_ms(self) -> float:
+        """Milliseconds of ``link_bytes`` at ``link_bytes_per_s``."""
+        if not self.link_bytes or not self.link_bytes_per_s:
+            return 0.0
+        return self.link_bytes * 1e3 / self.link_bytes_per_s
+
+    @property
+    def total_ms(self) -> float:
+        return self.compute_ms + self.invoke_ms + self.link_ms + self.extra_ms
+
+
+@dataclass(frozen=True)
+class Bus:
+    """A bus several TPU links share: their bytes together cannot pass ``bytes_per_s``."""
+
+    name: str
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
 class Stage:
     """One stage of a plan: a model segment and the device it runs on.
 
@@ -192,6 +257,7 @@ class Stage:
       param_bytes: Parameter bytes on the device and streamed.
       macs: Multiply-accumulates of the range.
       edgetpu: What edgetpu_compiler reported (TPU stages of a compiled plan).
+      cost: What ``predicted_ms`` is made of, or None (older plans).
     """
 
     index: int
@@ -205,6 +271,7 @@ class Stage:
     param_bytes: ParamBytes = ParamBytes()
     macs: int = 0
     edgetpu: Optional[EdgeTpuReport] = None
+    cost: Optional[CostParts] = None
 
     @property
     def device(self) -> str:
@@ -247,6 +314,7 @@ class Plan:
       predicted: The cost model's pipeline figures, or None.
       board_tpus: EdgeTPUs of the board the plan was made for, or None
         (unknown: older plans); stage device indices stay below it.
+      buses: The shared buses stages' ``cost.bus`` name.
     """
 
     path: Optional[Path]
@@ -261,6 +329,7 @@ class Plan:
     sram_bytes: Optional[int] = None
     predicted: Optional[Prediction] = None
     board_tpus: Optional[int] = None
+    buses: Tuple[Bus, ...] = ()
 
     @property
     def rnn_frame_ms(self) -> float:
@@ -416,6 +485,7 @@ def _from_doc(doc: _PlanDoc, path: Path) -> Plan:
         predicted=None if p is None else Prediction(p.fps, p.latency_ms, p.bottleneck_ms,
                                                     p.bottleneck_stage),
         board_tpus=doc.board.tpus,
+        buses=tuple(Bus(b.name, b.bytes_per_s) for b in doc.buses),
     )
 
 
@@ -458,6 +528,9 @@ def _stage(raw: _StageDoc, position: int, base: Path, where: str) -> Stage:
         param_bytes=ParamBytes(raw.param_bytes.on_chip, raw.param_bytes.streamed),
         macs=raw.macs,
         edgetpu=report,
+        cost=None if raw.cost is None else CostParts(
+            raw.cost.compute_ms, raw.cost.invoke_ms, raw.cost.link_bytes,
+            raw.cost.link_bytes_per_s, raw.cost.extra_ms, raw.cost.link, raw.cost.bus),
     )
 
 
@@ -487,6 +560,9 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
                 None if compiled is None else compiled[0]),
             segment_sha256=None if segment is None else segment[0],
             segment_bytes=None if segment is None else segment[1],
+            cost=None if s.cost is None else _CostDoc(
+                s.cost.compute_ms, s.cost.invoke_ms, s.cost.link_bytes, s.cost.link_bytes_per_s,
+                s.cost.extra_ms, s.cost.link, s.cost.bus),
         ))
     p = plan.predicted
     return _PlanDoc(
@@ -499,6 +575,7 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
         rnn_steps_per_frame=plan.rnn_steps_per_frame,
         predicted=None if p is None else _PredictedDoc(p.fps, p.latency_ms, p.bottleneck_ms,
                                                        p.bottleneck_stage),
+        buses=tuple(_BusDoc(b.name, b.bytes_per_s) for b in plan.buses),
     )
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from edgecap import planning
 from edgecap.bundle import load_bundle
+from edgecap.plan import load_plan
 import edgecap_compile
 from edgecap_compile import compiler
 from edgecap_compile.errors import CompileError
@@ -99,3 +100,16 @@ def test_the_captioner_plans_for_the_stride_it_runs(shipped_bundle):
     faster = dataclasses.replace(bundle.window, sample_fps=bundle.window.sample_fps * 2)
     assert planning.plan_for_board(bundle, "devboard-usb", window=faster).path == \
         planning.plan_for_board(bundle, "devboard-usb").path
+
+
+def test_each_stage_records_what_its_prediction_is_made_of(bundle, tmp_path):
+    # The running board re-prices a stage from these parts (issue 16): they must add up.
+    plan = compiler.compile_model(bundle, "devboard-usb", tmp_path).plan
+    reread = load_plan(tmp_path)
+    assert [s.cost for s in reread.stages] == [s.cost for s in plan.stages]
+    for stage in reread.stages:
+        assert stage.cost.total_ms == pytest.approx(stage.predicted_ms, abs=1e-5)
+        assert (stage.cost.link is None) == (stage.spec.kind == "cpu")
+    tpu = reread.active_stages[0]
+    assert tpu.cost.link_bytes > 0 and tpu.cost.link_ms > 0
+    assert reread.stages[-1].cost.extra_ms == pytest.approx(reread.rnn_frame_ms, abs=1e-5)
