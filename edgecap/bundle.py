@@ -120,7 +120,10 @@ class Bundle:
     bundle (``plans/<board>/plan.json``, ``edgecap compile --into-bundle``);
     they are read only when chosen (``edgecap.planner``). ``weights`` is
     ``trained``, ``imagenet`` (pretrained encoder, untrained decoder) or
-    ``random``: only trained captions mean anything.
+    ``random``: only trained captions mean anything. ``candidates`` maps a
+    board name to the directories of the other plans compiled for it, near
+    the best (``plans/<board>/candidates/<name>/plan.json``): a running board
+    that measures its stages re-chooses among them, as it cannot compile.
     """
 
     root: Path
@@ -142,6 +145,7 @@ class Bundle:
     decoder_step_model: ModelFile
     plans: Dict[str, Path] = field(default_factory=dict)
     weights: str = "trained"
+    candidates: Dict[str, Tuple[Path, ...]] = field(default_factory=dict)
 
     def detokenize(self, ids: List[int]) -> str:
         """Returns the sentence for token ids, dropping special tokens."""
@@ -243,6 +247,17 @@ def _bundled_plans(root: Path) -> Dict[str, Path]:
         inside = resolve_inside(root, plan_json.relative_to(root).as_posix())
         if inside is not None:  # a symlink out of the bundle is not the bundle's plan
             found[plan_json.parent.name] = inside.parent
+    return found
+
+
+def _bundled_candidates(root: Path) -> Dict[str, Tuple[Path, ...]]:
+    """Board name -> candidate plan directories, ``plans/<board>/candidates/*/plan.json``."""
+    found: Dict[str, Tuple[Path, ...]] = {}
+    for plan_json in sorted((root / PLANS_DIR).glob("*/candidates/*/plan.json")):
+        inside = resolve_inside(root, plan_json.relative_to(root).as_posix())
+        if inside is not None:  # a symlink out of the bundle is not the bundle's plan
+            board = plan_json.parent.parent.parent.name
+            found[board] = found.get(board, ()) + (inside.parent,)
     return found
 
 
@@ -405,5 +420,6 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         encoder_step_model=es_model,
         decoder_step_model=ds_model,
         plans=_bundled_plans(root.resolve()),
+        candidates=_bundled_candidates(root.resolve()),
         weights=doc.weights,
     )
