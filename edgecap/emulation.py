@@ -46,7 +46,7 @@ from edgecap import schema
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError
 from edgecap.limits import MAX_EMULATED_SPEED, MAX_THROTTLE_S, MIN_EMULATED_SPEED
-from edgecap.plan import Bus, Stage
+from edgecap.plan import Bus, Plan, Stage
 
 ENV = "EDGECAP_EMULATE"
 LINKS = Path(__file__).parent / "data" / "links.json"
@@ -223,11 +223,49 @@ def current() -> Truth:
     return _parsed(os.environ.get(ENV, ""))
 
 
+def resolve(truth: Truth, plan: Plan, source: str = ENV) -> Truth:
+    """Names each device of ``truth`` as plans do, so it stays with its TPU whichever plan runs.
+
+    ``emu-tpu:N`` is ``plan``'s N-th TPU stage that runs operators, in
+    pipeline order (as the run's workers are numbered), then its TPU stages
+    that run none, in order.
+
+    Args:
+      truth: The truth.
+      plan: The plan the emulated run starts with.
+      source: Where the truth came from, for messages.
+
+    Returns:
+      The truth with ``emu-tpu:N`` replaced by ``pci:N`` / ``usb:N`` / ``tpu:N``.
+
+    Raises:
+      ConfigError: If it names an ``emu-tpu:N`` the plan's board lacks, or
+        sets one setting of a TPU twice under two names.
+    """
+    tpus = [s for s in plan.stages if s.spec.kind == "tpu"]
+    order = [s.device for s in tpus if not s.empty] + [s.device for s in tpus if s.empty]
+    parts = []
+    for device, part in truth.devices:
+        spec = parse_device(device)
+        if spec.kind == "emu-tpu":
+            if spec.index >= len(order):
+                raise ConfigError(f"{source}: {device} is no EdgeTPU of this run (its plan has "
+                                  f"{len(order)}: emu-tpu:0 to emu-tpu:{len(order) - 1}); name one of them")
+            device = order[spec.index]
+        parts.append(f"{device}={part}")
+    return parse(";".join(parts), source)
+
+
 @contextlib.contextmanager
 def emulating(truth: Truth) -> Iterator[Truth]:
-    """Sets ``$EDGECAP_EMULATE`` to ``truth`` for the block (worker processes started in it inherit it)."""
+    """Sets ``$EDGECAP_EMULATE`` to ``truth`` for the block (worker processes started in it inherit it).
+
+    Every device's throttle clock starts again (a new board, cool).
+    """
     before = os.environ.get(ENV)
     os.environ[ENV] = str(truth)
+    with _state_lock:
+        _origins.clear()
     try:
         yield truth
     finally:
