@@ -347,20 +347,66 @@ class Pace:
             self._scale = pace_ms / cost.total_ms
         self._bus = bus_clock(bus) if bus is not None and cost is not None and cost.link_bytes else None
 
-    def deadline(self, start: float) -> float:
-        """The ``time.perf_counter()`` at which an invoke begun at ``start`` ends (books its bus time)."""
-        speed = speed_now(self._device, self._key, start)
+    def _parts(self, speed: float, cpu_speed: float) -> Tuple[float, float, float]:
+        """``(link bytes, link seconds, compute seconds)`` of one invoke at these speeds."""
         cost = self._cost
         if cost is None or self._scale == 0.0:
             # Older plans say no more than predicted_ms: all of it scales with the clock.
-            return start + self._pace_s / speed
-        ms = (cost.compute_ms + cost.invoke_ms) / speed + cost.extra_ms / speed_now(self._cpu, "cpu", start)
+            return 0.0, 0.0, self._pace_s / speed
         nbytes = cost.link_bytes * self._scale
         rate = self._device.link_bytes_per_s or cost.link_bytes_per_s
-        link_end = start + (nbytes / rate if rate else 0.0)
+        ms = (cost.compute_ms + cost.invoke_ms) / speed + cost.extra_ms / cpu_speed
+        return nbytes, (nbytes / rate if rate else 0.0), self._scale * ms / 1e3
+
+    def deadline(self, start: float) -> float:
+        """The ``time.perf_counter()`` at which an invoke begun at ``start`` ends (books its bus time)."""
+        nbytes, link_s, compute_s = self._parts(speed_now(self._device, self._key, start),
+                                                speed_now(self._cpu, "cpu", start))
+        link_end = start + link_s
         if self._bus is not None:
             link_end = max(link_end, self._bus.reserve(start, nbytes))
-        return link_end + self._scale * ms / 1e3
+        return link_end + compute_s
+
+    def steady_s(self) -> float:
+        """Seconds of an invoke once every clock has settled (throttled), its bus aside."""
+        _, link_s, compute_s = self._parts(self._device.steady_speed, self._cpu.steady_speed)
+        return link_s + compute_s
+
+
+def steady_fps(plan: Plan, truth: Truth) -> Optional[float]:
+    """The fps ``plan`` settles at on its emulated board under ``truth`` (*modelled*).
+
+    The slowest of its stages (the CPU's with the RNN steps, which share its
+    worker) and its buses (their stages' link bytes at the bus rate), each
+    priced as the pacing prices it, throttled clocks throttled.
+
+    Args:
+      plan: A plan whose stages predict their time.
+      truth: The truth, devices named as plans name them (``resolve``).
+
+    Returns:
+      The fps, or None where a stage predicts no time.
+    """
+    cpu = (truth.get("cpu") or DeviceTruth()).steady_speed
+    times = []
+    bus_s: Dict[str, float] = {}
+    rates = {b.name: b.bytes_per_s for b in plan.buses}
+    tpus = 0
+    for stage in plan.active_stages:
+        if stage.predicted_ms is None:
+            return None
+        if stage.spec.kind == "cpu":
+            times.append(stage.predicted_ms / 1e3 / cpu)
+            continue
+        times.append(Pace(stage, DeviceSpec("emu-tpu", tpus), stage.predicted_ms, truth).steady_s())
+        tpus += 1
+        bus = stage.cost.bus if stage.cost is not None else None
+        if bus in rates:
+            bus_s[bus] = bus_s.get(bus, 0.0) + stage.cost.link_bytes / rates[bus]
+    if not any(s.spec.kind == "cpu" for s in plan.active_stages):
+        times.append(plan.rnn_frame_ms / 1e3 / cpu)
+    period = max(times + list(bus_s.values()), default=0.0)
+    return 1.0 / period if period > 0 else None
 
 
 def pace(stage: Stage, worker: DeviceSpec, pace_ms: float, bus: Optional[Bus] = None) -> Optional[Pace]:

@@ -78,6 +78,8 @@ class AdaptRun:
       seconds: How long the stream ran.
       frames: Frames out.
       plan_fps: The starting plan's fps as profiled (what the planner expected).
+      start_bound_fps: The starting plan's fps under the truth: what the run
+        settles at if it never switches (``emulation.steady_fps``).
       oracle_fps: The partitioner's best plan's fps under the true costs.
       oracle_plan: That plan's stages, ``device ops [a, b)``.
       start_fps: fps over the first ``EDGE_S`` seconds.
@@ -95,6 +97,7 @@ class AdaptRun:
     seconds: float
     frames: int
     plan_fps: float
+    start_bound_fps: Optional[float]
     oracle_fps: float
     oracle_plan: List[str]
     start_fps: float
@@ -195,6 +198,7 @@ def run_adapt(bundle: Bundle, truth: str, board: str = "devboard-usb", seconds: 
     return AdaptRun(
         truth=str(given), resolved=str(resolved), board=board, seconds=round(elapsed, 3), frames=len(times),
         plan_fps=(predicted.fps or 0.0) if predicted is not None else 0.0,
+        start_bound_fps=_rounded(emulation.steady_fps(start_plan, resolved)),
         oracle_fps=best.fps,
         oracle_plan=[f"{s.device} ops [{s.ops[0]}, {s.ops[1]})" for s in best.plan.stages],
         start_fps=round(_rate(times, 0.0, edge), 2),
@@ -204,6 +208,10 @@ def run_adapt(bundle: Bundle, truth: str, board: str = "devboard-usb", seconds: 
         fps_timeline=points, what=what)
 
 
+def _rounded(fps: Optional[float]) -> Optional[float]:
+    return None if fps is None else round(fps, 2)
+
+
 def to_json(run: AdaptRun) -> Dict[str, Any]:
     """One run as the ``adapt`` object ``--json`` writes."""
     return dict(asdict(run), final_of_oracle=round(run.final_of_oracle, 4), figures="modelled")
@@ -211,11 +219,13 @@ def to_json(run: AdaptRun) -> Dict[str, Any]:
 
 def format_table(runs: Sequence[AdaptRun]) -> str:
     """The adaptation table, a Markdown table (*modelled*)."""
-    lines = ["| truth | what | oracle fps | start fps | final fps | final/oracle | s to 95% | switches |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| truth | what | oracle fps | start plan under truth fps | start fps | final fps | final/oracle "
+             "| s to 95% | switches |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         to95 = "never" if r.seconds_to_95 is None else f"{r.seconds_to_95:.2f}"
-        lines.append(f"| `{r.truth or '(profile)'}` | {r.what} | {r.oracle_fps:.1f} | {r.start_fps:.1f} | "
+        bound = "-" if r.start_bound_fps is None else f"{r.start_bound_fps:.1f}"
+        lines.append(f"| `{r.truth or '(profile)'}` | {r.what} | {r.oracle_fps:.1f} | {bound} | {r.start_fps:.1f} | "
                      f"{r.final_fps:.1f} | {r.final_of_oracle:.2f} | {to95} | {r.switches} |")
     return "\n".join(lines)
 

@@ -134,3 +134,26 @@ def test_bench_adapt_refuses_bad_options_in_one_line(shipped_bundle, capsys, arg
     code = main(["bench", "--bundle", str(shipped_bundle), *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_the_start_plans_fps_under_a_truth_is_its_slowest_stage_repriced(profiled):
+    assert emulation.steady_fps(profiled, emulation.Truth()) == pytest.approx(profiled.predicted.fps, rel=1e-3)
+    tpu = profiled.active_stages[0]
+    slowed = emulation.steady_fps(profiled, emulation.parse(f"{tpu.device}=speed:0.5,throttle:9s"))
+    c = tpu.cost
+    want_ms = (c.compute_ms + c.invoke_ms) / 0.25 + c.link_ms  # half speed, throttled to half again
+    assert slowed == pytest.approx(1e3 / want_ms, rel=1e-4)
+    cpu = emulation.steady_fps(profiled, emulation.parse("cpu=speed:0.25"))
+    assert cpu == pytest.approx(1e3 / (4 * profiled.stages[-1].predicted_ms), rel=1e-4)
+
+
+def test_an_oversubscribed_bus_caps_the_start_plans_fps(profiled):
+    import dataclasses
+
+    from edgecap.plan import Bus
+
+    tpu = profiled.active_stages[0]
+    on_bus = dataclasses.replace(tpu, cost=dataclasses.replace(tpu.cost, bus="lane"))
+    plan = dataclasses.replace(profiled, buses=(Bus("lane", 1e6),),
+                               stages=tuple(on_bus if s is tpu else s for s in profiled.stages))
+    assert emulation.steady_fps(plan, emulation.Truth()) == pytest.approx(1e6 / tpu.cost.link_bytes, rel=1e-6)
