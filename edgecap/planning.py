@@ -155,9 +155,8 @@ def true_board(board: object, truth: Truth, plan: Optional[Plan] = None) -> obje
     Raises:
       ConfigError: If the truth names a TPU the board lacks.
     """
-    import edgecap_compile.plan as compile_plan
-
-    names = compile_plan.plan_devices(board)  # the profile's TPUs as plans name them
+    # The profile's TPUs as plans name them (the compiler's plan module, loaded with the package).
+    names = _compiler(board).plan.plan_devices(board)
     if plan is not None:
         truth = resolve(truth, plan)
     for device, part in truth.devices:
