@@ -35,7 +35,6 @@ import functools
 import os
 import re
 import threading
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
