@@ -18,3 +18,7 @@ MAX_BEAM = 64
 # The default width, greedy: on the models measured a wider beam did not caption
 # better (docs/beam-bench.json; docs/runtime.md, Beam search).
 DEFAULT_BEAM = 1
+# Camera indices: OpenCV adds a backend's number to an index (CAP_V4L2 + 1 is
+# 201), and its largest backend numbers are below 3000; -1 ("any camera")
+# crashes inside OpenCV 5.
+MAX_CAMERA_INDEX = 9_999
