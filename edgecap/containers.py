@@ -68,8 +68,8 @@ def _riff(f: BinaryIO, size: int) -> Optional[Damage]:
         f.seek(pos)
         tag, length = struct.unpack("<4sI", f.read(8))
         if tag != b"RIFF":
-            return Damage(f"has {tag.decode('latin-1')!r} where a RIFF chunk should start, at "
-                          f"byte {pos}", cut=True)
+            return Damage(f"has no RIFF chunk header at byte {pos} (the data there is damaged)",
+                          cut=True)
         end = size if length in _UNKNOWN else pos + 8 + length
         if end > size:
             return Damage(f"cut off at byte {size}: its RIFF chunk runs to byte {end}", cut=True)
@@ -96,9 +96,13 @@ class _Walk:
         while pos + 8 <= end and self.problem is None:
             self.f.seek(pos)
             tag, length = struct.unpack("<4sI", self.f.read(8))
-            name = tag.decode("latin-1")
+            if not _printable(tag):
+                self.problem = f"has no chunk header at byte {pos} (the data there is damaged)"
+                return
+            name = tag.decode("ascii")
+            unknown = tag == b"LIST" and length in _UNKNOWN
             # A list of unknown size (written to a pipe) runs to the end of the file.
-            chunk_end = self.size if (tag == b"LIST" and length in _UNKNOWN) else pos + 8 + length
+            chunk_end = self.size if unknown else pos + 8 + length
             if chunk_end > self.size:
                 self.problem = (f"cut off at byte {self.size} inside a {name} chunk of {length} "
                                 f"bytes, after {self.frames} whole frame chunks")
@@ -106,12 +110,20 @@ class _Walk:
             if tag in (b"idx1", b"indx"):
                 self.indexed = True
             elif tag == b"LIST":
-                self.chunks(pos + 12, chunk_end)
+                kind = self.f.read(4)
+                # The frames of a list whose size is known are whole: only the headers
+                # ('hdrl' holds an OpenDML 'indx') and a piped list of unknown size are walked.
+                if unknown or kind in (b"hdrl", b"strl", b"odml"):
+                    self.chunks(pos + 12, chunk_end)
             elif name[:2].isdigit():  # a stream's data chunk: '00dc', '01wb'
                 self.frames += 1
             pos = chunk_end + (chunk_end & 1)
         if pos < end == self.size and self.problem is None:
             self.problem = f"cut off at byte {self.size} inside a chunk header"
+
+
+def _printable(tag: bytes) -> bool:
+    return all(32 <= b < 127 for b in tag)
 
 
 def _isobmff(f: BinaryIO, size: int) -> Optional[Damage]:
@@ -125,7 +137,9 @@ def _isobmff(f: BinaryIO, size: int) -> Optional[Damage]:
             header = 16
         elif length == 0:  # the box runs to the end of the file
             length = size - pos
-        name = kind.decode("latin-1")
+        if not _printable(kind):
+            return Damage(f"has no box header at byte {pos} (the data there is damaged)", cut=True)
+        name = kind.decode("ascii")
         if length < header:
             return Damage(f"has a {name!r} box of impossible size {length} at byte {pos}", cut=True)
         if pos + length > size:

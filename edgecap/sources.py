@@ -147,14 +147,20 @@ def _fit(image: np.ndarray) -> np.ndarray:
 
 
 def _open_capture(source: str) -> Any:
-    """Opens a video file; one whose frames pass 4K UHD is reopened to decode on one thread."""
-    cap = cv2.VideoCapture(source)
+    """Opens a video file; frames past 4K UHD are decoded on one thread.
+
+    A frame-threaded decoder holds a frame per thread (an 8K frame is 50 MB
+    before conversion), so the file is opened on one thread first, which
+    learns the size at little cost, and reopened on all of them when its
+    frames are smaller.
+    """
+    cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
     if cap.isOpened():
         w, h = cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT)
-        if w * h > _HUGE_PIXELS and cap.getBackendName() == "FFMPEG":
-            cap.release()
-            cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
-    return cap
+        if w * h > _HUGE_PIXELS:
+            return cap
+        cap.release()
+    return cv2.VideoCapture(source)
 
 
 class VideoFileSource(FrameSource):
@@ -232,8 +238,11 @@ class VideoFileSource(FrameSource):
         t = previous = 0.0
         shortest = longest = None
         while image is not None:
-            yield Frame(index, t, _fit(image))
-            ok, image = self._cap.read()
+            fitted = _fit(image)
+            yield Frame(index, t, fitted)
+            # A frame scaled down was copied: its full-size buffer takes the next read
+            # (an 8K frame is 100 MB); one passed on as read must not be overwritten.
+            ok, image = self._cap.read(image if fitted is not image else None)
             index += 1
             if not ok:
                 break
