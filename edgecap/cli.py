@@ -579,8 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_window_args(p)
     p.set_defaults(func=_cmd_caption)
 
-    p = sub.add_parser("camera", help="caption a live camera, e.g. /dev/video0 or 0")
-    p.add_argument("source", help="camera device path or index")
+    p = sub.add_parser("camera", help="caption a live camera, e.g. /dev/video0, 0 or rtsp://host/stream")
+    p.add_argument("source", help="camera device path, index (0 to 9999) or network stream URL "
+                                  "(rtsp, rtmp, http, https, udp, tcp, srt)")
     _add_window_args(p)
     p.set_defaults(func=_cmd_caption)
 

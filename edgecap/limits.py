@@ -24,3 +24,7 @@ MIN_EMULATED_SPEED = 0.01
 MAX_EMULATED_SPEED = 100.0
 # Seconds before an emulated device throttles (throttle:Ts): a day is past any run.
 MAX_THROTTLE_S = 86_400.0
+# Camera indices: OpenCV adds a backend's number to an index (CAP_V4L2 + 1 is
+# 201), and its largest backend numbers are below 3000; -1 ("any camera")
+# crashes inside OpenCV 5.
+MAX_CAMERA_INDEX = 9_999

@@ -77,6 +77,10 @@ FAST_TESTS: Dict[str, List[str]] = {
                         "test_bad_history_keys_are_one_line_errors_naming_the_key"],
     "test_bad_media.py": ["test_a_clip_damaged_in_the_middle_says_where_it_stopped",
                           "test_an_intact_clip_ends_without_an_error"],
+    # Videos as they come: timestamps, a cut-off file, indices OpenCV must not see.
+    "test_video_sources.py": ["test_a_variable_rate_clip_is_timed_by_each_frames_own_timestamp",
+                              "test_a_cut_off_avi_gives_its_frames_then_one_line",
+                              "test_camera_indices_opencv_must_not_see_are_refused_first"],
     "test_bad_plan.py": ["test_a_tpu_index_the_board_lacks", "test_a_segment_symlinked_out_of_the_directory"],
     "test_bench.py": ["test_null_stage_overhead_is_measured", "test_bound_charges_the_rnn_step_once_per_open_window",
                       "test_board_name_plans_on_the_fly_with_emulated_tpus", "test_unknown_board_is_a_one_line_error"],
