@@ -184,10 +184,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from edgecap.bundle import load_bundle
 
+    from edgecap.compiled_encoder import describe
+
     b = load_bundle(args.bundle or default_bundle())
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
           f"{b.feature_size} features, vocabulary {len(b.vocab)}, window {b.window.frames} "
-          f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps")
+          f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps, {describe(b)}")
     return 0
 
 

@@ -436,6 +436,9 @@ def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
             model, _ = open_model(model, error=PlanError)
         except (ValueError, RuntimeError, OSError) as exc:
             raise PlanError(f"{model}: not a TFLite model ({exc}); check the bundle's encoder") from None
+    if model.edgetpu:
+        raise PlanError(f"{model.path}: EdgeTPU-compiled (edgetpu-custom-op), so it cannot run on the CPU: "
+                        "run it on an EdgeTPU, or use the model it was compiled from")
     stage = Stage(
         index=0,
         spec=DeviceSpec("cpu"),
