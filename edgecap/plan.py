@@ -665,7 +665,9 @@ def _check_tpus(stages: List[Stage], board: _BoardDoc, where: str) -> None:
     limit = MAX_TPUS if board.tpus is None else board.tpus
     for s in stages:
         floats = [t.name for t in (*s.inputs, *s.outputs) if t.dtype == "float32"]
-        if s.spec.kind != "cpu" and not s.empty and floats:
+        # A compiled segment may read or write floats through the ops edgetpu_compiler left on the CPU.
+        on_cpu = s.edgetpu is not None and s.edgetpu.compiled and s.edgetpu.cpu_ops
+        if s.spec.kind != "cpu" and not s.empty and floats and not on_cpu:
             raise PlanError(f"{where}: stages[{s.index}] on {s.device} has float32 tensor {floats[0]!r}: "
                             "an EdgeTPU runs only int8-quantized segments; compile a full-integer "
                             "(int8) model with `edgecap compile`")
