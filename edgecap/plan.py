@@ -703,10 +703,17 @@ def _check_order(stages: List[Stage], where: str) -> None:
 def _check_chain(stages: List[Stage], where: str) -> None:
     active = [s for s in stages if not s.empty]
     for prev, cur in zip(active, active[1:]):
-        available = {t.name for t in prev.outputs}
+        available = {t.name: t for t in prev.outputs}
         missing = [t.name for t in cur.inputs if t.name not in available]
         if missing:
             raise PlanError(
                 f"{where}: stages[{cur.index}] reads {', '.join(map(repr, missing))} which stages[{prev.index}] "
                 "does not output; boundary tensors must keep their names"
             )
+        for t in cur.inputs:
+            wrote = available[t.name]
+            if (t.shape, t.dtype, t.quantization) != (wrote.shape, wrote.dtype, wrote.quantization):
+                raise PlanError(
+                    f"{where}: stages[{cur.index}] reads {t.name!r} as {t.dtype}{list(t.shape)} scale {t.scale:g} "
+                    f"zero point {t.zero_point}, stages[{prev.index}] writes {wrote.dtype}{list(wrote.shape)} "
+                    f"scale {wrote.scale:g} zero point {wrote.zero_point}; {_FIX}")

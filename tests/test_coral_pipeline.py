@@ -201,3 +201,16 @@ def test_coral_ssd_mobilenet_pipelines_import_and_run_emulated_timing_only(tmp_p
     for stage in plan.active_stages:
         tensors = open_stage(stage, f"emu-tpu:{stage.index}", timing_only=True)(tensors)
     assert set(tensors) == {t.name for t in plan.outputs}
+
+
+def test_a_plan_json_whose_stages_disagree_on_a_tensors_quantization_is_refused(tmp_path: Path) -> None:
+    coral_pipeline.import_pipeline(_pipeline(tmp_path / "in"), tmp_path / "plan", "b", 1, PRICES)
+    path = tmp_path / "plan" / "plan.json"
+    doc = json.loads(path.read_text())
+    doc["stages"][2]["inputs"][2]["zero_point"] = 0  # the skipping tensor, as stage 2 reads it
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=r"stages\[2\] reads 'FeatureExtractor/Conv2d_11_pointwise/Relu6' as "
+                                        r"uint8\[1, 8, 8, 32\] scale 0.1036 zero point 0, stages\[1\] writes "
+                                        r"uint8\[1, 8, 8, 32\] scale 0.1036 zero point 140") as err:
+        load_plan(path)
+    assert "\n" not in str(err.value)
