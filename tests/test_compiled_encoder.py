@@ -168,3 +168,28 @@ def test_coral_embedding_extractor_and_its_compiled_twin_agree(tmp_path: Path) -
     cpu, compiled = (open_model(p)[0] for p in paths.values())
     assert compiled.edgetpu and not cpu.edgetpu
     _check_twin(tmp_path / "bundle.json", cpu, compiled)  # same boundary: accepted as twins
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="google-coral/test_data mirror not present")
+def test_real_edgetpu_runs_the_compiled_twin_close_to_the_cpu(tmp_path: Path) -> None:
+    import dataclasses
+
+    import numpy as np
+
+    from edgecap.devices import list_devices
+    from edgecap.stages import open_stage
+
+    if not any(i.kind in ("pci", "usb") for i in list_devices()):
+        pytest.skip("needs a Coral EdgeTPU")
+    names = ["mobilenet_v1_1.0_224_quant_embedding_extractor.tflite",
+             "mobilenet_v1_1.0_224_quant_embedding_extractor_edgetpu.tflite"]
+    for name in names:
+        (tmp_path / name).write_bytes(subprocess.run(["git", "-C", str(MIRROR), "show", f"HEAD:{name}"],
+                                                     capture_output=True, check=True).stdout)
+    stage = single_cpu_plan(tmp_path / names[0]).stages[0]
+    on_tpu = dataclasses.replace(stage, compiled_segment=tmp_path / names[1])
+    x = {stage.inputs[0].name: np.random.default_rng(0).integers(0, 256, stage.inputs[0].shape, dtype=np.uint8)}
+    name = stage.outputs[0].name
+    tpu, cpu = open_stage(on_tpu, "tpu:0")(x)[name].astype(int), open_stage(stage, "cpu")(x)[name].astype(int)
+    assert np.abs(tpu - cpu).max() <= 3  # the EdgeTPU rounds differently (google-coral/edgetpu#503)

@@ -214,3 +214,26 @@ def test_a_plan_json_whose_stages_disagree_on_a_tensors_quantization_is_refused(
                                         r"uint8\[1, 8, 8, 32\] scale 0.1036 zero point 140") as err:
         load_plan(path)
     assert "\n" not in str(err.value)
+
+
+def _attached_tpus() -> int:
+    from edgecap.devices import list_devices
+
+    return sum(1 for i in list_devices() if i.kind in ("pci", "usb"))
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="google-coral/test_data mirror not present")
+def test_real_edgetpu_runs_coral_segments_through_libedgetpu(tmp_path: Path) -> None:
+    # Each segment opens through libedgetpu's delegate (edgecap.edgetpu_runtime), on one TPU in turn.
+    if not _attached_tpus():
+        pytest.skip("needs a Coral EdgeTPU")
+    stem = "ssd_mobilenet_v1_coco_quant_postprocess"
+    (tmp_path / "in").mkdir()
+    paths = _from_mirror(tmp_path / "in", [f"pipeline/{stem}_segment_{k}_of_2_edgetpu.tflite" for k in range(2)])
+    plan = load_plan(coral_pipeline.import_pipeline(paths, tmp_path / "plan", "b", 1, PRICES).path)
+    tensors = {plan.inputs[0].name: np.full(plan.inputs[0].shape, 128, np.uint8)}
+    for stage in plan.active_stages:
+        tensors = open_stage(stage, "tpu:0")(tensors)
+    count = float(tensors["TFLite_Detection_PostProcess:3"][0])
+    assert 0 <= count <= 20 and np.all(np.isfinite(tensors["TFLite_Detection_PostProcess"]))
