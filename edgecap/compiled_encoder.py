@@ -76,8 +76,18 @@ def tpu_plan(bundle: Bundle) -> Plan:
                 stages=(stage, tail), model_ops=n)
 
 
+def on_tpu(plan: Plan) -> bool:
+    """True when ``plan`` (from ``encoder_plan``) runs the compiled encoder on an EdgeTPU."""
+    return plan.active_stages[0].spec.kind == "tpu"
+
+
+def where(plan: Plan) -> str:
+    """Says where ``encoder_plan``'s plan runs the encoder, for the planner's reason line."""
+    return "whole EdgeTPU-compiled encoder on tpu:0" if on_tpu(plan) else "whole encoder on the CPU"
+
+
 def encoder_plan(bundle: Bundle, tpus: int) -> Plan:
-    """The plan that runs a bundle's encoder whole, when the bundle has no plan for the board.
+    """The plan that runs a bundle's encoder whole, when no plan of the bundle fits the board.
 
     Args:
       bundle: The loaded bundle.

@@ -286,10 +286,9 @@ def _pick_auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, ha
                            reason=f"plan for {board}: {_tpus(plan)} on {hardware.describe()}", **settle)
     if not bundle.plans:
         whole = compiled_encoder.encoder_plan(bundle, attached)
-        on_tpu = whole.active_stages[0].spec.kind == "tpu"
+        on_tpu = compiled_encoder.on_tpu(whole)
         return _settle(bundle, options, whole, how="auto",
-                       reason=f"the bundle carries no compiled plan; whole "
-                              f"{'EdgeTPU-compiled encoder on tpu:0' if on_tpu else 'encoder on the CPU'} "
+                       reason=f"the bundle carries no compiled plan; {compiled_encoder.where(whole)} "
                               f"({hardware.describe()})",
                        fallback=None if not attached or on_tpu else "no-plan-for-board", **settle)
     missing = (f"{hardware.describe()}: "
@@ -302,8 +301,9 @@ def _pick_auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, ha
         board, plan = max(usable, key=lambda bp: _rank(bp[1]))
         return _settle(bundle, options, plan, how="auto", board=board, fallback=slug,
                        reason=f"{missing}; using plan {board} ({_tpus(plan)})", **settle)
-    return _settle(bundle, options, compiled_encoder.cpu_plan(bundle), how="auto",
-                   fallback=slug, reason=f"{missing}; whole encoder on the CPU", **settle)
+    whole = compiled_encoder.encoder_plan(bundle, attached)
+    return _settle(bundle, options, whole, how="auto", fallback=slug,
+                   reason=f"{missing}; {compiled_encoder.where(whole)}", **settle)
 
 
 def cpu_instead(bundle: Bundle, options: CaptionerOptions, start: Choice, error: EdgecapError) -> Optional[Choice]:

@@ -193,3 +193,16 @@ def test_real_edgetpu_runs_the_compiled_twin_close_to_the_cpu(tmp_path: Path) ->
     name = stage.outputs[0].name
     tpu, cpu = open_stage(on_tpu, "tpu:0")(x)[name].astype(int), open_stage(stage, "cpu")(x)[name].astype(int)
     assert np.abs(tpu - cpu).max() <= 3  # the EdgeTPU rounds differently (google-coral/edgetpu#503)
+
+
+def test_a_compiled_encoder_runs_on_the_tpu_when_the_bundles_plans_do_not_fit(with_twin: Path,
+                                                                                tmp_path: Path) -> None:
+    from edgecap_compile.compiler import compile_model
+
+    # A plan for a two-TPU board, on a host with one TPU: the whole compiled encoder beats the CPU.
+    compile_model(with_twin / "encoder.tflite", "rpi4-2usb", with_twin / "plans" / "rpi4-2usb",
+                  ranges=[(0, 5), (5, 10), (10, load_bundle(with_twin).encoder_model.ops)])
+    choice = planner.choose(load_bundle(with_twin), CaptionerOptions(), _hardware(1))
+    stage = choice.plan.active_stages[0]
+    assert (str(stage.spec), stage.compiled_segment.name) == ("tpu:0", "encoder_edgetpu.tflite")
+    assert choice.reason.endswith("whole EdgeTPU-compiled encoder on tpu:0")
