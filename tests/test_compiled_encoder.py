@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from compiled_models import write_compiled
@@ -175,8 +176,6 @@ def test_coral_embedding_extractor_and_its_compiled_twin_agree(tmp_path: Path) -
 def test_real_edgetpu_runs_the_compiled_twin_close_to_the_cpu(tmp_path: Path) -> None:
     import dataclasses
 
-    import numpy as np
-
     from edgecap.devices import list_devices
     from edgecap.stages import open_stage
 
@@ -206,3 +205,25 @@ def test_a_compiled_encoder_runs_on_the_tpu_when_the_bundles_plans_do_not_fit(wi
     stage = choice.plan.active_stages[0]
     assert (str(stage.spec), stage.compiled_segment.name) == ("tpu:0", "encoder_edgetpu.tflite")
     assert choice.reason.endswith("whole EdgeTPU-compiled encoder on tpu:0")
+
+
+def test_the_compiled_encoders_stage_opens_through_libedgetpus_delegate(with_twin: Path, monkeypatch) -> None:
+    from edgecap import stages
+
+    opened = []
+
+    def load_edgetpu_delegate(spec, model=None, backend=None):
+        opened.append((str(spec), Path(model).name))
+        raise EdgecapError(f"{spec}: no Edge TPU here")
+
+    monkeypatch.setattr(stages, "load_edgetpu_delegate", load_edgetpu_delegate)
+    plan = compiled_encoder.tpu_plan(load_bundle(with_twin))
+    with pytest.raises(EdgecapError, match="tpu:0: no Edge TPU here"):
+        stages.open_stage(plan.stages[0])
+    assert opened == [("tpu:0", "encoder_edgetpu.tflite")]
+    # The same stage emulated runs the CPU twin, exactly.
+    emulated = stages.open_stage(plan.stages[0], "emu-tpu:0", pace_ms=0.0)
+    cpu = stages.open_stage(compiled_encoder.cpu_plan(load_bundle(with_twin)).stages[0], "cpu")
+    x = {t.name: np.zeros(t.shape, t.dtype) for t in plan.inputs}
+    name = plan.outputs[0].name
+    np.testing.assert_array_equal(emulated(x)[name], cpu(x)[name])
