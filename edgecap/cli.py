@@ -529,8 +529,17 @@ def _cmd_plan_import(args: argparse.Namespace) -> int:
     if not prices:
         raise EdgecapError(f"--board {args.board}: the profile has no EdgeTPU to price the segments on; "
                            "name a board with EdgeTPUs (devboard, devboard-usb, rpi4-2usb)")
+    compute = None
+    if args.source is not None:
+        work = _compiler("segment_work")
+
+        def compute(segments):
+            return work.compute_ms(args.source, board, [
+                ([(t.name, t.shape) for t in s.model.inputs], [(t.name, t.shape) for t in s.model.outputs],
+                 s.cpu_ops)
+                for s in segments], [s.path.name for s in segments])
     plan = coral_pipeline.import_pipeline([Path(p) for p in args.segments], Path(args.out), board.name,
-                                          board.version, prices)
+                                          board.version, prices, compute)
     print(f"wrote {plan.path}: {len(plan.active_stages)} compiled segment(s) of {plan.model_file} "
           f"priced on {plan.board}")
     print(coral_pipeline.describe(plan))
@@ -548,6 +557,8 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     i.add_argument("-o", "--out", required=True, help="output folder")
     i.add_argument("--board", default="rpi4-2usb",
                    help="board profile whose EdgeTPU figures price the segments (default rpi4-2usb)")
+    i.add_argument("--source", help="the model the segments were compiled from: prices each segment's "
+                                    "operators (MACs) too; without it the times have no compute term")
     i.set_defaults(func=_cmd_plan_import)
 
 

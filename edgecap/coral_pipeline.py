@@ -13,6 +13,9 @@ Each segment's ``predicted_ms`` is an estimate documented in docs/plan.md
 it is the board's TPU invoke overhead plus the segment's link bytes (its
 boundary tensors in and out, and the compiled file's bytes beyond the TPU's
 parameter cache) at the link rate, with no compute term: a lower bound.
+Given the model the segments were compiled from (``--source``), the compute
+term is the compiler's cost model on that model's operators between each
+segment's boundary tensors (``edgecap_compile.segment_work``).
 An emulated EdgeTPU cannot run a compiled segment (its ``edgetpu-custom-op``
 has no CPU kernel), so emulated runs of an imported plan are timing-only.
 """
@@ -25,7 +28,7 @@ import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -193,7 +196,8 @@ def _tensor_bytes(tensors: Sequence[TensorSpec]) -> int:
 
 
 def import_pipeline(paths: Sequence[Path], out: Path, board: str, board_version: int,
-                    prices: Sequence[TpuPrice]) -> Plan:
+                    prices: Sequence[TpuPrice],
+                    compute: Optional[Callable[[Sequence[Segment]], Sequence[float]]] = None) -> Plan:
     """Writes a plan for Coral's segment files into ``out``, with the segments copied beside it.
 
     Args:
@@ -204,6 +208,8 @@ def import_pipeline(paths: Sequence[Path], out: Path, board: str, board_version:
       prices: Its EdgeTPUs' figures; segment K is priced on TPU K (the last
         one again where the board has fewer: the plan then names
         ``<board> with N EdgeTPUs``).
+      compute: Prices each segment's compute in milliseconds (from the
+        source model's operators); None leaves the term out (a lower bound).
 
     Returns:
       The plan as written.
@@ -214,6 +220,7 @@ def import_pipeline(paths: Sequence[Path], out: Path, board: str, board_version:
     """
     stem, segments = read_segments(paths)
     io = chain(segments)
+    compute_ms = [0.0] * len(segments) if compute is None else list(compute(segments))
     out.mkdir(parents=True, exist_ok=True)
     stages: List[Stage] = []
     start = 0
@@ -225,7 +232,7 @@ def import_pipeline(paths: Sequence[Path], out: Path, board: str, board_version:
         digest.update(bytes.fromhex(seg.model.sha256))
         price = prices[min(seg.index, len(prices) - 1)]
         cached = min(seg.size, price.sram_bytes)
-        cost = CostParts(compute_ms=0.0, invoke_ms=price.invoke_ms,
+        cost = CostParts(compute_ms=round(compute_ms[seg.index], 6), invoke_ms=price.invoke_ms,
                          link_bytes=_tensor_bytes(seg.model.inputs) + _tensor_bytes(seg.model.outputs)
                          + seg.size - cached,
                          link_bytes_per_s=price.link_bytes_per_s, link=price.link)
@@ -266,7 +273,9 @@ def describe(plan: Plan) -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     table = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
     p = plan.predicted
-    return (f"{table}\npredicted (modelled, no compute term: a lower bound): {p.fps} fps, latency "
+    priced = ("compute from the source model's operators" if any(s.cost.compute_ms for s in plan.active_stages)
+              else "no compute term: a lower bound")
+    return (f"{table}\npredicted (modelled, {priced}): {p.fps} fps, latency "
             f"{p.latency_ms:.3f} ms, bottleneck stage {p.bottleneck_stage}\n"
             "emulated runs of this plan are timing-only: a compiled segment's edgetpu-custom-op cannot run "
             "on a CPU; on real EdgeTPUs each segment runs through libedgetpu")

@@ -237,3 +237,71 @@ def test_real_edgetpu_runs_coral_segments_through_libedgetpu(tmp_path: Path) -> 
         tensors = open_stage(stage, "tpu:0")(tensors)
     count = float(tensors["TFLite_Detection_PostProcess:3"][0])
     assert 0 <= count <= 20 and np.all(np.isfinite(tensors["TFLite_Detection_PostProcess"]))
+
+
+def _segments_of_own_plan(tmp_path: Path):
+    """The project's own plan of tiny_inception on devboard-usb, and its TPU stages as compiled files."""
+    from edgecap_compile.compiler import compile_model
+
+    source = Path(__file__).resolve().parent / "data" / "compile" / "tiny_inception.tflite"
+    own = load_plan(compile_model(source, "devboard-usb", tmp_path / "own", ranges=[(0, 5), (5, 21), (21, 21)])
+                    .plan_path)
+    tpu = [s for s in own.active_stages if s.spec.kind == "tpu"]
+    paths = []
+    for k, s in enumerate(tpu):
+        passing = {t.name for t in s.inputs} & {t.name for t in s.outputs}
+        spec = [[(t.name, t.shape, t.dtype, t.scale, t.zero_point) for t in ts if t.name not in passing]
+                for ts in (s.inputs, s.outputs)]
+        paths.append(write_compiled(tmp_path / _name(k, len(tpu), "inc"), *spec))
+    return source, own, tpu, paths
+
+
+def test_with_the_source_model_each_segment_is_priced_as_the_compiler_prices_its_own(tmp_path: Path) -> None:
+    from edgecap_compile.boards import load_board
+    from edgecap_compile.segment_work import compute_ms
+
+    source, own, tpu, paths = _segments_of_own_plan(tmp_path)
+    board = load_board("devboard-usb")
+    prices = [coral_pipeline.TpuPrice(t.invoke_overhead_ms, t.link_bytes_per_s, t.sram_bytes, t.link)
+              for t in board.tpus]
+
+    def compute(segments):
+        return compute_ms(source, board, [([(t.name, t.shape) for t in s.model.inputs],
+                                           [(t.name, t.shape) for t in s.model.outputs], s.cpu_ops)
+                                          for s in segments], [s.path.name for s in segments])
+
+    imported = coral_pipeline.import_pipeline(paths, tmp_path / "imported", board.name, board.version, prices,
+                                              compute)
+    for mine, theirs in zip(imported.active_stages, tpu):
+        assert mine.cost.compute_ms == pytest.approx(theirs.cost.compute_ms, abs=1e-5) and mine.cost.compute_ms > 0
+        assert mine.cost.invoke_ms == theirs.cost.invoke_ms
+    assert "compute from the source model's operators" in coral_pipeline.describe(imported)
+
+
+def test_a_source_model_the_segments_were_not_compiled_from_is_refused_in_one_line(tmp_path: Path) -> None:
+    _, _, _, paths = _segments_of_own_plan(tmp_path)
+    other = Path(__file__).resolve().parent / "data" / "compile" / "tiny_mobilenet.tflite"
+    r = subprocess.run([sys.executable, "-m", "edgecap.cli", "plan", "import", *map(str, paths), "--source",
+                        str(other), "-o", str(tmp_path / "plan")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "inc_segment_0_of_2_edgetpu.tflite: tensor" in r.stderr and "pass the model the segments were " \
+        "compiled from" in r.stderr
+    assert not (tmp_path / "plan" / "plan.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="google-coral/test_data mirror not present")
+def test_coral_compiled_extractor_priced_on_its_source_matches_the_compilers_own_plan(tmp_path: Path) -> None:
+    from edgecap_compile.compiler import compile_model
+
+    names = ["mobilenet_v1_1.0_224_quant_embedding_extractor.tflite",
+             "mobilenet_v1_1.0_224_quant_embedding_extractor_edgetpu.tflite"]
+    source, compiled = _from_mirror(tmp_path, names)
+    own = load_plan(compile_model(source, "rpi4-2usb", tmp_path / "own", tpus=1).plan_path)
+    r = subprocess.run([sys.executable, "-m", "edgecap.cli", "plan", "import", str(compiled), "--source",
+                        str(source), "--board", "rpi4-2usb", "-o", str(tmp_path / "imported")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    imported = load_plan(tmp_path / "imported")
+    # Coral compiled it whole: one segment, priced as the compiler's own one-TPU plan.
+    assert imported.active_stages[0].predicted_ms == pytest.approx(own.active_stages[0].predicted_ms, rel=0.01)
