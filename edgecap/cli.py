@@ -185,10 +185,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from edgecap.bundle import load_bundle
 
+    from edgecap.compiled_encoder import describe
+
     b = load_bundle(args.bundle or default_bundle())
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
           f"{b.feature_size} features, vocabulary {len(b.vocab)}, window {b.window.frames} "
-          f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps")
+          f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps, {describe(b)}")
     return 0
 
 
@@ -548,6 +550,49 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd_compile)
 
 
+def _cmd_plan_import(args: argparse.Namespace) -> int:
+    from edgecap import coral_pipeline
+
+    check_output(args.out, "-o", directory=True)
+    board = _compiler("boards").load_board(args.board)
+    prices = [coral_pipeline.TpuPrice(t.invoke_overhead_ms, t.link_bytes_per_s, t.sram_bytes, t.link)
+              for t in board.tpus]
+    if not prices:
+        raise EdgecapError(f"--board {args.board}: the profile has no EdgeTPU to price the segments on; "
+                           "name a board with EdgeTPUs (devboard, devboard-usb, rpi4-2usb)")
+    compute = None
+    if args.source is not None:
+        work = _compiler("segment_work")
+
+        def compute(segments):
+            return work.compute_ms(args.source, board, [
+                ([(t.name, t.shape) for t in s.model.inputs], [(t.name, t.shape) for t in s.model.outputs],
+                 s.cpu_ops)
+                for s in segments], [s.path.name for s in segments])
+    plan = coral_pipeline.import_pipeline([Path(p) for p in args.segments], Path(args.out), board.name,
+                                          board.version, prices, compute)
+    print(f"wrote {plan.path}: {len(plan.active_stages)} compiled segment(s) of {plan.model_file} "
+          f"priced on {plan.board}")
+    print(coral_pipeline.describe(plan))
+    return 0
+
+
+def _add_plan(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="plan_command", metavar="COMMAND", required=True)
+    i = sub.add_parser(
+        "import", help="turn Coral's *_segment_K_of_N_edgetpu.tflite files into a plan",
+        description="Check that edgetpu_compiler --num_segments N output chains (tensor names, shapes, "
+                    "quantization) and write plan.json with the segments to OUT_DIR: segment K on tpu:K, "
+                    "tensors that skip a segment forwarded. Times are modelled (docs/plan.md).")
+    i.add_argument("segments", nargs="+", help="SEG_0 ... SEG_N-1, in order")
+    i.add_argument("-o", "--out", required=True, help="output folder")
+    i.add_argument("--board", default="rpi4-2usb",
+                   help="board profile whose EdgeTPU figures price the segments (default rpi4-2usb)")
+    i.add_argument("--source", help="the model the segments were compiled from: prices each segment's "
+                                    "operators (MACs) too; without it the times have no compute term")
+    i.set_defaults(func=_cmd_plan_import)
+
+
 def _add_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help="int8 .tflite models or bundle dirs to time")
     p.add_argument("--board", required=True, help="board profile the device belongs to")
@@ -631,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Split an int8 TFLite CNN (or a bundle's encoder) into EdgeTPU segments and "
                     "a CPU tail balanced for pipelined throughput; write the segments and "
                     "plan.json to OUT_DIR."))
+    _add_plan(sub.add_parser("plan", help="work with plans: import Coral's pipelined segments"))
     _add_calibrate(sub.add_parser(
         "calibrate", help="fit a board profile's cost model to measured segment timings",
         description="Time random segments of the given models on a device and fit its cost "

@@ -208,7 +208,11 @@ def open_stage(
         # tflite_runtime, libedgetpu's): a corrupt segment would crash it.
         fix = "re-run `edgecap compile` to rewrite the plan's segments"
         data = files.read_bytes(opened, what="segment", fix=fix, kind="model", error=PlanError)
-        verify_tflite(data, str(opened), error=PlanError, fix=fix)
+        if verify_tflite(data, str(opened), error=PlanError, fix=fix).edgetpu_compiled and spec.kind != "tpu":
+            raise PlanError(
+                f"stage {stage.index} on {spec}: {opened.name} is EdgeTPU-compiled (its edgetpu-custom-op "
+                "cannot run on a CPU): an emulated run of it is timing-only (paced to predicted_ms, "
+                "outputs zeros); run timing-only, or on a real EdgeTPU")
     if timing_only and paced:
         return SegmentRunner(stage, None, pace_ms, truth_pace)
     if spec.kind == "tpu":

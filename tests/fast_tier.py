@@ -134,4 +134,10 @@ FAST_TESTS: Dict[str, List[str]] = {
     "test_trace.py": ["test_slices_from_many_threads_are_all_kept_under_the_budget"],
     "test_window_state.py": ["test_back_to_back_windows_caption_their_own_clip",
                              "test_a_second_stream_starts_from_no_open_window"],
+    # Compiled encoders and Coral's imported pipelines, in process (well under a second in all).
+    "test_compiled_encoder.py": ["test_a_compiled_only_bundle_loads_where_it_was_refused_as_corrupt",
+                                 "test_with_a_tpu_the_compiled_encoder_runs_on_it_and_without_one_the_cpu_twin",
+                                 "test_a_compiled_only_bundle_on_a_cpu_only_host_is_refused_in_one_line"],
+    "test_coral_pipeline.py": ["test_a_three_segment_pipeline_becomes_a_plan_with_the_skipping_tensor_forwarded",
+                               "test_an_imported_plan_runs_emulated_timing_only_and_says_so_otherwise"],
 }
