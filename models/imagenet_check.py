@@ -81,8 +81,10 @@ def top_k(logits: np.ndarray, labels: Sequence[str], k: int = 5) -> List[Guess]:
         labels = labels[1:]  # a 1000-class model has no background
     elif len(scores) != len(labels):
         raise ValueError(f"{len(scores)} outputs but {len(labels)} labels: not an ImageNet classifier")
-    if scores.min() >= 0 and abs(scores.sum() - 1) < 0.05:
-        p = scores / scores.sum()  # already a softmax (Coral's classifiers end in one)
+    if scores.min() >= 0 and 0.5 <= scores.sum() <= 1.05:
+        # Already a softmax (Coral's classifiers end in one). Its uint8 output rounds
+        # small probabilities to 0, so it may sum well under 1: taken as it is.
+        p = scores
     else:
         p = np.exp(scores - scores.max())
         p /= p.sum()

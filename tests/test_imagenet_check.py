@@ -65,3 +65,12 @@ def test_a_missing_model_or_unreadable_photo_is_one_line_and_exit_2(tmp_path, ca
                     "--extractor", "demo", str(encoder), "127.5", "127.5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not an image OpenCV reads" in err
+
+
+def test_a_quantized_softmax_summing_under_1_is_read_as_probabilities_not_softmaxed_again():
+    # Coral's uint8 softmax (scale 1/256) rounds the tail to 0: the astronaut photo's sums to 0.87.
+    probs = np.zeros(1001)
+    probs[[440, 560, 519]] = [0.1796875, 0.1, 0.05]
+    probs[1:500:10] += 0.01
+    top = ic.top_k(probs, LABELS)
+    assert 0.5 < probs.sum() < 1 and top[0].probability == 0.18
