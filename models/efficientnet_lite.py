@@ -55,6 +55,10 @@ def _bn(name: str) -> layers.BatchNormalization:
 def build(include_top: bool = True) -> keras.Model:
     """Builds EfficientNet-Lite0 with layer names that follow the PyTorch state dict.
 
+    Each weighted layer is named as its PyTorch module without the leading
+    underscore (``blocks.3._expand_conv`` for ``_blocks.3._expand_conv``):
+    TensorFlow refuses variable scopes that start with one.
+
     Args:
       include_top: End in the 1000-class ImageNet layer (logits); without it the
         model ends in the 1280 globally pooled features.
@@ -63,12 +67,12 @@ def build(include_top: bool = True) -> keras.Model:
       The model, input ``[B,224,224,3]`` float frames normalised with ``LITE_NORM``.
     """
     x = inputs = keras.Input((SIZE, SIZE, 3), name="frame")
-    x = layers.Conv2D(STEM, 3, 2, "same", use_bias=False, name="_conv_stem")(x)
-    x = layers.ReLU(6.0)(_bn("_bn0")(x))
+    x = layers.Conv2D(STEM, 3, 2, "same", use_bias=False, name="conv_stem")(x)
+    x = layers.ReLU(6.0)(_bn("bn0")(x))
     channels, block = STEM, 0
     for repeats, kernel, stride, expand, out in STAGES:
         for r in range(repeats):
-            p = f"_blocks.{block}."
+            p = f"blocks.{block}."
             y = x
             if expand != 1:
                 y = layers.Conv2D(channels * expand, 1, use_bias=False, name=p + "_expand_conv")(y)
@@ -80,11 +84,11 @@ def build(include_top: bool = True) -> keras.Model:
             y = _bn(p + "_bn2")(y)
             x = layers.Add()([x, y]) if (r > 0 or stride == 1) and channels == out else y
             channels, block = out, block + 1
-    x = layers.Conv2D(HEAD, 1, use_bias=False, name="_conv_head")(x)
-    x = layers.ReLU(6.0)(_bn("_bn1")(x))
+    x = layers.Conv2D(HEAD, 1, use_bias=False, name="conv_head")(x)
+    x = layers.ReLU(6.0)(_bn("bn1")(x))
     x = layers.GlobalAveragePooling2D(name="pool")(x)
     if include_top:
-        x = layers.Dense(CLASSES, name="_fc")(x)
+        x = layers.Dense(CLASSES, name="fc")(x)
     return keras.Model(inputs, x, name="efficientnet_lite0")
 
 
@@ -98,7 +102,7 @@ def keras_weights(layer: keras.layers.Layer, state: Dict[str, np.ndarray]) -> Li
     Raises:
       KeyError: If the state dict lacks one of the layer's parameters.
     """
-    name = layer.name
+    name = "_" + layer.name
     if isinstance(layer, layers.DepthwiseConv2D):
         return [state[name + ".weight"].transpose(2, 3, 0, 1)]
     if isinstance(layer, layers.Conv2D):

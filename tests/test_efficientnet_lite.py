@@ -21,7 +21,7 @@ def _random_state(model, rng):
 
     state = {}
     for layer in model.layers:
-        name = layer.name
+        name = "_" + layer.name  # PyTorch's module name
         if isinstance(layer, layers.DepthwiseConv2D):
             kh, kw, c, _ = layer.kernel.shape
             state[name + ".weight"] = rng.normal(0, 0.3, (c, 1, kh, kw)).astype(np.float32)
@@ -58,7 +58,7 @@ def test_pytorch_weights_give_pytorch_convolutions_and_the_full_lite0_parameter_
     assert model.count_params() == count == 4_694_024
 
     x = rng.normal(0, 1, (1, 224, 224, 3)).astype(np.float32)
-    stem = keras.Model(model.inputs, model.get_layer("_conv_stem").output)(x).numpy()[0]
+    stem = keras.Model(model.inputs, model.get_layer("conv_stem").output)(x).numpy()[0]
     w = state["_conv_stem.weight"]  # [out, in, kh, kw]
     for y, xx in ((0, 0), (5, 9), (110, 57)):
         # TF "same" at stride 2 on an even side pads only after: no offset before.
@@ -66,7 +66,7 @@ def test_pytorch_weights_give_pytorch_convolutions_and_the_full_lite0_parameter_
         want = np.einsum("oikl,kli->o", w, patch)
         np.testing.assert_allclose(stem[y, xx], want, rtol=1e-4, atol=1e-4)
 
-    dw_layer = model.get_layer("_blocks.0._depthwise_conv")
+    dw_layer = model.get_layer("blocks.0._depthwise_conv")
     feed = keras.Model(model.inputs, dw_layer.input)(x).numpy()[0]
     dw = keras.Model(model.inputs, dw_layer.output)(x).numpy()[0]
     wd = state["_blocks.0._depthwise_conv.weight"]  # [C, 1, kh, kw]
@@ -79,6 +79,17 @@ def test_pytorch_weights_give_pytorch_convolutions_and_the_full_lite0_parameter_
     logits = model(x).numpy()
     np.testing.assert_allclose(logits, pooled @ state["_fc.weight"].T + state["_fc.bias"],
                                rtol=1e-4, atol=1e-4)
+
+
+def test_every_variable_has_a_name_tensorflow_export_accepts():
+    pytest.importorskip("tensorflow")
+    import re
+
+    from models import efficientnet_lite as E
+
+    # TensorFlow's root scope pattern: a leading "_" (PyTorch's "_conv_stem") fails the int8 export.
+    scope = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*$")
+    assert all(scope.match(w.path) for w in E.build(include_top=True).weights)
 
 
 def test_a_state_dict_of_another_network_is_refused_naming_the_missing_parameter():
