@@ -93,7 +93,8 @@ _LINK = _NAMES.index("link_bytes_per_s")
 
 
 def nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
-                    prior: np.ndarray) -> Tuple[np.ndarray, List[str]]:
+                    prior: np.ndarray,
+                    relative_to: Optional[np.ndarray] = None) -> Tuple[np.ndarray, List[str]]:
     """Fits ``y ~ x @ c`` on relative error over some columns, every coefficient >= 0.
 
     Args:
@@ -101,6 +102,9 @@ def nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
       y: Measured milliseconds.
       columns: The columns fitted; the others get 0.
       prior: The profile's coefficients, kept for a rate the data cannot determine.
+      relative_to: The milliseconds the error is relative to (default ``y``):
+        where ``y`` is what is left of a measurement after fixed terms, the
+        whole measurement, so that fixing a term does not reweight the rows.
 
     Returns:
       ``(c, kept)``: the coefficients and the names of the rates kept from ``prior``.
@@ -109,7 +113,7 @@ def nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
     # drive to or below zero is fixed and the rest refitted: an overhead at zero,
     # a rate at the profile's value, since a zero cost per MAC or per element is
     # not a device, only a sign that noisy timings cannot separate that term.
-    weight = 1.0 / y
+    weight = 1.0 / (y if relative_to is None else relative_to)
     c = np.zeros(x.shape[1])
     free = list(columns)
     kept = []

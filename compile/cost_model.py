@@ -9,6 +9,9 @@ time = compute (MACs, element work, per-op overhead)
      + on the CPU stage, the RNN encoder step of every window the frame feeds.
 Tensors that merely pass a stage by stay in host memory and cost nothing.
 ``CostModel.stage``, ``CostModel.matrix`` and calibration's fit all use it.
+A TPU whose link sits behind a shared bus also occupies that bus for its link
+bytes at the bus's rate (``CostModel.bus_matrix``): the partitioner bounds the
+period by the bus's total as by a stage.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edgecap.plan import Bus
 from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import PRICES, Device
 from edgecap_compile.graph import Graph
@@ -192,6 +196,32 @@ class CostModel:
             macs=macs,
             elements=elements,
         )
+
+    def link_bytes(self, k: int) -> np.ndarray:
+        """Returns ``L[a, b]``: bytes over stage ``k``'s link for op range ``[a, b)`` (0 on the CPU)."""
+        device = self.devices[k]
+        if not device.is_tpu:
+            return np.zeros_like(self._io)
+        params = self._params[None, :] - self._params[:, None]
+        return np.triu(np.maximum(0, params - device.sram_bytes) + self._io)
+
+    def bus_matrices(self, buses: Sequence[Bus]) -> Optional[List[np.ndarray]]:
+        """Returns per stage the milliseconds its link bytes take on the shared bus, or None.
+
+        Args:
+          buses: The board's shared buses; a device's ``bus`` names one.
+
+        Returns:
+          One ``(n+1, n+1)`` matrix per stage (zeros for a device off the
+          bus), the partitioner's ``bus``; None when no stage's device sits
+          behind a bus.
+        """
+        rate = {b.name: b.bytes_per_s for b in buses}
+        if not any(d.bus in rate for d in self.devices):
+            return None
+        return [self.link_bytes(k) * (1e3 / rate[d.bus]) if d.bus in rate
+                else np.zeros_like(self._io, dtype=np.float64)
+                for k, d in enumerate(self.devices)]
 
     def matrix(self, k: int) -> np.ndarray:
         """Returns ``C[a, b]``: stage ``k``'s milliseconds for op range ``[a, b)``; inf where a > b."""

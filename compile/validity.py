@@ -36,7 +36,7 @@ from edgecap import schema
 from edgecap.argtypes import Parser
 from edgecap.command import run_command
 from edgecap.outputs import check_output, write_text
-from edgecap_compile.boards import PRICES, Device, load_board
+from edgecap_compile.boards import PRICES, Device, link_kinds, load_board
 from edgecap_compile.calibration import nonnegative_fit
 from edgecap_compile.cost_model import work_features
 from edgecap_compile.errors import CompileError
@@ -187,15 +187,32 @@ def fit(x: np.ndarray, y: np.ndarray, device: Device, fitted: Sequence[str]) -> 
       fitted: Device fields to fit (``PRICES`` field names).
 
     Returns:
-      The device with the fitted coefficients.
+      The device with the fitted coefficients; a TPU's link rate is bounded by
+      its link kind's line rate (``boards.link_kinds``).
     """
     prior = device.coefficients()
     free = [_NAMES.index(f) for f in fitted]
+    c = _fit_free(x, y, prior, free)
+    link = _NAMES.index("link_bytes_per_s")
+    if device.link is not None and link in free:
+        # A link rate above the line rate is no link: the bounded least squares
+        # optimum then lies on the bound (one box constraint on a convex fit),
+        # so the rate is fixed there and the other coefficients refitted.
+        floor = 1e3 / link_kinds()[device.link].line_bytes_per_s
+        if c[link] < floor:
+            prior = prior.copy()
+            prior[link] = floor
+            c = _fit_free(x, y, prior, [j for j in free if j != link])
+    return device.with_coefficients(c)
+
+
+def _fit_free(x: np.ndarray, y: np.ndarray, prior: np.ndarray, free: List[int]) -> np.ndarray:
+    # Non-negative fit of the free columns, the others kept at prior.
     fixed = [j for j in range(len(_NAMES)) if j not in free]
     target = y - x[:, fixed] @ prior[fixed]
-    c, _ = nonnegative_fit(x, target, free, prior)
+    c, _ = nonnegative_fit(x, target, free, prior, relative_to=y)
     c[fixed] = prior[fixed]
-    return device.with_coefficients(c)
+    return c
 
 
 def leave_one_out(x: np.ndarray, y: np.ndarray, device: Device,
