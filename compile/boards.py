@@ -33,7 +33,8 @@ LINKS_FILE = Path(edgecap.__file__).parent / "data" / "links.json"
 # pairs a work feature of an op range with the Device field that prices it: a
 # ``*_per_s`` rate costs 1e3 / rate ms per unit, a ``*_ms`` field is ms per unit.
 PRICES = (("macs", "macs_per_s"), ("elements", "elements_per_s"), ("ops", "op_overhead_ms"),
-          ("invokes", "invoke_overhead_ms"), ("link_bytes", "link_bytes_per_s"))
+          ("invokes", "invoke_overhead_ms"), ("link_bytes", "link_bytes_per_s"),
+          ("memory_bytes", "memory_bytes_per_s"))
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class Device:
         the .tflite's own parameter bytes), or ``--sram``; None for the CPU.
       cores: CPU cores (CPU only).
       link: Link kind, e.g. ``pcie`` or ``usb3`` (TPU only).
+      memory_bytes_per_s: Sustained memory bandwidth the CPU's ops pay for the
+        parameter and activation bytes they move; None charges nothing (TPUs,
+        and CPUs whose profile gives no figure).
       bus: Name of the shared bus the link sits behind (``Board.buses``), or None.
     """
 
@@ -66,6 +70,7 @@ class Device:
     cores: Optional[int] = None
     link: Optional[str] = None
     bus: Optional[str] = None
+    memory_bytes_per_s: Optional[float] = None
 
     @property
     def is_tpu(self) -> bool:
@@ -74,7 +79,8 @@ class Device:
     def coefficients(self) -> np.ndarray:
         """Returns the milliseconds per unit of each work feature, in ``PRICES`` order.
 
-        A device without a link (the CPU) charges nothing per link byte.
+        A device without a link (the CPU) charges nothing per link byte, one
+        without a memory bandwidth nothing per memory byte.
         """
         out = []
         for _, field in PRICES:
@@ -88,7 +94,8 @@ class Device:
     def with_coefficients(self, coefficients: Sequence[float]) -> "Device":
         """Returns the device with its fields set from milliseconds per unit, in ``PRICES`` order.
 
-        The inverse of ``coefficients``; a device without a link keeps none.
+        The inverse of ``coefficients``; a device without a link (or memory
+        bandwidth) keeps none.
         """
         fields = {}
         for (_, field), c in zip(PRICES, coefficients):
@@ -217,6 +224,7 @@ class _CpuFile(msgspec.Struct, forbid_unknown_fields=True):
     elements_per_s: schema.Rate
     op_overhead_ms: schema.Millis
     invoke_overhead_ms: schema.Millis
+    memory_bytes_per_s: Optional[schema.Rate] = None
 
 
 class _TpuFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -329,7 +337,7 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
     bus_of = _bus_of(doc, path, kinds)
     c = doc.cpu
     cpu = Device("cpu", c.macs_per_s, c.elements_per_s, c.op_overhead_ms, c.invoke_overhead_ms,
-                 cores=c.cores)
+                 cores=c.cores, memory_bytes_per_s=c.memory_bytes_per_s)
     tpus = [Device(f"tpu:{i}", t.macs_per_s, t.elements_per_s, t.op_overhead_ms,
                    t.invoke_overhead_ms, link_bytes_per_s=t.link_bytes_per_s,
                    sram_bytes=_usable(t, path, i), link=t.link, bus=bus_of.get(i))

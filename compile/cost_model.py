@@ -2,7 +2,8 @@
 
 One formula, ``ms = work_features(range) . device.coefficients()``:
 
-time = compute (MACs, element work, per-op overhead)
+time = compute (MACs, element work, per-op overhead; on a CPU with a memory
+         bandwidth, also the parameter and activation bytes its ops move)
      + the device's per-invoke overhead (a non-empty range)
      + link bytes: the parameters that do not fit in the TPU's SRAM, streamed
        every invoke, and the boundary tensors in and out (TPU only)
@@ -31,7 +32,7 @@ from edgecap_compile.graph import Graph
 _COLUMN = {feature: i for i, (feature, _) in enumerate(PRICES)}
 
 
-def work_features(macs, elements, ops, link_bytes) -> np.ndarray:
+def work_features(macs, elements, ops, link_bytes, memory_bytes=0) -> np.ndarray:
     """Returns the work features of op ranges, stacked on a last axis in ``PRICES`` order.
 
     Args:
@@ -40,13 +41,16 @@ def work_features(macs, elements, ops, link_bytes) -> np.ndarray:
       ops: Op count of each range; a range with none pays no invoke overhead.
       link_bytes: Bytes over the device's link (streamed parameters plus
         boundary tensors on a TPU; 0 on the CPU).
+      memory_bytes: Parameter and activation bytes the range's ops read and
+        write (priced only on a CPU with ``memory_bytes_per_s``).
 
     Returns:
       ``float64`` array of shape ``broadcast shape + (len(PRICES),)``; its dot
       product with ``Device.coefficients()`` is the range's milliseconds.
     """
     values = {"macs": macs, "elements": elements, "ops": ops,
-              "invokes": np.greater(ops, 0), "link_bytes": link_bytes}
+              "invokes": np.greater(ops, 0), "link_bytes": link_bytes,
+              "memory_bytes": memory_bytes}
     columns = np.broadcast_arrays(*(np.asarray(values[f], dtype=np.float64) for f, _ in PRICES))
     return np.stack(columns, axis=-1)
 
@@ -56,7 +60,7 @@ class StageCost:
     """The parts of one stage's predicted time.
 
     Attributes:
-      compute_ms: MACs, element work and per-op overhead.
+      compute_ms: MACs, element work, per-op overhead and (CPU) memory traffic.
       stream_ms: Parameters beyond SRAM streamed over the link every invoke.
       transfer_ms: Boundary tensors in and out over the link.
       invoke_ms: Fixed per-invoke overhead (0 for an empty stage).
@@ -66,6 +70,7 @@ class StageCost:
       io_bytes: Boundary tensor bytes in and out.
       macs: Multiply-accumulates of the range.
       elements: Element work of the range.
+      memory_bytes: Parameter and activation bytes its ops move.
     """
 
     compute_ms: float
@@ -78,6 +83,7 @@ class StageCost:
     io_bytes: int
     macs: int
     elements: int
+    memory_bytes: int = 0
 
     @property
     def total_ms(self) -> float:
@@ -149,6 +155,8 @@ class CostModel:
             [[0], np.cumsum([op.elements for op in ops], dtype=np.int64)])
         self._params = np.concatenate(
             [[0], np.cumsum([op.param_bytes for op in ops], dtype=np.int64)])
+        self._memory = np.concatenate([[0], np.cumsum(
+            [op.param_bytes + op.act_in_bytes + op.act_out_bytes for op in ops], dtype=np.int64)])
         self._io = boundary_bytes(graph)
 
     def in_order(self, order: Sequence[int]) -> "CostModel":
@@ -176,16 +184,17 @@ class CostModel:
         macs = int(self._macs[end] - self._macs[start])
         elements = int(self._elements[end] - self._elements[start])
         params = self.param_bytes(start, end)
+        memory = int(self._memory[end] - self._memory[start])
         streamed = io = 0
         if device.is_tpu:
             streamed = max(0, params - device.sram_bytes)
             io = int(self._io[start, end])
         c = device.coefficients()
-        terms = work_features(macs, elements, end - start, streamed + io) * c
+        terms = work_features(macs, elements, end - start, streamed + io, memory) * c
         per_byte = c[_COLUMN["link_bytes"]]
         return StageCost(
             compute_ms=float(terms[_COLUMN["macs"]] + terms[_COLUMN["elements"]]
-                             + terms[_COLUMN["ops"]]),
+                             + terms[_COLUMN["ops"]] + terms[_COLUMN["memory_bytes"]]),
             stream_ms=streamed * per_byte,
             transfer_ms=io * per_byte,
             invoke_ms=float(terms[_COLUMN["invokes"]]),
@@ -195,6 +204,7 @@ class CostModel:
             io_bytes=io,
             macs=macs,
             elements=elements,
+            memory_bytes=memory,
         )
 
     def link_bytes(self, k: int) -> np.ndarray:
@@ -231,11 +241,12 @@ class CostModel:
         b = np.arange(n + 1)[None, :]
         macs = self._macs[None, :] - self._macs[:, None]
         elements = self._elements[None, :] - self._elements[:, None]
+        memory = self._memory[None, :] - self._memory[:, None]
         link = 0
         if device.is_tpu:
             params = self._params[None, :] - self._params[:, None]
             link = np.maximum(0, params - device.sram_bytes) + self._io
-        cost = work_features(macs, elements, b - a, link) @ device.coefficients()
+        cost = work_features(macs, elements, b - a, link, memory) @ device.coefficients()
         if not device.is_tpu:
             cost = cost + self.rnn_frame_ms
         return np.where(b >= a, cost, np.inf)
@@ -251,7 +262,8 @@ class CostModel:
             return 0.0
         picked = [self.graph.ops[i] for i in ops]
         features = work_features(sum(op.macs for op in picked), sum(op.elements for op in picked),
-                                 len(picked), 0)
+                                 len(picked), 0, sum(op.param_bytes + op.act_in_bytes
+                                                     + op.act_out_bytes for op in picked))
         features[_COLUMN["invokes"]] = 0.0
         return float(features @ device.coefficients())
 

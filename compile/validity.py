@@ -128,6 +128,7 @@ class Work:
       ops: Op count.
       params: Parameter bytes.
       source: Where the figures come from (a graph file, or the published counts).
+      memory: Bytes the ops move (parameters, plus activations where a graph gives them).
     """
 
     macs: float
@@ -135,11 +136,12 @@ class Work:
     ops: int
     params: int
     source: str
+    memory: float = 0.0
 
 
 def published_work(model: Published) -> Work:
-    """The published counts: one op, no element work (the table gives neither)."""
-    return Work(model.macs, 0.0, 1, model.params, "published counts")
+    """The published counts: one op, no element work, only the parameters as memory traffic."""
+    return Work(model.macs, 0.0, 1, model.params, "published counts", float(model.params))
 
 
 def model_work(model: Published) -> Work:
@@ -155,7 +157,8 @@ def model_work(model: Published) -> Work:
         return published_work(model)
     ops = read_graph(path).ops
     return Work(float(sum(o.macs for o in ops)), float(sum(o.elements for o in ops)), len(ops),
-                int(sum(o.param_bytes for o in ops)), f"graph {path.name}")
+                int(sum(o.param_bytes for o in ops)), f"graph {path.name}",
+                float(sum(o.param_bytes + o.act_in_bytes + o.act_out_bytes for o in ops)))
 
 
 def features(model: Published, device: Device, work: Optional[Work] = None) -> np.ndarray:
@@ -174,7 +177,7 @@ def features(model: Published, device: Device, work: Optional[Work] = None) -> n
     link = 0
     if device.is_tpu:
         link = max(0, work.params - device.sram_bytes) + 3 * model.input ** 2 + OUTPUT_BYTES
-    return work_features(work.macs, work.elements, work.ops, link)
+    return work_features(work.macs, work.elements, work.ops, link, work.memory)
 
 
 def fit(x: np.ndarray, y: np.ndarray, device: Device, fitted: Sequence[str]) -> Device:
@@ -330,7 +333,12 @@ def markdown(doc: dict) -> str:
         "and the published MAC and parameter counts stand in (sources below), as one op with no "
         "element work. On a TPU the parameters beyond the usable SRAM plus the input image and "
         "1001 class scores cross the link. Fitted per column: TPU MAC rate, invoke overhead "
-        "and link rate; CPU MAC rate only (its overheads stay the profile's).",
+        "and link rate; CPU MAC rate only (its overheads stay the profile's). A TPU's link rate "
+        "is bounded by its link kind's line rate (edgecap/data/links.json): the USB column's "
+        "unbounded optimum (521 MB/s) was above USB 3.0's 500 MB/s, so its fit sits on the bound "
+        "and the MAC rate and invoke overhead are refitted with it. On the CPU the bytes the ops "
+        "move (parameters; activations too where a graph is cached) are priced at the profile's "
+        "fixed memory bandwidth (cpu.memory_bytes_per_s) before the MAC rate is fitted.",
         "",
         "| model | column | features | published ms | profile ms | error | LOO ms | LOO error "
         "| within 25% |",

@@ -9,7 +9,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from edgecap_compile.boards import load_board
+from edgecap_compile.boards import PRICES, load_board
 from edgecap_compile.validity import (COLUMNS, DATA, Published, column_table, features, fit,
                                       leave_one_out, load_published, markdown, validity)
 
@@ -32,9 +32,10 @@ def test_tpu_features_stream_only_the_parameters_beyond_the_usable_sram():
     cpu = load_board("devboard").cpu
     image = 3 * 224 ** 2 + 1001
     small, big = _model("s", 1e9, 900_000), _model("b", 1e9, 3_000_000)
-    assert features(small, tpu)[-1] == image  # link_bytes is the last feature
-    assert features(big, tpu)[-1] == image + 2_000_000
-    assert features(big, cpu)[-1] == 0
+    link = [feature for feature, _ in PRICES].index("link_bytes")
+    assert features(small, tpu)[link] == image
+    assert features(big, tpu)[link] == image + 2_000_000
+    assert features(big, cpu)[link] == 0
 
 
 def test_fit_recovers_the_coefficients_that_made_the_latencies():
