@@ -7,7 +7,8 @@ For MobileNetV2, ResNet50, InceptionV3 and EfficientNetB0 (random weights,
 full int8, cached by ``keras_zoo``) on the ``devboard-usb``, ``rpi4-2usb``,
 ``rpi3bplus-usb2``, ``rpi5-dualtpu`` and ``pc-4tpu-pcie`` profiles (every TPU
 each has, shared buses included), and ResNet50 and InceptionV3 on the 4-TPU
-card given 1, 2 and 3 of its TPUs: the predicted bottleneck, fps and latency of our plan,
+card given 1, 2 and 3 of its TPUs and on the Pi 4 with 3 and 4 USB
+accelerators behind its one lane: the predicted bottleneck, fps and latency of our plan,
 of our plan with the TPUs kept in the profile's order, of the equal-parameter
 split ``edgetpu_compiler --num_segments 2`` makes, of the best balanced
 TPU-only split (every op on the TPUs, cut to the smallest TPU bottleneck: what
@@ -71,8 +72,12 @@ from edgecap_compile.segments import build_segment
 BOARDS = ("devboard-usb", "rpi4-2usb", "rpi3bplus-usb2", "rpi5-dualtpu", "pc-4tpu-pcie")
 # The usable-SRAM section's boards.
 SRAM_BOARDS = ("devboard-usb", "rpi4-2usb")
-# Rows with fewer TPUs than the board has: (board, TPUs, models).
-TPU_COUNT_ROWS = tuple(("pc-4tpu-pcie", n, ("ResNet50", "InceptionV3")) for n in (1, 2, 3))
+# Rows with another TPU count than the board has: (board, TPUs, models). The
+# 4-TPU card given 1-3 of its TPUs, and the Pi 4 with 3 and 4 USB accelerators
+# (the copies on a hub behind the same VL805 lane).
+TPU_COUNT_ROWS = tuple((board, n, ("ResNet50", "InceptionV3"))
+                       for board, counts in (("pc-4tpu-pcie", (1, 2, 3)), ("rpi4-2usb", (3, 4)))
+                       for n in counts)
 # Brute force runs on rows with at most this many TPUs.
 EXHAUSTIVE_TPUS = 2
 REPO = Path(__file__).resolve().parent.parent
