@@ -4,7 +4,7 @@ TPU-only split and brute force.
     python -m edgecap_compile.benchmark
 
 For MobileNetV2, ResNet50, InceptionV3 and EfficientNetB0 (random weights,
-full int8, cached by ``keras_zoo``) on the ``devboard-usb``, ``rpi4-2usb``,
+full int8, cached by ``keras_zoo``) on the ``devboard``, ``devboard-usb``, ``rpi4-2usb``,
 ``rpi3bplus-usb2``, ``rpi5-dualtpu`` and ``pc-4tpu-pcie`` profiles (every TPU
 each has, shared buses included), and ResNet50 and InceptionV3 on the 4-TPU
 card given 1, 2 and 3 of its TPUs and on the Pi 4 with 3 and 4 USB
@@ -69,7 +69,10 @@ from edgecap_compile.partitioner import (Partition, balanced_tpu_split, equal_pa
 from edgecap_compile.plan import plan_devices
 from edgecap_compile.segments import build_segment
 
-BOARDS = ("devboard-usb", "rpi4-2usb", "rpi3bplus-usb2", "rpi5-dualtpu", "pc-4tpu-pcie")
+BOARDS = ("devboard", "devboard-usb", "rpi4-2usb", "rpi3bplus-usb2", "rpi5-dualtpu",
+          "pc-4tpu-pcie")
+# Where the CPU stage is checked against the bottleneck at the CPU's memory price.
+CPU_CHECK = ("InceptionV3", ("devboard", "devboard-usb"))
 # The usable-SRAM section's boards.
 SRAM_BOARDS = ("devboard-usb", "rpi4-2usb")
 # Rows with another TPU count than the board has: (board, TPUs, models). The
@@ -323,6 +326,7 @@ def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = R
         "host": {"machine": platform.machine(), "python": platform.python_version(),
                  "cpus": os.cpu_count()},
         "boards": {b: load_board(b).version for b in boards},
+        "cpu_memory_bytes_per_s": {b: load_board(b).cpu.memory_bytes_per_s for b in boards},
         "rnn": {"step_model": (rnn_step.relative_to(REPO).as_posix()
                                if rnn_step and rnn_step.is_relative_to(REPO) else
                                str(rnn_step) if rnn_step else None),
@@ -354,6 +358,26 @@ def _rnn_line(rnn: dict) -> str:
             f"(per step, cost model on the board's CPU: {steps}) once per open window: "
             f"{w['frames']}-frame windows at stride {w['stride']}, "
             f"{rnn['steps_per_frame']:g} steps a frame")
+
+
+def _cpu_check(doc: dict) -> List[str]:
+    # Whether the CPU stage (the last) sets the period where CPU_CHECK asks.
+    model, boards = CPU_CHECK
+    lines = []
+    for r in doc["rows"]:
+        if r["model"] != model or r["board"] not in boards or r["tpus"] != r["board_tpus"]:
+            continue
+        o = r["ours"]
+        cpu_ms, stage = o["stage_ms"][-1], o["stage_ms"].index(max(o["stage_ms"]))
+        memory = doc["cpu_memory_bytes_per_s"][r["board"]]
+        lines.append(
+            f"- {model} on {r['board']}, the CPU priced at "
+            + (f"{memory / 1e9:.2f} GB/s of memory bandwidth" if memory else "no memory price")
+            + f": CPU stage {cpu_ms:.2f} ms (of it the RNN {r['rnn_frame_ms']:.2f} ms), "
+            f"bottleneck {o['bottleneck_ms']:.2f} ms on {o['devices'][stage]}: the CPU stage is "
+            + ("**the bottleneck**" if stage == len(o["stage_ms"]) - 1 and not o["bus_bound"]
+               else "off the bottleneck") + ".")
+    return ["The CPU stage at the CPU's memory price (modelled):", "", *lines, ""] if lines else []
 
 
 def markdown(doc: dict) -> str:
@@ -427,6 +451,7 @@ def markdown(doc: dict) -> str:
         f"{max((r['ours_over_balanced'] for r in goal), default=nan):.3f}x its bottleneck on "
         "ResNet50 and InceptionV3 (no goal set).",
         "",
+        *_cpu_check(doc),
         "## Usable SRAM",
         "",
         "The profiles count on "
