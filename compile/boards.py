@@ -57,6 +57,9 @@ class Device:
       memory_bytes_per_s: Sustained memory bandwidth the CPU's ops pay for the
         parameter and activation bytes they move; None charges nothing (TPUs,
         and CPUs whose profile gives no figure).
+      cache_bytes: The CPU's last-level cache: an op range whose bytes fit in it
+        stays cached from invoke to invoke and pays no memory traffic; None
+        charges every range.
       bus: Name of the shared bus the link sits behind (``Board.buses``), or None.
     """
 
@@ -71,6 +74,7 @@ class Device:
     link: Optional[str] = None
     bus: Optional[str] = None
     memory_bytes_per_s: Optional[float] = None
+    cache_bytes: Optional[int] = None
 
     @property
     def is_tpu(self) -> bool:
@@ -225,6 +229,7 @@ class _CpuFile(msgspec.Struct, forbid_unknown_fields=True):
     op_overhead_ms: schema.Millis
     invoke_overhead_ms: schema.Millis
     memory_bytes_per_s: Optional[schema.Rate] = None
+    cache_bytes: Optional[Annotated[int, msgspec.Meta(ge=1, le=schema.MAX_BYTES)]] = None
 
 
 class _TpuFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -337,7 +342,8 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
     bus_of = _bus_of(doc, path, kinds)
     c = doc.cpu
     cpu = Device("cpu", c.macs_per_s, c.elements_per_s, c.op_overhead_ms, c.invoke_overhead_ms,
-                 cores=c.cores, memory_bytes_per_s=c.memory_bytes_per_s)
+                 cores=c.cores, memory_bytes_per_s=c.memory_bytes_per_s,
+                 cache_bytes=c.cache_bytes)
     tpus = [Device(f"tpu:{i}", t.macs_per_s, t.elements_per_s, t.op_overhead_ms,
                    t.invoke_overhead_ms, link_bytes_per_s=t.link_bytes_per_s,
                    sram_bytes=_usable(t, path, i), link=t.link, bus=bus_of.get(i))

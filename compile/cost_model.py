@@ -3,7 +3,8 @@
 One formula, ``ms = work_features(range) . device.coefficients()``:
 
 time = compute (MACs, element work, per-op overhead; on a CPU with a memory
-         bandwidth, also the parameter and activation bytes its ops move)
+         bandwidth, also the parameter and activation bytes its ops move,
+         unless they all fit in its cache)
      + the device's per-invoke overhead (a non-empty range)
      + link bytes: the parameters that do not fit in the TPU's SRAM, streamed
        every invoke, and the boundary tensors in and out (TPU only)
@@ -70,7 +71,8 @@ class StageCost:
       io_bytes: Boundary tensor bytes in and out.
       macs: Multiply-accumulates of the range.
       elements: Element work of the range.
-      memory_bytes: Parameter and activation bytes its ops move.
+      memory_bytes: Parameter and activation bytes its ops move from memory
+        (0 where they fit in the CPU's cache, or the device prices none).
     """
 
     compute_ms: float
@@ -88,6 +90,18 @@ class StageCost:
     @property
     def total_ms(self) -> float:
         return self.compute_ms + self.stream_ms + self.transfer_ms + self.invoke_ms + self.extra_ms
+
+
+def dram_bytes(device: Device, memory):
+    """Returns the bytes an op range moves from memory: all of them, or 0 where they fit the cache.
+
+    Args:
+      device: The device (its ``cache_bytes``, if any).
+      memory: Parameter and activation bytes of each range (a number or an array).
+    """
+    if device.cache_bytes is None:
+        return memory
+    return np.where(np.asarray(memory) > device.cache_bytes, memory, 0)
 
 
 def boundary_bytes(graph: Graph) -> np.ndarray:
@@ -184,7 +198,7 @@ class CostModel:
         macs = int(self._macs[end] - self._macs[start])
         elements = int(self._elements[end] - self._elements[start])
         params = self.param_bytes(start, end)
-        memory = int(self._memory[end] - self._memory[start])
+        memory = int(dram_bytes(device, int(self._memory[end] - self._memory[start])))
         streamed = io = 0
         if device.is_tpu:
             streamed = max(0, params - device.sram_bytes)
@@ -241,7 +255,7 @@ class CostModel:
         b = np.arange(n + 1)[None, :]
         macs = self._macs[None, :] - self._macs[:, None]
         elements = self._elements[None, :] - self._elements[:, None]
-        memory = self._memory[None, :] - self._memory[:, None]
+        memory = dram_bytes(device, self._memory[None, :] - self._memory[:, None])
         link = 0
         if device.is_tpu:
             params = self._params[None, :] - self._params[:, None]
@@ -261,9 +275,9 @@ class CostModel:
         if not ops:
             return 0.0
         picked = [self.graph.ops[i] for i in ops]
+        memory = sum(op.param_bytes + op.act_in_bytes + op.act_out_bytes for op in picked)
         features = work_features(sum(op.macs for op in picked), sum(op.elements for op in picked),
-                                 len(picked), 0, sum(op.param_bytes + op.act_in_bytes
-                                                     + op.act_out_bytes for op in picked))
+                                 len(picked), 0, dram_bytes(device, memory))
         features[_COLUMN["invokes"]] = 0.0
         return float(features @ device.coefficients())
 
