@@ -4,7 +4,8 @@ A running board cannot compile, so the plans it may switch to are chosen
 here. Each *scenario* is a way the board may differ from its profile, in the
 runtime's own terms (``edgecap.candidates.Correction`` per device): fewer TPUs
 attached, one TPU at 0.5x, 0.7x or 1.5x its profile's speed, one TPU's link
-at USB 2's usable rate, the CPU at half or twice its speed. The pool is the
+slower (a USB one at USB 2's usable rate, a PCIe one trained down to Gen1),
+the CPU at half or twice its speed. The pool is the
 partitioner's optimum under each scenario (exact, over cuts and TPU orders)
 plus the optimum in each TPU order under the profile; plans that run the
 same op ranges on the same devices are one. Every plan is priced under every
@@ -44,8 +45,12 @@ from edgecap_compile.plan import build_plan, plan_devices
 TPU_SCALES = (2.0, 1 / 0.7, 1 / 1.5)
 # CPU factors tried: a governor at half speed, a core twice as fast.
 CPU_SCALES = (2.0, 0.5)
-# The link a TPU falls back to on a USB 2 port (edgecap/data/links.json).
+# The link a USB TPU falls back to on a USB 2 port, or a USB 3 port that
+# trains at high speed (edgecap/data/links.json).
 SLOW_LINK = "usb2"
+# Any other link's rate when it trains down a generation: a PCIe Gen2 x1 link
+# at Gen1's 2.5 GT/s carries half (PCI Express Base Specification 2.0).
+DOWNTRAINED = 0.5
 # A candidate that shortens no scenario's period by this much is not worth its bytes.
 MIN_GAIN = 0.02
 _LINKS = Path(edgecap.__file__).parent / "data" / "links.json"
@@ -97,8 +102,9 @@ def scenarios(board: Board) -> List[Scenario]:
     """Returns the ways the board may differ from its profile that candidates are chosen for.
 
     For each TPU count from 1 to the board's: the profile as it is, each of
-    those TPUs at each ``TPU_SCALES`` factor and (where its link is faster)
-    on ``SLOW_LINK``, and the CPU at each ``CPU_SCALES`` factor.
+    those TPUs at each ``TPU_SCALES`` factor and with a slower link (a USB
+    one at ``SLOW_LINK``'s rate where that is slower, any other at
+    ``DOWNTRAINED`` times its rate), and the CPU at each ``CPU_SCALES`` factor.
 
     Args:
       board: The board, with the TPU count and budgets the best plan was made for.
@@ -116,9 +122,13 @@ def scenarios(board: Board) -> List[Scenario]:
             for scale in TPU_SCALES:
                 out.append(Scenario(f"{name} at {1 / scale:.2g}x speed{attached}", t,
                                     {name: Correction(compute_scale=scale)}))
-            if (tpu.link_bytes_per_s or 0) > usb2:
-                out.append(Scenario(f"{name} on {SLOW_LINK}{attached}", t,
-                                    {name: Correction(link_bytes_per_s=usb2)}))
+            if (tpu.link or "").startswith("usb"):
+                if (tpu.link_bytes_per_s or 0) > usb2:
+                    out.append(Scenario(f"{name} on {SLOW_LINK}{attached}", t,
+                                        {name: Correction(link_bytes_per_s=usb2)}))
+            elif tpu.link_bytes_per_s:
+                out.append(Scenario(f"{name} link at {DOWNTRAINED:g}x{attached}", t, {name: Correction(
+                    link_bytes_per_s=tpu.link_bytes_per_s * DOWNTRAINED)}))
         for scale in CPU_SCALES:
             out.append(Scenario(f"cpu at {1 / scale:.2g}x speed{attached}", t,
                                 {CPU: Correction(compute_scale=scale)}))

@@ -17,6 +17,7 @@ from edgecap.devices import DeviceSpec
 from edgecap.errors import ConfigError, PlanError
 from edgecap.plan import Bus, CostParts, Plan, Stage, load_plan
 from edgecap_compile.boards import BOARDS_DIR
+from edgecap_compile.candidates import MIN_GAIN
 from edgecap_compile.compiler import compile_candidates, compile_model
 
 USB2 = 37e6  # edgecap/data/links.json: usb2 usable
@@ -130,9 +131,9 @@ def _slower(tpu: int, scale: float):
     return change
 
 
-def _usb2(tpu: int):
+def _link(tpu: int, rate: float):
     def change(doc):
-        doc["tpus"][tpu]["link_bytes_per_s"] = USB2
+        doc["tpus"][tpu]["link_bytes_per_s"] = rate
     return change
 
 
@@ -144,16 +145,18 @@ def _slow_cpu(doc):
     c["op_overhead_ms"] *= 2
 
 
-@pytest.mark.parametrize("corrections,change", [
-    ({"pci:0": Correction(compute_scale=2.0)}, _slower(0, 2.0)),
-    ({"usb:0": Correction(compute_scale=1 / 0.7)}, _slower(1, 1 / 0.7)),
-    ({"pci:0": Correction(link_bytes_per_s=USB2)}, _usb2(0)),
-    ({"pci:0": Correction(compute_scale=1 / 1.5)}, _slower(0, 1 / 1.5)),
+@pytest.mark.parametrize("corrections,change,exact", [
+    ({"pci:0": Correction(compute_scale=2.0)}, _slower(0, 2.0), True),
+    ({"usb:0": Correction(compute_scale=1 / 0.7)}, _slower(1, 1 / 0.7), True),
+    ({"usb:0": Correction(link_bytes_per_s=USB2)}, _link(1, USB2), True),
+    ({"pci:0": Correction(compute_scale=1 / 1.5)}, _slower(0, 1 / 1.5), True),
     # The RNN step is priced at the CPU's coefficients: a CPU twice as slow doubles it too.
-    ({"cpu": Correction(compute_scale=2.0)}, _slow_cpu),
-], ids=["pci-half-speed", "usb-0.7x", "pci-on-usb2", "pci-1.5x", "cpu-half-speed"])
+    ({"cpu": Correction(compute_scale=2.0)}, _slow_cpu, True),
+    # Here a candidate comes within MIN_GAIN of the optimum, which is then not worth its bytes.
+    ({"pci:0": Correction(link_bytes_per_s=449e6 / 2)}, _link(0, 449e6 / 2), False),
+], ids=["pci-half-speed", "usb-0.7x", "usb-on-usb2", "pci-1.5x", "cpu-half-speed", "pci-link-gen1"])
 def test_the_plan_the_partitioner_picks_for_a_changed_board_wins_in_price(
-        with_candidates, corrections, change):
+        with_candidates, corrections, change, exact):
     root, tmp = with_candidates
     bundle = load_bundle(root)
     plans = [load_plan(bundle.plans["slow-tpus"]), *load_candidates(bundle, "slow-tpus", bundle.window)]
@@ -161,11 +164,14 @@ def test_the_plan_the_partitioner_picks_for_a_changed_board_wins_in_price(
     oracle = compile_model(bundle, _profile(tmp, "changed", change), tmp / "oracle").plan
     ms = [price(p, corrections) for p in plans]
     winner = plans[ms.index(min(ms))]
-    assert min(ms) == pytest.approx(oracle.predicted.bottleneck_ms, rel=1e-4)
-    assert [(s.device, s.ops) for s in winner.active_stages] == \
-        [(s.device, s.ops) for s in oracle.active_stages]
-    # And the best plan for the profile does not win here: the candidates matter.
-    assert price(plans[0], corrections) > min(ms) * 1.02
+    optimum = oracle.predicted.bottleneck_ms
+    assert optimum * (1 - 1e-4) <= min(ms) <= optimum / (1 - MIN_GAIN)
+    if exact:
+        assert min(ms) == pytest.approx(optimum, rel=1e-4)
+        assert [(s.device, s.ops) for s in winner.active_stages] == \
+            [(s.device, s.ops) for s in oracle.active_stages]
+        # And the best plan for the profile does not win here: the candidate matters.
+        assert ms[0] > min(ms) * (1 + MIN_GAIN)
 
 
 def test_with_no_corrections_a_candidate_costs_what_the_compiler_predicted(with_candidates):
