@@ -2,10 +2,10 @@
 
 A running board cannot compile, so the plans it may switch to are chosen
 here. Each *scenario* is a way the board may differ from its profile, in the
-runtime's own terms (``edgecap.candidates.Correction`` per device): fewer TPUs
-attached, one TPU at 0.5x, 0.7x or 1.5x its profile's speed, one TPU's link
-slower (a USB one at USB 2's usable rate, a PCIe one trained down to Gen1),
-the CPU at half or twice its speed. The pool is the
+runtime's own terms (``edgecap.candidates.Correction`` per device): one TPU
+at 0.5x, 0.7x or 1.5x its profile's speed, one TPU's link slower (a USB one
+at USB 2's usable rate, a PCIe one trained down to Gen1), the CPU at half or
+twice its speed, or fewer TPUs attached. The pool is the
 partitioner's optimum under each scenario (exact, over cuts and TPU orders)
 plus the optimum in each TPU order under the profile; plans that run the
 same op ranges on the same devices are one. Every plan is priced under every
@@ -101,10 +101,11 @@ def slow_link_rate() -> float:
 def scenarios(board: Board) -> List[Scenario]:
     """Returns the ways the board may differ from its profile that candidates are chosen for.
 
-    For each TPU count from 1 to the board's: the profile as it is, each of
-    those TPUs at each ``TPU_SCALES`` factor and with a slower link (a USB
-    one at ``SLOW_LINK``'s rate where that is slower, any other at
-    ``DOWNTRAINED`` times its rate), and the CPU at each ``CPU_SCALES`` factor.
+    With every TPU attached: the profile as it is, each TPU at each
+    ``TPU_SCALES`` factor and with a slower link (a USB one at ``SLOW_LINK``'s
+    rate where that is slower, any other at ``DOWNTRAINED`` times its rate),
+    and the CPU at each ``CPU_SCALES`` factor; then, for each smaller TPU
+    count, the profile with only the first TPUs attached.
 
     Args:
       board: The board, with the TPU count and budgets the best plan was made for.
@@ -114,24 +115,24 @@ def scenarios(board: Board) -> List[Scenario]:
     """
     names = plan_devices(board)
     usb2 = slow_link_rate()
-    out = []
-    for t in range(len(board.tpus), 0, -1):
-        attached = "" if t == len(board.tpus) else f", {t} of {len(board.tpus)} TPUs attached"
-        out.append(Scenario(f"as profiled{attached}", t, {}))
-        for name, tpu in zip(names[:t], board.tpus[:t]):
-            for scale in TPU_SCALES:
-                out.append(Scenario(f"{name} at {1 / scale:.2g}x speed{attached}", t,
-                                    {name: Correction(compute_scale=scale)}))
-            if (tpu.link or "").startswith("usb"):
-                if (tpu.link_bytes_per_s or 0) > usb2:
-                    out.append(Scenario(f"{name} on {SLOW_LINK}{attached}", t,
-                                        {name: Correction(link_bytes_per_s=usb2)}))
-            elif tpu.link_bytes_per_s:
-                out.append(Scenario(f"{name} link at {DOWNTRAINED:g}x{attached}", t, {name: Correction(
-                    link_bytes_per_s=tpu.link_bytes_per_s * DOWNTRAINED)}))
-        for scale in CPU_SCALES:
-            out.append(Scenario(f"cpu at {1 / scale:.2g}x speed{attached}", t,
-                                {CPU: Correction(compute_scale=scale)}))
+    every = len(board.tpus)
+    out = [Scenario("as profiled", every, {})]
+    for name, tpu in zip(names, board.tpus):
+        for scale in TPU_SCALES:
+            out.append(Scenario(f"{name} at {1 / scale:.2g}x speed", every,
+                                {name: Correction(compute_scale=scale)}))
+        if (tpu.link or "").startswith("usb"):
+            if (tpu.link_bytes_per_s or 0) > usb2:
+                out.append(Scenario(f"{name} on {SLOW_LINK}", every,
+                                    {name: Correction(link_bytes_per_s=usb2)}))
+        elif tpu.link_bytes_per_s:
+            out.append(Scenario(f"{name} link at {DOWNTRAINED:g}x", every, {name: Correction(
+                link_bytes_per_s=tpu.link_bytes_per_s * DOWNTRAINED)}))
+    for scale in CPU_SCALES:
+        out.append(Scenario(f"cpu at {1 / scale:.2g}x speed", every, {CPU: Correction(compute_scale=scale)}))
+    # A TPU missing: the profile's optimum for those left. Combined with a device
+    # off its profile too it would cost a whole encoder's bytes for a rare case.
+    out += [Scenario(f"{t} of {every} TPUs attached", t, {}) for t in range(every - 1, 0, -1)]
     return out
 
 
@@ -250,7 +251,7 @@ def choose(graph: Graph, model_file: str, board: Board, best: Plan,
             break
         if newly:
             case = int(np.argmax(np.isinf(current) & np.isfinite(row)))
-            why = f"{cases[case].label}: {1e3 / row[case]:.1f} fps, where nothing chosen before runs"
+            why = f"{cases[case].label}: {1e3 / row[case]:.1f} fps, where no plan chosen before runs"
         else:
             case = int(np.argmax(gains))
             why = (f"{cases[case].label}: {1e3 / row[case]:.1f} fps against "
