@@ -21,7 +21,6 @@ scenario up by ``MIN_GAIN`` or more is not worth its bytes and ends the list.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ import numpy as np
 import edgecap
 from edgecap.candidates import CPU, Correction, price
 from edgecap.plan import EdgeTpuReport, Plan
-from edgecap_compile.boards import Board, Device
+from edgecap_compile.boards import PRICES, Board, Device
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import Graph
 from edgecap_compile.partitioner import Partition, evaluate, orders, partition
@@ -54,6 +53,7 @@ DOWNTRAINED = 0.5
 # A candidate that shortens no scenario's period by this much is not worth its bytes.
 MIN_GAIN = 0.02
 _LINKS = Path(edgecap.__file__).parent / "data" / "links.json"
+_LINK = [feature for feature, _ in PRICES].index("link_bytes")
 
 
 @dataclass(frozen=True)
@@ -137,13 +137,13 @@ def scenarios(board: Board) -> List[Scenario]:
 
 
 def _corrected(device: Device, c: Correction) -> Device:
-    # The profile device as the correction says it runs: its times times the
-    # scale, its link at the corrected rate.
-    s = c.compute_scale
-    return dataclasses.replace(
-        device, macs_per_s=device.macs_per_s / s, elements_per_s=device.elements_per_s / s,
-        op_overhead_ms=device.op_overhead_ms * s, invoke_overhead_ms=device.invoke_overhead_ms * s,
-        link_bytes_per_s=c.link_bytes_per_s or device.link_bytes_per_s)
+    # The profile device as the correction says it runs: every price but the
+    # link's times the scale (what a stage's compute and invoke time is made
+    # of), the link at the corrected rate.
+    prices = device.coefficients()
+    scaled = prices * c.compute_scale
+    scaled[_LINK] = prices[_LINK] if c.link_bytes_per_s is None else 1e3 / c.link_bytes_per_s
+    return device.with_coefficients(scaled)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from edgecap.cli import main as cli_main
 from edgecap.cli import run as main
 from edgecap.plan import load_plan
 from edgecap_compile import candidates
-from edgecap_compile.boards import BOARDS_DIR, load_board
+from edgecap_compile.boards import BOARDS_DIR, PRICES, load_board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import read_graph
 from edgecap_compile.partitioner import partition
@@ -139,10 +139,10 @@ def _changed_profile(tmp_path: Path, board, case: candidates.Scenario) -> Path:
     def change(doc):
         for key, c in case.corrections.items():
             device = doc["cpu"] if key == CPU else doc["tpus"][names.index(key)]
-            for rate in ("macs_per_s", "elements_per_s"):
-                device[rate] /= c.compute_scale
-            for fixed in ("op_overhead_ms", "invoke_overhead_ms"):
-                device[fixed] *= c.compute_scale
+            for _, field in PRICES:  # every price but the link's: rates divided, times multiplied
+                if field != "link_bytes_per_s" and device.get(field) is not None:
+                    device[field] = (device[field] / c.compute_scale if field.endswith("_per_s")
+                                     else device[field] * c.compute_scale)
             if c.link_bytes_per_s:
                 device["link_bytes_per_s"] = c.link_bytes_per_s
         doc["tpus"] = doc["tpus"][:case.tpus]
