@@ -188,10 +188,12 @@ def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
         devices = [*board_t.tpus, board_t.cpu]
         nominal = CostModel(graph, devices, rnn_ms, window=window)
         costs = [nominal.matrix(k) for k in range(len(devices))]
+        bus = nominal.bus_matrices(board_t.buses)
         for order in orders(costs, t):
-            within = partition([costs[d] for d in order])
+            within = partition([costs[d] for d in order],
+                               bus=None if bus is None else [bus[d] for d in order])
             add(_option(graph, model_file, board_t, nominal, evaluate(
-                costs, within.cuts, tuple(order[d] for d in within.order))))
+                costs, within.cuts, tuple(order[d] for d in within.order), bus=bus)))
         names = dict(zip(plan_devices(board_t), board_t.tpus))
         for case in (c for c in cases if c.tpus == t):
             corrected = [_corrected(d, case.corrections.get(name, Correction()))
@@ -199,8 +201,10 @@ def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
             cpu = case.corrections.get(CPU, Correction())
             model = CostModel(graph, [*corrected, _corrected(board_t.cpu, cpu)],
                               rnn_ms * cpu.compute_scale, window=window)
-            split = partition([model.matrix(k) for k in range(len(devices))], tpus=t)
-            add(_option(graph, model_file, board_t, nominal, evaluate(costs, split.cuts, split.order)))
+            split = partition([model.matrix(k) for k in range(len(devices))], tpus=t,
+                              bus=model.bus_matrices(board_t.buses))
+            add(_option(graph, model_file, board_t, nominal,
+                        evaluate(costs, split.cuts, split.order, bus=bus)))
     return list(found.values())
 
 

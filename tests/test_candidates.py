@@ -208,3 +208,37 @@ def test_unusable_candidates_are_skipped_with_their_reason(with_candidates, tmp_
     found = scan_candidates(bundle, "slow-tpus", window)
     assert not found.usable and all("RNN steps a frame" in w for _, w in found.skipped[-3:])
     assert load_candidates(bundle, "no-such-board", bundle.window) == []
+
+
+def test_candidates_behind_a_shared_bus_are_priced_with_it(shipped_bundle, tmp_path):
+    # rpi4-2usb: both USB Accelerators behind the VL805's one PCIe lane. With a
+    # small SRAM budget the demo CNN streams its weights, so the bus counts.
+    root = tmp_path / "bundle"
+    shutil.copytree(shipped_bundle, root)
+    doc = json.loads((BOARDS_DIR / "rpi4-2usb.json").read_text())
+    for tpu in doc["tpus"]:
+        tpu["macs_per_s"] = tpu["elements_per_s"] = 4e9
+    board = tmp_path / "rpi4-2usb.json"
+    board.write_text(json.dumps(doc))
+    bundle = load_bundle(root)
+    best = compile_model(bundle, board, root / "plans" / "rpi4-2usb", sram=20_000).plan
+    compile_candidates(bundle, board, best, count=64, max_bytes=10**9, sram=20_000)
+    bundle = load_bundle(root)
+    plans = [best, *load_candidates(bundle, "rpi4-2usb", bundle.window)]
+    (bus,) = best.buses
+    on_bus = [p for p in plans if sum(s.cost.bus == bus.name for s in p.active_stages) == 2]
+    assert on_bus, "no plan uses both TPUs"
+    for plan in plans:
+        assert price(plan, {}) == pytest.approx(plan.predicted.bottleneck_ms, rel=1e-5)
+        moved = sum(s.cost.link_bytes for s in plan.active_stages if s.cost.bus == bus.name)
+        stages = max(stage_ms(s, {}) for s in plan.active_stages)
+        slower = {bus.name: Correction(link_bytes_per_s=bus.bytes_per_s / 4)}
+        assert price(plan, slower) == pytest.approx(max(stages, moved * 4e3 / bus.bytes_per_s))
+    # On a bus at a fiftieth of its rate (the demo moves little) the plans that move less over it win.
+    slower = {bus.name: Correction(link_bytes_per_s=bus.bytes_per_s / 50)}
+
+    def moved(p):
+        return sum(s.cost.link_bytes for s in p.active_stages if s.cost.bus == bus.name)
+    assert any(price(p, slower) > max(stage_ms(s, {}) for s in p.active_stages) * 1.01 for p in on_bus)
+    winner = min(plans, key=lambda p: price(p, slower))
+    assert moved(winner) < moved(best) and price(winner, slower) < price(best, slower)

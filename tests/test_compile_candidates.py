@@ -115,8 +115,8 @@ def test_compile_prints_the_growth_and_validate_lists_the_candidates(bundle_copy
 
 def test_each_distinct_segment_goes_through_edgetpu_compiler_once(stand_in, bundle_copy, tmp_path,  # noqa: F811
                                                                    capsys):
-    # The fourth candidate runs the first's TPU segment on the other TPU.
-    doc = _compile(bundle_copy, _profile(tmp_path), "--candidates", "4", capsys=capsys)["candidates"]
+    # Eight candidates: some run a segment another plan runs on the other TPU.
+    doc = _compile(bundle_copy, _profile(tmp_path), "--candidates", "8", capsys=capsys)["candidates"]
     calls = stand_in.read_text().splitlines()
     plans = [load_plan(bundle_copy / "plans" / BOARD),
              *(load_plan(bundle_copy / "plans" / BOARD / "candidates" / w["name"]) for w in doc["written"])]
