@@ -28,3 +28,12 @@ MAX_THROTTLE_S = 86_400.0
 # 201), and its largest backend numbers are below 3000; -1 ("any camera")
 # crashes inside OpenCV 5.
 MAX_CAMERA_INDEX = 9_999
+# Candidate plans `edgecap compile --into-bundle` writes per board (docs/bundle.md):
+# how many, and how many megabytes (10^6 bytes) they may add to the bundle. The
+# default count covers a TPU missing and each device off its profile on a
+# two-TPU board; the default size keeps a ResNet-50 bundle (54 MB) under three
+# times its size on a board's SD card.
+DEFAULT_CANDIDATES = 8
+MAX_CANDIDATES = 64
+DEFAULT_CANDIDATES_MB = 100.0
+MAX_CANDIDATES_MB = 100_000.0
