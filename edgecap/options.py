@@ -92,6 +92,16 @@ class CaptionerOptions:
       beam: Width of the decoder's beam search (``edgecap.rnn.RnnDecoder``):
         1 is greedy; each more costs about a decoder step per word of every
         window (docs/runtime.md, Beam search).
+      adapt: Measure each stage and, when a device stays off the plan's
+        prediction, switch to the plan best for the board as measured
+        (``edgecap.adapt``; docs/runtime.md, Closed-loop planning). None: on
+        for real EdgeTPUs and for timing-only emulated boards, whose measured
+        times are the board's; off where an emulated EdgeTPU computes its
+        segment on the host CPU (the host's time, not the board's), where it
+        only measures.
+      corrections: The file the learned corrections are kept in and read
+        from at start (``edgecap.adapt.corrections_path``). None: the default
+        file on real EdgeTPUs; an emulated board keeps them in memory only.
 
     Raises:
       ConfigError: If a value is out of range (checked when the record is made).
@@ -117,6 +127,8 @@ class CaptionerOptions:
     deadline_floor_s: float = 0.5
     isolate: Optional[bool] = None
     beam: int = DEFAULT_BEAM
+    adapt: Optional[bool] = None
+    corrections: Optional[PathLike] = None
 
     def __post_init__(self) -> None:
         # Device strings are parsed once, here, at the edge.
