@@ -40,7 +40,7 @@ from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
 from edgecap.failover import load_recovery
 from edgecap.modelfile import open_model
 from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
-from edgecap.plan import Plan, Stage, check_segments, load_plan, single_cpu_plan
+from edgecap.plan import Bus, Plan, Stage, check_segments, load_plan, single_cpu_plan
 from edgecap.windows import windows_per_frame
 
 # Kinds of worker that are EdgeTPUs: a real one, or one emulated on the CPU.
@@ -73,6 +73,8 @@ class StageRun:
         hung (the watchdog's, and an isolated worker's kill); None: no watch.
       first_deadline_s: The first invoke's deadline (a delegate loads the
         segment's parameters then).
+      bus: The plan bus the stage's link shares (``cost.bus``), or None; an
+        emulated stage paces its link bytes on that bus's clock.
     """
 
     stage: Stage
@@ -83,6 +85,7 @@ class StageRun:
     isolate: bool = False
     deadline_s: Optional[float] = None
     first_deadline_s: Optional[float] = None
+    bus: Optional[Bus] = None
 
     @property
     def name(self) -> str:
@@ -665,10 +668,12 @@ def _stage_run(stage: Stage, worker: DeviceSpec, plan: Plan, options: CaptionerO
         # injected abort or segfault must strike a worker process, not this one.
         isolate = (isolation.SUPPORTED and worker.kind == "tpu") or faults.current().crashes(str(worker))
     deadline, first = deadlines(stage, worker, options)
+    bus_name = stage.cost.bus if stage.cost is not None else None
+    bus = next((b for b in plan.buses if b.name == bus_name), None)
     return StageRun(stage=stage, worker=worker, threads=threads, pace_ms=pace_ms,
                     compute=not (options.timing_only and pace_ms is not None),
                     isolate=bool(isolate) and tpu,  # a CPU stage has no delegate to abort
-                    deadline_s=deadline, first_deadline_s=first)
+                    deadline_s=deadline, first_deadline_s=first, bus=bus)
 
 
 def _onto(bundle: Bundle, options: CaptionerOptions, plan: Plan, left: Sequence[DeviceSpec], how: str,
