@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -292,3 +293,219 @@ def _compile_tpu_segments(ranges: Sequence[Tuple[int, int]], segments: Sequence[
             reports[k] = compile_segment(compiler, by_range[(start, end)].path,
                                          min_runtime_version)
     return reports
+
+
+# ---------------------------------------------------------------------------
+# Candidate plans: what a running board may switch to (docs/bundle.md).
+
+CANDIDATES_DIR = "candidates"
+
+
+@dataclass(frozen=True)
+class WrittenCandidate:
+    """One candidate plan as written.
+
+    Attributes:
+      name: Its folder under ``plans/<board>/candidates/``.
+      plan: The plan, as written.
+      why: The scenario it was chosen for (``edgecap_compile.candidates``).
+      file_bytes: Bytes of its files (plan.json, segments, compiled segments).
+      added_bytes: Of those, the bytes no plan written before it shares.
+    """
+
+    name: str
+    plan: Plan
+    why: str
+    file_bytes: int
+    added_bytes: int
+
+
+@dataclass(frozen=True)
+class CandidatesResult:
+    """What ``compile_candidates`` wrote, and what it left out.
+
+    Attributes:
+      directory: ``plans/<board>/candidates``.
+      written: The candidates written, in rank order.
+      left_out: ``(name, why)`` of ranked candidates over a cap.
+      added_bytes: What the candidates add to the bundle on disk: files a
+        hard link shares with the best plan or an earlier candidate count once.
+      copied_bytes: What they would add with every file copied (e.g. by a
+        copy that does not keep hard links).
+    """
+
+    directory: Path
+    written: Tuple[WrittenCandidate, ...] = ()
+    left_out: Tuple[Tuple[str, str], ...] = ()
+    added_bytes: int = 0
+    copied_bytes: int = 0
+
+
+def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str, os.PathLike, Board],
+                       best: Plan, count: int, max_bytes: int, tpus: Optional[int] = None,
+                       sram: Optional[int] = None,
+                       calibration: Optional[Union[str, os.PathLike]] = None,
+                       min_runtime_version: Optional[int] = None) -> CandidatesResult:
+    """Writes the candidate plans of a board beside its best plan, within a count and a size.
+
+    The candidates are ranked by ``edgecap_compile.candidates.choose`` and
+    written in that order into ``candidates/<name>/`` next to ``best``'s
+    plan.json, each with its segments, compiled by edgetpu_compiler when it
+    is on PATH (a segment identical to one already compiled is compiled
+    once). A file identical to one of the best plan or of an earlier
+    candidate is a hard link to it (a copy where the file system has none),
+    so a segment shared by several plans is stored once; each plan.json
+    still names only files in its own folder. A candidate that would pass
+    ``count`` plans or ``max_bytes`` added bytes is left out. The folder is
+    replaced whole: ``count`` 0 removes the candidates an earlier compile wrote.
+
+    Args:
+      source: The bundle (or .tflite) ``best`` was compiled from.
+      board: The board profile, as for ``compile_model``.
+      best: The best plan, as ``compile_model`` wrote it.
+      count: Most candidates to write.
+      max_bytes: Most bytes they may add to the bundle.
+      tpus: As for ``compile_model``: candidates are made for 1 to this many TPUs.
+      sram: As for ``compile_model``.
+      calibration: As for ``compile_model``.
+      min_runtime_version: As for ``compile_model``.
+
+    Returns:
+      The ``CandidatesResult``.
+
+    Raises:
+      CompileError: On bad input, as ``compile_model``.
+    """
+    from edgecap_compile import candidates
+
+    plans_dir = best.path.parent
+    target = plans_dir / CANDIDATES_DIR
+    model_source = resolve_source(source)
+    graph = read_graph(model_source.encoder)
+    chosen = make_board(board, tpus, sram, calibration)
+    if best.sram_bytes is not None and chosen.tpus and best.sram_bytes < min(t.sram_bytes for t in chosen.tpus):
+        chosen = chosen.with_sram(best.sram_bytes)  # the budget the best plan's re-split settled on
+    ranked = candidates.choose(graph, model_source.file, chosen, best, model_source.window) \
+        if count and chosen.tpus else []
+    compiler = find_compiler()
+    staging = Path(tempfile.mkdtemp(prefix=f".{CANDIDATES_DIR}.", suffix=".partial", dir=plans_dir))
+    try:
+        stored = _Store(best)
+        written, left_out = [], []
+        for pick in ranked:
+            if len(written) == count:
+                left_out.append((pick.name, f"over --candidates {count}"))
+                continue
+            folder = staging / pick.name
+            folder.mkdir()
+            segments = write_segments(graph, list(pick.split.ranges), folder)
+            edgetpu = stored.compile(compiler, pick.split.ranges, segments, len(pick.board.tpus),
+                                     min_runtime_version)
+            plan = write_plan(build_plan(graph, model_source.file, pick.board, pick.model,
+                                         pick.split, segments, edgetpu), folder)
+            file_bytes, added = stored.share(folder)
+            if stored.added + added > max_bytes:
+                stored.forget(folder)
+                shutil.rmtree(folder)
+                left_out.append((pick.name, f"over --candidates-max-mb {max_bytes / 1e6:g}"))
+                continue
+            stored.added += added
+            stored.copied += file_bytes
+            written.append(WrittenCandidate(pick.name, plan, pick.why, file_bytes, added))
+        _swap_into_place(staging, target, keep=bool(written))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return CandidatesResult(target, tuple(dataclasses.replace(
+        w, plan=load_plan(target / w.name)) for w in written), tuple(left_out),
+        stored.added, stored.copied)
+
+
+class _Store:
+    """The files written so far by content, so an identical one is linked, not stored again.
+
+    Also what edgetpu_compiler made of each distinct segment, so the same
+    bytes are compiled once (the best plan's compiled segments included).
+    """
+
+    def __init__(self, best: Plan) -> None:
+        self.by_sha: Dict[str, Path] = {}
+        self.compiled: Dict[str, Tuple[EdgeTpuReport, Path]] = {}
+        self.added = self.copied = 0
+        for stage in best.stages:
+            for path in (stage.segment, stage.compiled_segment):
+                if path is not None:
+                    self.by_sha.setdefault(_sha256(path), path)
+            if stage.segment is not None and stage.edgetpu is not None:
+                self.compiled[_sha256(stage.segment)] = (stage.edgetpu, stage.segment)
+
+    def compile(self, compiler: Optional[str], ranges: Sequence[Tuple[int, int]],
+                segments: Sequence[Segment], n_tpus: int,
+                min_runtime_version: Optional[int]) -> Dict[int, EdgeTpuReport]:
+        """Reports each TPU stage's compile, as ``_compile_tpu_segments``; known bytes are not recompiled."""
+        by_range = {s.ops: s for s in segments}
+        reports = {}
+        for k, (start, end) in enumerate(ranges[:n_tpus]):
+            if end == start:
+                reports[k] = EdgeTpuReport(compiled=False, reason="empty stage")
+                continue
+            if compiler is None:
+                reports[k] = EdgeTpuReport(compiled=False, reason="edgetpu_compiler not on PATH")
+                continue
+            segment = by_range[(start, end)].path
+            sha = _sha256(segment)
+            earlier = self.compiled.get(sha)
+            if earlier is None:
+                reports[k] = compile_segment(compiler, segment, min_runtime_version)
+                self.compiled[sha] = (reports[k], segment)
+                continue
+            # The same bytes compile to the same file: copy it under this plan's name (``share`` links it).
+            report, first = earlier
+            reports[k] = dataclasses.replace(report, cpu_ops=[dict(o) for o in report.cpu_ops])
+            if report.compiled:
+                output = segment.with_name(segment.stem + "_edgetpu.tflite")
+                shutil.copyfile(first.with_name(report.compiled_segment), output)
+                reports[k].compiled_segment = output.name
+        return reports
+
+    def share(self, folder: Path) -> Tuple[int, int]:
+        """Links each file of ``folder`` identical to one stored to it; returns (its bytes, bytes added)."""
+        total = added = 0
+        for path in sorted(folder.iterdir()):
+            size = path.stat().st_size
+            total += size
+            sha = _sha256(path)
+            same = self.by_sha.get(sha)
+            if same is None:
+                self.by_sha[sha] = path
+                added += size
+                continue
+            link = path.with_name(f".{path.name}.link")
+            try:
+                os.link(same, link)
+            except OSError:  # no hard links here (e.g. FAT): keep the copy, and count it
+                added += size
+                continue
+            os.replace(link, path)
+        return total, added
+
+    def forget(self, folder: Path) -> None:
+        """Drops what a folder about to be removed holds."""
+        self.by_sha = {sha: p for sha, p in self.by_sha.items() if p.parent != folder}
+        self.compiled = {sha: c for sha, c in self.compiled.items() if c[1].parent != folder}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _swap_into_place(staging: Path, target: Path, keep: bool) -> None:
+    # The old candidates go only once the new ones are complete: renamed aside,
+    # the new folder renamed in, the old one removed (or just removed, with none to keep).
+    old = None
+    if target.exists():
+        old = staging.with_name(staging.name + ".old")
+        os.replace(target, old)
+    if keep:
+        os.replace(staging, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

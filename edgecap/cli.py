@@ -27,7 +27,9 @@ from edgecap.argtypes import Parser, float_in, int_in, int_list_in
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
 from edgecap.errors import EdgecapError
-from edgecap.limits import DEFAULT_BEAM, MAX_BEAM, MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES
+from edgecap.limits import (DEFAULT_BEAM, DEFAULT_CANDIDATES, DEFAULT_CANDIDATES_MB, MAX_BEAM,
+                            MAX_CANDIDATES, MAX_CANDIDATES_MB, MAX_QUEUE, MAX_SAMPLE_FPS,
+                            MAX_THREADS, MAX_WINDOW_FRAMES)
 from edgecap.outputs import atomic_path, check_output, write_text
 
 if TYPE_CHECKING:
@@ -188,7 +190,38 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
           f"{b.feature_size} features, vocabulary {len(b.vocab)}, window {b.window.frames} "
           f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps")
+    for line in _candidate_lines(b):
+        print(line)
     return 0
+
+
+def _candidate_lines(bundle: Any) -> List[str]:
+    """``edgecap validate``'s list of each board's candidate plans: TPUs, predicted fps, size."""
+    from edgecap.candidates import plan_files, scan_candidates
+
+    lines = []
+    for board in sorted(bundle.candidates):
+        found = scan_candidates(bundle, board, bundle.window)
+        best = bundle.plans.get(board)
+        # Files the best plan holds too (hard links) are not the candidates' cost.
+        ours = {(st.st_dev, st.st_ino) for st in (p.stat() for p in (best.iterdir() if best else ())
+                                                   if p.is_file())}
+        inodes = {}
+        rows = []
+        for name, plan in found.usable:
+            paths = plan_files(plan)
+            inodes.update({(st.st_dev, st.st_ino): st.st_size for st in (p.stat() for p in paths)
+                           if (st.st_dev, st.st_ino) not in ours})
+            size = sum(p.stat().st_size for p in paths)
+            devices = " ".join(f"{s.device}[{s.ops[0]},{s.ops[1]})" for s in plan.active_stages)
+            rows.append(f"  {name}: {plan.board_tpus} TPU(s), {devices}, predicted "
+                        f"{plan.predicted.fps if plan.predicted else '-'} fps, {size / 1e6:.2f} MB")
+        lines.append(f"candidates for {board}: {len(found.usable)} usable, {len(found.skipped)} "
+                     f"skipped, adding {sum(inodes.values()) / 1e6:.2f} MB to the bundle (a hard-linked "
+                     "file once)")
+        lines += rows
+        lines += [f"  {name}: skipped: {why}" for name, why in found.skipped]
+    return lines
 
 
 def format_devices(infos: Sequence[Any]) -> str:
@@ -433,6 +466,9 @@ def _compiler(module: str) -> ModuleType:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    if not args.into_bundle and (args.candidates, args.candidates_max_mb) != (None, None):
+        raise EdgecapError("--candidates and --candidates-max-mb go with --into-bundle (candidate "
+                           "plans live in a bundle); drop them or compile --into-bundle")
     compiler = _compiler("compiler")
     out = args.out
     if out is not None:
@@ -453,13 +489,56 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                                     sram=args.sram, calibration=args.calibration,
                                     report=args.report,
                                     min_runtime_version=args.min_runtime_version)
+    candidates = None
+    if args.into_bundle:
+        count = DEFAULT_CANDIDATES if args.candidates is None else args.candidates
+        mb = DEFAULT_CANDIDATES_MB if args.candidates_max_mb is None else args.candidates_max_mb
+        candidates = compiler.compile_candidates(
+            args.model, args.board, result.plan, count, int(mb * 1e6), tpus=args.tpus,
+            sram=args.sram, calibration=args.calibration,
+            min_runtime_version=args.min_runtime_version)
     pred = result.plan.predicted
+    if args.json:
+        print(json.dumps(_compile_json(result, candidates)))
+        return 0
     if result.report:
         print(result.report)
     devices = ", ".join(f"{s.device} ops [{s.ops[0]}, {s.ops[1]})" for s in result.plan.stages)
     print(f"wrote {result.plan_path}: {devices}; predicted {pred.fps} fps, "
           f"latency {pred.latency_ms:.2f} ms")
+    if candidates is not None:
+        print(_candidates_summary(candidates, count, mb))
     return 0
+
+
+def _compile_json(result: Any, candidates: Any) -> dict:
+    """``edgecap compile --json``: the plan written and, with --into-bundle, its candidates."""
+    doc = {"plan": str(result.plan_path), "predicted": dataclasses.asdict(result.plan.predicted),
+           "candidates": None}
+    if candidates is not None:
+        doc["candidates"] = {
+            "directory": str(candidates.directory),
+            "added_bytes": candidates.added_bytes, "copied_bytes": candidates.copied_bytes,
+            "written": [{"name": w.name, "tpus": w.plan.board_tpus,
+                         "stages": [[s.device, list(s.ops)] for s in w.plan.active_stages],
+                         "predicted_fps": w.plan.predicted.fps, "file_bytes": w.file_bytes,
+                         "added_bytes": w.added_bytes, "why": w.why} for w in candidates.written],
+            "left_out": [{"name": name, "why": why} for name, why in candidates.left_out],
+        }
+    return doc
+
+
+def _candidates_summary(candidates: Any, count: int, mb: float) -> str:
+    """The lines ``edgecap compile --into-bundle`` prints about the candidate plans it wrote."""
+    lines = [f"candidates: {len(candidates.written)} in {candidates.directory}, adding "
+             f"{candidates.added_bytes / 1e6:.2f} MB to the bundle ({candidates.copied_bytes / 1e6:.2f} MB "
+             f"with shared segments copied; caps --candidates {count}, --candidates-max-mb {mb:g})"]
+    for w in candidates.written:
+        lines.append(f"  {w.name}: {w.plan.board_tpus} TPU(s), predicted {w.plan.predicted.fps} fps, "
+                     f"+{w.added_bytes / 1e6:.2f} MB; for {w.why}")
+    if candidates.left_out:
+        lines.append(f"  left out {len(candidates.left_out)}: {candidates.left_out[0][1]}")
+    return "\n".join(lines)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -509,6 +588,14 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
                    help="also write report.md and split.png (needs matplotlib)")
     p.add_argument("--min-runtime-version", type=int_in(*RUNTIME_VERSIONS),
                    help="edgetpu_compiler -m: oldest Edge TPU runtime to support")
+    p.add_argument("--candidates", type=int_in(0, MAX_CANDIDATES),
+                   help="with --into-bundle: most candidate plans to write beside the best, for a "
+                        f"running board to switch to (default {DEFAULT_CANDIDATES}; 0 removes them)")
+    p.add_argument("--candidates-max-mb", type=float_in(0, MAX_CANDIDATES_MB),
+                   help="with --into-bundle: most megabytes the candidate plans may add to the "
+                        f"bundle (default {DEFAULT_CANDIDATES_MB:g})")
+    p.add_argument("--json", action="store_true",
+                   help="print what was written (plan, candidates, bytes) as one JSON object")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("-o", "--out", help="output folder")
     where.add_argument("--into-bundle", action="store_true",

@@ -24,3 +24,12 @@ MIN_EMULATED_SPEED = 0.01
 MAX_EMULATED_SPEED = 100.0
 # Seconds before an emulated device throttles (throttle:Ts): a day is past any run.
 MAX_THROTTLE_S = 86_400.0
+# Candidate plans `edgecap compile --into-bundle` writes per board (docs/bundle.md):
+# how many, and how many megabytes (10^6 bytes) they may add to the bundle. The
+# default count covers a TPU missing and each device off its profile on a
+# two-TPU board; the default size keeps a ResNet-50 bundle (54 MB) under three
+# times its size on a board's SD card.
+DEFAULT_CANDIDATES = 8
+MAX_CANDIDATES = 64
+DEFAULT_CANDIDATES_MB = 100.0
+MAX_CANDIDATES_MB = 100_000.0

@@ -35,6 +35,7 @@ import numpy as np
 
 from edgecap import adapt, devices, faults, isolation
 from edgecap.bundle import Bundle, WindowSpec
+from edgecap.candidates import plan_unusable
 from edgecap.devices import DeviceSpec, Hardware, parse_device
 from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
 from edgecap.failover import load_recovery
@@ -197,7 +198,6 @@ def bundle_plans(bundle: Bundle, window: WindowSpec, board: Optional[str] = None
     """
     usable: List[Tuple[str, Plan]] = []
     skipped: List[Tuple[str, str]] = []
-    steps = windows_per_frame(window.frames, window.stride)
     for name, directory in bundle.plans.items():
         try:
             plan = load_plan(directory)
@@ -206,13 +206,11 @@ def bundle_plans(bundle: Bundle, window: WindowSpec, board: Optional[str] = None
             continue
         if board is not None and plan.board != board:
             continue
-        if plan.model_sha256 != bundle.encoder_model.sha256:
-            skipped.append((name, "compiled from another encoder"))
-        elif not np.isclose(plan.rnn_steps_per_frame, steps):
-            skipped.append((name, f"made for {plan.rnn_steps_per_frame:g} RNN steps a frame, this "
-                                  f"window ({window.frames} frames, stride {window.stride}) takes {steps:g}"))
-        else:
+        why = plan_unusable(plan, bundle, window)
+        if why is None:
             usable.append((name, plan))
+        else:
+            skipped.append((name, why))
     return BundlePlans(tuple(usable), tuple(skipped))
 
 

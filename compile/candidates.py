@@ -1,0 +1,259 @@
+"""Which other plans a bundle carries for a board: the best plan of each way the board may differ.
+
+A running board cannot compile, so the plans it may switch to are chosen
+here. Each *scenario* is a way the board may differ from its profile, in the
+runtime's own terms (``edgecap.candidates.Correction`` per device): fewer TPUs
+attached, one TPU at 0.5x, 0.7x or 1.5x its profile's speed, one TPU's link
+at USB 2's usable rate, the CPU at half or twice its speed. The pool is the
+partitioner's optimum under each scenario (exact, over cuts and TPU orders)
+plus the optimum in each TPU order under the profile; plans that run the
+same op ranges on the same devices are one. Every plan is priced under every
+scenario with ``edgecap.candidates.price``, the function the running board
+re-chooses with, so what is chosen here is what wins there.
+
+Candidates are then ranked greedily from the best plan: first those that
+give a plan to a TPU count nothing chosen can run on (a board with a TPU
+missing), then the one that most lowers the sum over scenarios of the chosen
+set's best period over the scenario's optimum; a plan that speeds no
+scenario up by ``MIN_GAIN`` or more is not worth its bytes and ends the list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+import edgecap
+from edgecap.candidates import CPU, Correction, price
+from edgecap.plan import EdgeTpuReport, Plan
+from edgecap_compile.boards import Board, Device
+from edgecap_compile.cost_model import CostModel
+from edgecap_compile.graph import Graph
+from edgecap_compile.partitioner import Partition, evaluate, orders, partition
+from edgecap_compile.plan import build_plan, plan_devices
+
+# TPU compute factors tried (``Correction.compute_scale``): a TPU at 0.5x and
+# 0.7x its profile's speed (thermal throttling halves the clock; another
+# libedgetpu build or clock setting), and at 1.5x (libedgetpu-max on a board
+# profiled at the standard clock).
+TPU_SCALES = (2.0, 1 / 0.7, 1 / 1.5)
+# CPU factors tried: a governor at half speed, a core twice as fast.
+CPU_SCALES = (2.0, 0.5)
+# The link a TPU falls back to on a USB 2 port (edgecap/data/links.json).
+SLOW_LINK = "usb2"
+# A candidate that shortens no scenario's period by this much is not worth its bytes.
+MIN_GAIN = 0.02
+_LINKS = Path(edgecap.__file__).parent / "data" / "links.json"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A way the board may differ from its profile.
+
+    Attributes:
+      label: What differs, in words (``usb:0 at 0.5x speed``).
+      tpus: TPUs attached: the first ``tpus`` of the profile.
+      corrections: Device string to ``Correction``, as the runtime writes them.
+    """
+
+    label: str
+    tpus: int
+    corrections: Mapping[str, Correction]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan chosen to ship beside the best one.
+
+    Attributes:
+      name: Its folder under ``plans/<board>/candidates/``: rank, TPU count,
+        each TPU stage's device and op range.
+      board: The board it is compiled for (its first ``tpus`` TPUs).
+      model: The profile's cost model, its devices in the split's stage order.
+      split: The cut points and TPU order.
+      plan: The plan in memory, priced under the profile (no segment files).
+      why: The scenario it is chosen for, with the periods before and after.
+    """
+
+    name: str
+    board: Board
+    model: CostModel
+    split: Partition
+    plan: Plan
+    why: str
+
+
+def slow_link_rate() -> float:
+    """Returns the usable rate of ``SLOW_LINK`` from edgecap/data/links.json, in bytes per second."""
+    return float(json.loads(_LINKS.read_text())["links"][SLOW_LINK]["usable_bytes_per_s"])
+
+
+def scenarios(board: Board) -> List[Scenario]:
+    """Returns the ways the board may differ from its profile that candidates are chosen for.
+
+    For each TPU count from 1 to the board's: the profile as it is, each of
+    those TPUs at each ``TPU_SCALES`` factor and (where its link is faster)
+    on ``SLOW_LINK``, and the CPU at each ``CPU_SCALES`` factor.
+
+    Args:
+      board: The board, with the TPU count and budgets the best plan was made for.
+
+    Returns:
+      The scenarios, the profile's with every TPU first.
+    """
+    names = plan_devices(board)
+    usb2 = slow_link_rate()
+    out = []
+    for t in range(len(board.tpus), 0, -1):
+        attached = "" if t == len(board.tpus) else f", {t} of {len(board.tpus)} TPUs attached"
+        out.append(Scenario(f"as profiled{attached}", t, {}))
+        for name, tpu in zip(names[:t], board.tpus[:t]):
+            for scale in TPU_SCALES:
+                out.append(Scenario(f"{name} at {1 / scale:.2g}x speed{attached}", t,
+                                    {name: Correction(compute_scale=scale)}))
+            if (tpu.link_bytes_per_s or 0) > usb2:
+                out.append(Scenario(f"{name} on {SLOW_LINK}{attached}", t,
+                                    {name: Correction(link_bytes_per_s=usb2)}))
+        for scale in CPU_SCALES:
+            out.append(Scenario(f"cpu at {1 / scale:.2g}x speed{attached}", t,
+                                {CPU: Correction(compute_scale=scale)}))
+    return out
+
+
+def _corrected(device: Device, c: Correction) -> Device:
+    # The profile device as the correction says it runs: its times times the
+    # scale, its link at the corrected rate.
+    s = c.compute_scale
+    return dataclasses.replace(
+        device, macs_per_s=device.macs_per_s / s, elements_per_s=device.elements_per_s / s,
+        op_overhead_ms=device.op_overhead_ms * s, invoke_overhead_ms=device.invoke_overhead_ms * s,
+        link_bytes_per_s=c.link_bytes_per_s or device.link_bytes_per_s)
+
+
+@dataclass(frozen=True)
+class _Option:
+    tpus: int
+    model: CostModel
+    split: Partition
+    plan: Plan
+
+    @property
+    def key(self) -> Tuple[Tuple[str, Tuple[int, int]], ...]:
+        return _key(self.plan)
+
+
+def _key(plan: Plan) -> Tuple[Tuple[str, Tuple[int, int]], ...]:
+    # Plans that run the same op ranges on the same devices are the same plan.
+    return tuple((s.device, s.ops) for s in plan.active_stages)
+
+
+def _option(graph: Graph, model_file: str, board: Board, nominal: CostModel,
+            split: Partition) -> _Option:
+    model = nominal.in_order(split.order)
+    reports = {k: EdgeTpuReport(compiled=False, reason="not written")
+               for k, d in enumerate(model.devices) if d.is_tpu}
+    plan = build_plan(graph, model_file, board, model, split, [], reports)
+    return _Option(len(board.tpus), model, split, plan)
+
+
+def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
+          window: Optional[Tuple[int, int]], cases: Sequence[Scenario]) -> List[_Option]:
+    """The optimum of every scenario and of every TPU order, each plan once."""
+    found: Dict[tuple, _Option] = {}
+    boards = {t: board.with_tpus(t) for t in range(1, len(board.tpus) + 1)}
+
+    def add(option: _Option) -> None:
+        # The same plan for fewer TPUs runs on more boards: keep that one.
+        old = found.get(option.key)
+        if old is None or option.tpus < old.tpus:
+            found[option.key] = option
+
+    for t, board_t in boards.items():
+        devices = [*board_t.tpus, board_t.cpu]
+        nominal = CostModel(graph, devices, rnn_ms, window=window)
+        costs = [nominal.matrix(k) for k in range(len(devices))]
+        for order in orders(costs, t):
+            within = partition([costs[d] for d in order])
+            add(_option(graph, model_file, board_t, nominal, evaluate(
+                costs, within.cuts, tuple(order[d] for d in within.order))))
+        names = dict(zip(plan_devices(board_t), board_t.tpus))
+        for case in (c for c in cases if c.tpus == t):
+            corrected = [_corrected(d, case.corrections.get(name, Correction()))
+                         for name, d in names.items()]
+            cpu = case.corrections.get(CPU, Correction())
+            model = CostModel(graph, [*corrected, _corrected(board_t.cpu, cpu)],
+                              rnn_ms * cpu.compute_scale, window=window)
+            split = partition([model.matrix(k) for k in range(len(devices))], tpus=t)
+            add(_option(graph, model_file, board_t, nominal, evaluate(costs, split.cuts, split.order)))
+    return list(found.values())
+
+
+def _runs_on(plan: Plan, devices: Sequence[str]) -> bool:
+    return all(s.device in devices for s in plan.active_stages if s.spec.kind == "tpu")
+
+
+def choose(graph: Graph, model_file: str, board: Board, best: Plan,
+           window: Optional[Tuple[int, int]] = None) -> List[Candidate]:
+    """Ranks the plans worth carrying beside the best one, most useful first.
+
+    Args:
+      graph: The encoder.
+      model_file: Its path as plans record it (relative to the bundle).
+      board: The board the best plan was made for (TPU count, budgets).
+      best: The best plan, as written; its ``rnn_ms`` is charged to every candidate.
+      window: ``(frames, stride)`` the plans charge RNN steps for.
+
+    Returns:
+      The candidates in rank order; the list ends where a further plan
+      would shorten no scenario's period by ``MIN_GAIN``.
+    """
+    cases = scenarios(board)
+    pool = [o for o in _pool(graph, model_file, board, best.rnn_ms or 0.0, window, cases)
+            if o.key != _key(best)]
+    names = plan_devices(board)
+    usable = np.array([[_runs_on(p, names[:c.tpus]) for c in cases]
+                       for p in [best, *(o.plan for o in pool)]])
+    priced = np.array([[price(p, c.corrections) for c in cases]
+                       for p in [best, *(o.plan for o in pool)]])
+    priced = np.where(usable, priced, np.inf)
+    oracle = priced.min(axis=0)
+    current = priced[0].copy()
+    left = list(range(len(pool)))
+    out: List[Candidate] = []
+    while left:
+        def merit(i: int) -> Tuple[int, float]:
+            row = priced[i + 1]
+            newly = int(np.sum(np.isinf(current) & np.isfinite(row)))
+            covered = np.isfinite(current) & (row < current)
+            return newly, float(np.sum((current[covered] - row[covered]) / oracle[covered]))
+        pick = max(left, key=merit)
+        newly, _ = merit(pick)
+        row = priced[pick + 1]
+        with np.errstate(invalid="ignore"):
+            gains = np.where(np.isfinite(current), (current - row) / current, 0.0)
+        if not newly and gains.max() < MIN_GAIN:
+            break
+        if newly:
+            case = int(np.argmax(np.isinf(current) & np.isfinite(row)))
+            why = f"{cases[case].label}: {1e3 / row[case]:.1f} fps, where nothing chosen before runs"
+        else:
+            case = int(np.argmax(gains))
+            why = (f"{cases[case].label}: {1e3 / row[case]:.1f} fps against "
+                   f"{1e3 / current[case]:.1f}")
+        option = pool[pick]
+        out.append(Candidate(_name(len(out) + 1, option.plan), board.with_tpus(option.tpus),
+                             option.model, option.split, option.plan, why))
+        current = np.minimum(current, row)
+        left.remove(pick)
+    return out
+
+
+def _name(rank: int, plan: Plan) -> str:
+    tpus = "".join(f"-{s.device.replace(':', '')}.{s.ops[0]}-{s.ops[1]}"
+                   for s in plan.active_stages if s.spec.kind == "tpu")
+    return f"{rank:02d}-{plan.board_tpus}tpu{tpus or '-cpuonly'}"
