@@ -37,8 +37,9 @@ import msgspec
 import numpy as np
 
 from edgecap import outputs, schema
+from edgecap.candidates import Correction, stage_ms
 from edgecap.errors import ConfigError, EdgecapError
-from edgecap.plan import Plan, Stage
+from edgecap.plan import Plan
 from edgecap.stats import PipelineStats
 
 if TYPE_CHECKING:  # the planner imports this module
@@ -90,59 +91,8 @@ def load_policy(path: Path = POLICY) -> Policy:
                             error=ConfigError)
 
 
-@dataclass(frozen=True)
-class Correction:
-    """What one device of the board really does, relative to its board profile.
-
-    Attributes:
-      compute_scale: Its compute and per-invoke time over the profile's (2.0:
-        twice as slow, e.g. a throttled EdgeTPU).
-      link_bytes_per_s: The rate its link really carries; None: the plan's.
-    """
-
-    compute_scale: float = 1.0
-    link_bytes_per_s: Optional[float] = None
-
-
 Corrections = Mapping[str, Correction]
 _NONE = Correction()
-
-
-def stage_ms(stage: Stage, corrections: Corrections) -> Optional[float]:
-    """A stage's time under corrections: its compute and invoke parts scaled by its device's,
-    its link bytes at its device's rate, its extra CPU work scaled by the CPU's.
-
-    A stage without cost parts (older plans) scales its whole ``predicted_ms``.
-
-    Returns:
-      Milliseconds, or None where the plan predicts nothing.
-    """
-    own = corrections.get(stage.device, _NONE)
-    cost = stage.cost
-    if cost is None:
-        return None if stage.predicted_ms is None else stage.predicted_ms * own.compute_scale
-    rate = own.link_bytes_per_s or cost.link_bytes_per_s
-    link = cost.link_bytes * 1e3 / rate if cost.link_bytes and rate else 0.0
-    cpu = corrections.get("cpu", _NONE)
-    return (cost.compute_ms + cost.invoke_ms) * own.compute_scale + link + cost.extra_ms * cpu.compute_scale
-
-
-def period_ms(plan: Plan, corrections: Corrections) -> Optional[float]:
-    """The plan's period (ms a frame) under corrections: its slowest stage, or a shared bus's bytes.
-
-    Returns:
-      Milliseconds, or None if a stage predicts nothing.
-    """
-    times = [stage_ms(s, corrections) for s in plan.active_stages]
-    if any(t is None for t in times):
-        return None
-    on_bus: Dict[str, float] = {}
-    for s in plan.active_stages:
-        if s.cost is not None and s.cost.bus:
-            on_bus[s.cost.bus] = on_bus.get(s.cost.bus, 0.0) + s.cost.link_bytes
-    for bus in plan.buses:
-        times.append(on_bus.get(bus.name, 0.0) * 1e3 / bus.bytes_per_s)
-    return max(times)
 
 
 def adaptable(plan: Plan) -> bool:
@@ -452,9 +402,10 @@ class Adapter:
         choice = self._choice
         if choice is None:
             return None
-        times = [stage_ms(s, self.corrections) for s in choice.plan.stages if s.device == device
-                 and (not s.empty or device == "cpu")]
-        return None if not times or any(t is None for t in times) else sum(times)
+        stages = [s for s in choice.plan.active_stages if s.device == device]
+        if not stages or any(s.cost is None and s.predicted_ms is None for s in stages):
+            return None
+        return sum(stage_ms(s, self.corrections) for s in stages)
 
     def steps(self, stats: PipelineStats) -> PipelineStats:
         """``stats`` with each step's prediction (the plan's, uncorrected) and running median."""
@@ -508,8 +459,7 @@ class Adapter:
         out = {}
         for device in devices:
             measured = self._measured(self._devices[device])
-            stages = [s for s in choice.plan.stages if s.device == device and s.cost is not None
-                      and (not s.empty or device == "cpu")]
+            stages = [s for s in choice.plan.active_stages if s.device == device and s.cost is not None]
             if measured is None or not stages:
                 continue
             work = sum(s.cost.compute_ms + s.cost.invoke_ms for s in stages)

@@ -35,7 +35,7 @@ import numpy as np
 
 from edgecap import adapt, devices, faults, isolation
 from edgecap.bundle import Bundle, WindowSpec
-from edgecap.candidates import plan_unusable
+from edgecap.candidates import Correction, load_candidates, plan_unusable, price
 from edgecap.devices import DeviceSpec, Hardware, parse_device
 from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
 from edgecap.failover import load_recovery
@@ -392,12 +392,13 @@ def choose_after(bundle: Bundle, options: CaptionerOptions, start: Choice, faile
 
 
 def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
-                    corrections: Mapping[str, adapt.Correction], candidates: BundlePlans,
+                    corrections: Mapping[str, Correction], candidates: BundlePlans,
                     workers: Mapping[DeviceSpec, DeviceSpec], margin: float) -> Optional[Tuple[Choice, str]]:
     """Decides whether the board as measured runs better on another plan, and which.
 
-    Prices, under ``corrections`` (``edgecap.adapt.period_ms``), the running
-    plan, the bundle's plans for its board, and the compiler's re-partition
+    Prices, under ``corrections`` (``edgecap.candidates.price``), the running
+    plan, the bundle's plan and candidate plans for its board
+    (``edgecap.candidates.load_candidates``), and the compiler's re-partition
     for that board under the corrections (when the compiler is installed: a
     board cannot run edgetpu_compiler, but a host emulating one can).
 
@@ -406,7 +407,8 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
       options: The captioner's options.
       current: The running choice.
       corrections: What the board measured, by plan device.
-      candidates: ``bundle_plans(bundle, window, board)``, loaded once by the caller.
+      candidates: ``bundle_plans(bundle, window, board)`` and the board's
+        candidate plans, loaded once by the caller (``measured_plans``).
       workers: Each plan device of the board (``pci:0``) -> the worker it runs
         on (the same device stays on the same worker, emulated or not).
       margin: The best plan must take this fraction less time a frame.
@@ -415,9 +417,9 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
       ``(choice, why)`` of the best plan (``how`` ``measured``), or None when
       the running one is within the margin of it.
     """
-    now = adapt.period_ms(current.plan, corrections)
-    if now is None:
+    if not adapt.adaptable(current.plan):
         return None
+    now = price(current.plan, corrections)
     board = current.plan.board
     offers: List[Tuple[Plan, str]] = [(plan, f"the bundle's plan {name}") for name, plan in candidates.usable
                                       if plan.board == board and adapt.adaptable(plan)]
@@ -431,9 +433,8 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
         _log.debug("edgecap: no re-partition under the corrections (%s)", exc)
     priced = []
     for plan, why in offers:
-        period = adapt.period_ms(plan, corrections)
-        if period is not None and all(s.spec in workers for s in plan.active_stages if s.spec.kind == "tpu"):
-            priced.append((period, plan, why))
+        if all(s.spec in workers for s in plan.active_stages if s.spec.kind == "tpu"):
+            priced.append((price(plan, corrections), plan, why))
     if not priced:
         return None
     best, plan, why = min(priced, key=lambda p: p[0])
@@ -446,6 +447,18 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
                      attached=sum(1 for w in set(overrides.values()) if w.kind == "tpu"),
                      board=current.board)
     return choice, said
+
+
+def measured_plans(bundle: Bundle, window: WindowSpec, board: str) -> BundlePlans:
+    """The bundle's plans a running board may re-choose among: its best plan for ``board``, then its candidates.
+
+    Returns:
+      ``BundlePlans`` of the usable plans (``(name, plan)``) and the skipped.
+    """
+    best = bundle_plans(bundle, window, board)
+    others = [(f"{board}/{p.path.parent.name if p.path else '?'}", p)
+              for p in load_candidates(bundle, board, window)]
+    return BundlePlans(best.usable + tuple(others), best.skipped)
 
 
 def board_tpus(choice: Choice) -> List[DeviceSpec]:

@@ -237,6 +237,7 @@ class Supervisor:
         self._tpus = planner.board_tpus(start)
         self._by_name = {str(d): d for d in self._tpus}
         self._candidates: Optional[planner.BundlePlans] = None  # loaded at the first failure
+        self._measured: Optional[planner.BundlePlans] = None  # loaded at the first re-plan from measurements
         self._failed: List[DeviceSpec] = []
         self._workers = _board_workers(start, self._tpus)
         self._adapter = self._make_adapter(start)
@@ -469,15 +470,16 @@ class Supervisor:
         return adapt.Adapter(start.plan.board, corrections, self._rechoose, switching,
                              path if switching else None)
 
-    def _rechoose(self, current: Choice, corrections: Dict[str, adapt.Correction]) -> Optional[Tuple[Choice, str]]:
+    def _rechoose(self, current: Choice, corrections: Dict[str, adapt.Correction]
+                  ) -> Optional[Tuple[Choice, str]]:
         """The planner's best plan under the corrections, if better than ``current`` by the margin."""
         if self._failed:  # the failover's to decide until every device answers
             return None
-        if self._candidates is None:
-            self._candidates = planner.bundle_plans(self._bundle, self._window, current.plan.board)
+        if self._measured is None:
+            self._measured = planner.measured_plans(self._bundle, self._window, current.plan.board)
         margin = adapt.load_policy().margin
         return planner.choose_measured(self._bundle, self._options, current, corrections,
-                                       self._candidates, self._workers, margin)
+                                       self._measured, self._workers, margin)
 
     def _choose(self) -> Choice:
         if self._failed and self._candidates is None:  # at the first failure
