@@ -163,12 +163,13 @@ def refit(current: Correction, rate: Optional[float], seen: Sequence[Observation
     """
     last = seen[-1]
     if len(seen) >= 2 and rate is not None:
-        a = np.array([[o.work_ms, o.link_bytes * 1e3] for o in seen])
+        # Link time at the rate expected so far: both columns in ms, so the fit is well conditioned.
+        a = np.array([[o.work_ms, o.link_bytes * 1e3 / rate] for o in seen])
         y = np.array([o.measured_ms - o.fixed_ms for o in seen])
-        if np.linalg.matrix_rank(a) == 2 and np.linalg.cond(a) < 1e6:
-            (scale, per_byte), *_ = np.linalg.lstsq(a, y, rcond=None)
-            if scale > 0 and per_byte > 0:
-                return Correction(float(scale), float(1.0 / per_byte))
+        if np.linalg.matrix_rank(a) == 2 and np.linalg.cond(a) < 1e3:
+            (scale, slower), *_ = np.linalg.lstsq(a, y, rcond=None)
+            if scale > 0 and slower > 0:
+                return Correction(float(scale), float(rate / slower))
     link_ms = last.link_bytes * 1e3 / rate if rate and last.link_bytes else 0.0
     expected = last.work_ms * current.compute_scale + link_ms
     if expected <= 0:
@@ -347,34 +348,46 @@ class Adapter:
         self._last_switch = -float("inf")
         self._choice: Optional["Choice"] = None
 
-    def started(self, choice: "Choice") -> None:
-        """A pipeline of ``choice`` starts: its steps' medians start afresh."""
+    def started(self, choice: "Choice", switching: bool = True) -> None:
+        """A pipeline of ``choice`` starts: its steps' medians start afresh.
+
+        Args:
+          choice: The running choice.
+          switching: False while it must not re-plan (a device has failed:
+            the failover's plan runs stages where the model does not price them).
+        """
         self._choice = choice
         n = self.policy.window
-        self._medians: Dict[str, RunningMedian] = {str(w): RunningMedian(n) for w in choice.workers.values()}
+        self._medians: Dict[str, RunningMedian] = {str(r.worker): RunningMedian(n) for r in choice.stages}
         self._medians[RNN_STEP] = RunningMedian(n)
-        # Plan device -> the workers (steps) whose times are its own.
-        by_worker: Dict[str, List[str]] = {}
-        for device, worker in choice.workers.items():
-            by_worker.setdefault(str(worker), []).append(device)
+        # Plan device -> the steps whose times are its own: a worker running one
+        # plan device, of its kind (a TPU stage moved onto a CPU worker says nothing of the TPU).
+        runs: Dict[str, List[Any]] = {}
+        for run in choice.stages:
+            runs.setdefault(str(run.worker), []).append(run)
         self._devices: Dict[str, List[str]] = {}
-        for worker, devices in by_worker.items():
-            if len(devices) == 1:  # a worker running two plan devices cannot tell them apart
-                steps = [worker, RNN_STEP] if devices[0] == "cpu" else [worker]
-                self._devices[devices[0]] = steps
+        for worker, on in runs.items():
+            devices = {r.stage.device for r in on}
+            if len(devices) == 1 and all((r.stage.spec.kind == "tpu") == (r.worker.kind in ("tpu", "emu-tpu"))
+                                         for r in on):
+                device = devices.pop()
+                self._devices[device] = [worker, RNN_STEP] if device == "cpu" else [worker]
         self._off: Dict[str, float] = {}
-        now = time.perf_counter()
-        self._started = self._last_check = now
-        self._active = self._switching and adaptable(choice.plan)
+        self._last_check = time.perf_counter()
+        self._active = switching and self._switching and adaptable(choice.plan)
 
-    def observe(self, device_ms: Mapping[str, float], rnn_ms: float) -> None:
-        """Adds one frame's step times (consumer thread) and compares them every ``check_s``."""
+    def observe(self, board_ms: Mapping[str, float]) -> None:
+        """Adds one frame's step times (consumer thread) and compares them every ``check_s``.
+
+        Args:
+          board_ms: Milliseconds by worker, and the RNN steps' as ``rnn_step``
+            (``FrameResult.board_ms``: an emulated device's paced time).
+        """
         medians = self._medians
-        for worker, ms in device_ms.items():
-            m = medians.get(worker)
+        for step, ms in board_ms.items():
+            m = medians.get(step)
             if m is not None:
                 m.add(ms)
-        medians[RNN_STEP].add(rnn_ms)
         if not self._active or self._pending or self.proposal is not None:
             return
         now = time.perf_counter()

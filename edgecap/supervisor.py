@@ -148,7 +148,8 @@ class _Source:
                                 if k >= resume.get(key, (0, 0))[0]), key=lambda job: job.pos)
         for job in again:
             yield dataclasses.replace(job, stream=(run, job.stream[1]), tensors=dict(job.tensors),
-                                      ms=dict(job.ms), finished=[], captions=[], device_ms={})
+                                      ms=dict(job.ms), finished=[], captions=[], device_ms={},
+                                      board_ms={})
         while True:
             with self._read_lock:
                 if self._ended or generation != self._generation:
@@ -304,7 +305,7 @@ class Supervisor:
                     if not source.consumed(job):
                         continue
                     if adapter is not None and job.frame is not None:
-                        adapter.observe(job.device_ms, job.ms.get(adapt.RNN_STEP, 0.0))
+                        adapter.observe(job.board_ms)
                     yield job
                     if self._returned:
                         returned = True
@@ -432,7 +433,7 @@ class Supervisor:
                     self._prober.watch(d)
         self.choice = choice
         if self._adapter is not None:
-            self._adapter.started(choice)
+            self._adapter.started(choice, switching=not self._failed)
         with self._lock:  # close() sets _closed under it, then closes self.pipeline
             if not self._closed:
                 self.pipeline = pipeline
@@ -461,9 +462,7 @@ class Supervisor:
             return None
         emulated = any(w.kind == "emu-tpu" for w in start.workers.values())
         real = any(w.kind == "tpu" for w in start.workers.values())
-        switching = self._options.adapt
-        if switching is None:
-            switching = real or (emulated and self._options.timing_only)
+        switching = self._options.adapt if self._options.adapt is not None else real or emulated
         store = self._options.corrections
         path = Path(store) if store is not None else (adapt.corrections_path() if real else None)
         corrections = adapt.load_corrections(path, start.plan.board) if path is not None and switching else {}
