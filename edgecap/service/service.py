@@ -285,6 +285,8 @@ class Service:
             for record in stats.failovers[self._failovers:]:
                 self.metrics.failover(record.device, record.kind, record.how)
             self._failovers = len(stats.failovers)
+            self.metrics.stages([(s.name, s.worker, s.predicted_ms, s.measured_ms) for s in stats.stages],
+                                stats.corrections)
         now = time.monotonic()
         period = max(now - self._last_stats, 1e-6)
         self._last_stats = now
