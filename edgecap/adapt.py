@@ -30,8 +30,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import (TYPE_CHECKING, Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence,
-                    Tuple)
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import msgspec
 import numpy as np
@@ -42,8 +41,8 @@ from edgecap.errors import ConfigError, EdgecapError
 from edgecap.plan import Plan
 from edgecap.stats import PipelineStats
 
-if TYPE_CHECKING:  # the planner imports this module
-    from edgecap.planner import Choice
+# A planner.Choice (the planner imports this module, so it is not imported here).
+Choice = Any
 
 POLICY = Path(__file__).parent / "data" / "adapt.json"
 CORRECTIONS_FILE = "corrections.json"
@@ -306,8 +305,8 @@ class Proposal:
       reason: One line: what was measured and what the new plan makes.
     """
 
-    base: "Choice"
-    choice: "Choice"
+    base: Choice
+    choice: Choice
     devices: Tuple[str, ...]
     reason: str
 
@@ -332,7 +331,7 @@ class Adapter:
     """
 
     def __init__(self, board: str, corrections: Corrections,
-                 rechoose: Callable[["Choice", Dict[str, Correction]], Optional[Tuple["Choice", str]]],
+                 rechoose: Callable[[Choice, Dict[str, Correction]], Optional[Tuple[Choice, str]]],
                  switching: bool, store: Optional[Path], policy: Optional[Policy] = None) -> None:
         self.policy = policy or load_policy()
         self._board = board
@@ -346,9 +345,9 @@ class Adapter:
         self.proposal: Optional[Proposal] = None
         self._seen: Dict[str, Dict[Tuple[float, int], Observation]] = {}
         self._last_switch = -float("inf")
-        self._choice: Optional["Choice"] = None
+        self._choice: Optional[Choice] = None
 
-    def started(self, choice: "Choice", switching: bool = True) -> None:
+    def started(self, choice: Choice, switching: bool = True) -> None:
         """A pipeline of ``choice`` starts: its steps' medians start afresh.
 
         Args:
@@ -508,7 +507,7 @@ class Adapter:
     def _replan(self, request: Dict[str, Any]) -> None:
         corrections = dict(self.corrections)
         seen_now: Dict[str, Tuple[float, float]] = {}
-        choice: "Choice" = request["choice"]
+        choice: Choice = request["choice"]
         for device, (obs, rate) in request["seen"].items():
             history = self._seen.setdefault(device, {})
             history.pop((round(obs.work_ms, 4), obs.link_bytes), None)
