@@ -33,7 +33,6 @@ except ImportError:
 
 from edgecap_compile.compiler import CompileResult, compile_model, make_board  # noqa: E402
 from edgecap_compile.edgetpu import find_compiler  # noqa: E402
-from edgecap_compile.plan import plan_devices  # noqa: E402
 
 
 def equal_param_ranges(model, n_tpus: int):
@@ -62,4 +61,4 @@ def equal_param_ranges(model, n_tpus: int):
 
 
 __all__ = ["CompileError", "CompileResult", "compile_model", "equal_param_ranges", "find_compiler",
-           "make_board", "plan_devices"]
+           "make_board"]

@@ -43,6 +43,7 @@ BATCH = int_in(1, MAX_QUEUE)
 BEAM = int_in(1, MAX_BEAM)
 MAX_CLIPS = 1_000_000  # eval --limit
 MAX_BENCH_FRAMES = 1_000_000  # bench --frames: a run, not a soak (tools/soak.py)
+MAX_ADAPT_SECONDS = 3600.0  # bench --adapt --seconds: an hour per truth is past any table
 MAX_TPUS = 8  # compile --tpus: no board carries more EdgeTPUs
 MAX_SRAM = 1 << 30  # compile --sram, bytes per TPU: an EdgeTPU has 8 MiB
 RUNTIME_VERSIONS = (10, 99)  # compile --min-runtime-version: edgetpu_compiler -m knows 10 and up
@@ -395,6 +396,8 @@ def _add_history(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.adapt or args.truth is not None or args.truth_table:
+        return _cmd_bench_adapt(args)
     from edgecap import bench
 
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
@@ -423,6 +426,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    args.plot)
         if trace.is_file():
             plot_timeline(trace, timeline)
+    return 0
+
+
+def _cmd_bench_adapt(args: argparse.Namespace) -> int:
+    from edgecap import truth_bench
+    from edgecap.bundle import load_bundle
+
+    if not args.adapt:
+        raise EdgecapError("--truth and --truth-table are options of --adapt; add --adapt")
+    if (args.truth is None) == (not args.truth_table):
+        raise EdgecapError("--adapt runs one truth or the table: pass --truth SPEC or --truth-table")
+    if "," in args.board:
+        raise EdgecapError(f"--board {args.board}: --adapt emulates one board; name one, e.g. devboard-usb")
+    if args.json is not None:
+        check_output(args.json, "--json")
+    bundle = load_bundle(args.bundle or default_bundle())
+    truths = truth_bench.truth_table(args.board) if args.truth_table else [(args.truth, "")]
+    truth_bench.bench_adapt(bundle, truths, args.board, args.seconds, args.clips, args.json,
+                            table=args.truth_table)
     return 0
 
 
@@ -469,6 +491,15 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    "timeline (default: PLOT-timeline.png)")
     p.add_argument("--trace", type=Path,
                    help="write the Chrome trace of the pipelined board run here")
+    p.add_argument("--adapt", action="store_true",
+                   help="instead: stream on the emulated --board under a hidden truth and compare its fps "
+                        "with the best plan under the true costs (docs/emulation.md; modelled)")
+    p.add_argument("--truth", help="with --adapt: the board's truth, as EDGECAP_EMULATE takes it, "
+                                   "e.g. 'emu-tpu:0=speed:0.5' ('' is the profile)")
+    p.add_argument("--truth-table", action="store_true",
+                   help="with --adapt: run every truth of edgecap/data/truths.json for --board")
+    p.add_argument("--seconds", type=float_in(1.0, MAX_ADAPT_SECONDS), default=10.0,
+                   help="with --adapt: seconds each truth streams (default 10)")
     p.set_defaults(func=_cmd_bench)
 
 

@@ -46,7 +46,7 @@ from edgecap import schema
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError
 from edgecap.limits import MAX_EMULATED_SPEED, MAX_THROTTLE_S, MIN_EMULATED_SPEED
-from edgecap.plan import Bus, Stage
+from edgecap.plan import Bus, Plan, Stage
 
 ENV = "EDGECAP_EMULATE"
 LINKS = Path(__file__).parent / "data" / "links.json"
@@ -223,11 +223,49 @@ def current() -> Truth:
     return _parsed(os.environ.get(ENV, ""))
 
 
+def resolve(truth: Truth, plan: Plan, source: str = ENV) -> Truth:
+    """Names each device of ``truth`` as plans do, so it stays with its TPU whichever plan runs.
+
+    ``emu-tpu:N`` is ``plan``'s N-th TPU stage that runs operators, in
+    pipeline order (as the run's workers are numbered), then its TPU stages
+    that run none, in order.
+
+    Args:
+      truth: The truth.
+      plan: The plan the emulated run starts with.
+      source: Where the truth came from, for messages.
+
+    Returns:
+      The truth with ``emu-tpu:N`` replaced by ``pci:N`` / ``usb:N`` / ``tpu:N``.
+
+    Raises:
+      ConfigError: If it names an ``emu-tpu:N`` the plan's board lacks, or
+        sets one setting of a TPU twice under two names.
+    """
+    tpus = [s for s in plan.stages if s.spec.kind == "tpu"]
+    order = [s.device for s in tpus if not s.empty] + [s.device for s in tpus if s.empty]
+    parts = []
+    for device, part in truth.devices:
+        spec = parse_device(device)
+        if spec.kind == "emu-tpu":
+            if spec.index >= len(order):
+                raise ConfigError(f"{source}: {device} is no EdgeTPU of this run (its plan has "
+                                  f"{len(order)}: emu-tpu:0 to emu-tpu:{len(order) - 1}); name one of them")
+            device = order[spec.index]
+        parts.append(f"{device}={part}")
+    return parse(";".join(parts), source)
+
+
 @contextlib.contextmanager
 def emulating(truth: Truth) -> Iterator[Truth]:
-    """Sets ``$EDGECAP_EMULATE`` to ``truth`` for the block (worker processes started in it inherit it)."""
+    """Sets ``$EDGECAP_EMULATE`` to ``truth`` for the block (worker processes started in it inherit it).
+
+    Every device's throttle clock starts again (a new board, cool).
+    """
     before = os.environ.get(ENV)
     os.environ[ENV] = str(truth)
+    with _state_lock:
+        _origins.clear()
     try:
         yield truth
     finally:
@@ -309,20 +347,66 @@ class Pace:
             self._scale = pace_ms / cost.total_ms
         self._bus = bus_clock(bus) if bus is not None and cost is not None and cost.link_bytes else None
 
-    def deadline(self, start: float) -> float:
-        """The ``time.perf_counter()`` at which an invoke begun at ``start`` ends (books its bus time)."""
-        speed = speed_now(self._device, self._key, start)
+    def _parts(self, speed: float, cpu_speed: float) -> Tuple[float, float, float]:
+        """``(link bytes, link seconds, compute seconds)`` of one invoke at these speeds."""
         cost = self._cost
         if cost is None or self._scale == 0.0:
             # Older plans say no more than predicted_ms: all of it scales with the clock.
-            return start + self._pace_s / speed
-        ms = (cost.compute_ms + cost.invoke_ms) / speed + cost.extra_ms / speed_now(self._cpu, "cpu", start)
+            return 0.0, 0.0, self._pace_s / speed
         nbytes = cost.link_bytes * self._scale
         rate = self._device.link_bytes_per_s or cost.link_bytes_per_s
-        link_end = start + (nbytes / rate if rate else 0.0)
+        ms = (cost.compute_ms + cost.invoke_ms) / speed + cost.extra_ms / cpu_speed
+        return nbytes, (nbytes / rate if rate else 0.0), self._scale * ms / 1e3
+
+    def deadline(self, start: float) -> float:
+        """The ``time.perf_counter()`` at which an invoke begun at ``start`` ends (books its bus time)."""
+        nbytes, link_s, compute_s = self._parts(speed_now(self._device, self._key, start),
+                                                speed_now(self._cpu, "cpu", start))
+        link_end = start + link_s
         if self._bus is not None:
             link_end = max(link_end, self._bus.reserve(start, nbytes))
-        return link_end + self._scale * ms / 1e3
+        return link_end + compute_s
+
+    def steady_s(self) -> float:
+        """Seconds of an invoke once every clock has settled (throttled), its bus aside."""
+        _, link_s, compute_s = self._parts(self._device.steady_speed, self._cpu.steady_speed)
+        return link_s + compute_s
+
+
+def steady_fps(plan: Plan, truth: Truth) -> Optional[float]:
+    """The fps ``plan`` settles at on its emulated board under ``truth`` (*modelled*).
+
+    The slowest of its stages (the CPU's with the RNN steps, which share its
+    worker) and its buses (their stages' link bytes at the bus rate), each
+    priced as the pacing prices it, throttled clocks throttled.
+
+    Args:
+      plan: A plan whose stages predict their time.
+      truth: The truth, devices named as plans name them (``resolve``).
+
+    Returns:
+      The fps, or None where a stage predicts no time.
+    """
+    cpu = (truth.get("cpu") or DeviceTruth()).steady_speed
+    times = []
+    bus_s: Dict[str, float] = {}
+    rates = {b.name: b.bytes_per_s for b in plan.buses}
+    tpus = 0
+    for stage in plan.active_stages:
+        if stage.predicted_ms is None:
+            return None
+        if stage.spec.kind == "cpu":
+            times.append(stage.predicted_ms / 1e3 / cpu)
+            continue
+        times.append(Pace(stage, DeviceSpec("emu-tpu", tpus), stage.predicted_ms, truth).steady_s())
+        tpus += 1
+        bus = stage.cost.bus if stage.cost is not None else None
+        if bus in rates:
+            bus_s[bus] = bus_s.get(bus, 0.0) + stage.cost.link_bytes / rates[bus]
+    if not any(s.spec.kind == "cpu" for s in plan.active_stages):
+        times.append(plan.rnn_frame_ms / 1e3 / cpu)
+    period = max(times + list(bus_s.values()), default=0.0)
+    return 1.0 / period if period > 0 else None
 
 
 def pace(stage: Stage, worker: DeviceSpec, pace_ms: float, bus: Optional[Bus] = None) -> Optional[Pace]:

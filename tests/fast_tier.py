@@ -61,6 +61,12 @@ FAST_TESTS: Dict[str, List[str]] = {
                         "test_the_host_rules_reason_gives_both_schedules_times",
                         "test_a_plan_must_be_the_bundles_encoders"],
     "test_bad_input_cli.py": ["test_compile_out_folder_in_a_bad_place"],
+    # The truth's grammar, one paced slowdown, the bus, the oracle (about a second in all).
+    "test_emulation.py": ["test_the_issues_example_parses_device_by_device",
+                          "test_a_malformed_truth_is_one_line_naming_the_part_and_the_grammar",
+                          "test_a_stage_slowed_to_half_speed_takes_twice_as_long",
+                          "test_two_stages_on_one_bus_together_move_no_more_than_its_rate"],
+    "test_truth_bench.py": ["test_the_oracle_moves_work_off_a_slowed_tpu", "test_fps_timeline_and_seconds_to_95"],
     # The history's main paths in well under a second each (no CLI children, no kill -9 trials).
     "test_history.py": ["test_events_are_written_once_per_batch_and_found_newest_first",
                         "test_the_query_is_quoted_words_of_the_text_column",
