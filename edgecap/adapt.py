@@ -38,7 +38,7 @@ import numpy as np
 from edgecap import outputs, schema
 from edgecap.candidates import Correction, stage_ms
 from edgecap.errors import ConfigError, EdgecapError
-from edgecap.plan import Plan
+from edgecap.plan import CostParts, Plan
 from edgecap.stats import PipelineStats
 
 # A planner.Choice (the planner imports this module, so it is not imported here).
@@ -95,8 +95,9 @@ _NONE = Correction()
 
 
 def adaptable(plan: Plan) -> bool:
-    """Whether a plan says what its predictions are made of (older plans do not)."""
-    return all(s.cost is not None for s in plan.stages) and any(s.spec.kind == "tpu" for s in plan.active_stages)
+    """Whether a plan runs EdgeTPUs and predicts every stage (by its cost parts, or older plans' time alone)."""
+    return (any(s.spec.kind == "tpu" for s in plan.active_stages)
+            and all(s.cost is not None or s.predicted_ms is not None for s in plan.active_stages))
 
 
 class RunningMedian:
@@ -471,18 +472,20 @@ class Adapter:
         out = {}
         for device in devices:
             measured = self._measured(self._devices[device])
-            stages = [s for s in choice.plan.active_stages if s.device == device and s.cost is not None]
+            stages = [s for s in choice.plan.active_stages if s.device == device]
             if measured is None or not stages:
                 continue
-            work = sum(s.cost.compute_ms + s.cost.invoke_ms for s in stages)
+            # A stage of an older plan says only its time: all of it counts as compute.
+            costs = [s.cost or CostParts(compute_ms=s.predicted_ms or 0.0) for s in stages]
+            work = sum(c.compute_ms + c.invoke_ms for c in costs)
             fixed = 0.0
             if device == "cpu":
-                work += sum(s.cost.extra_ms for s in stages)
+                work += sum(c.extra_ms for c in costs)
             else:
-                fixed = sum(s.cost.extra_ms for s in stages) * self.corrections.get("cpu", _NONE).compute_scale
-            link_bytes = sum(s.cost.link_bytes for s in stages)
+                fixed = sum(c.extra_ms for c in costs) * self.corrections.get("cpu", _NONE).compute_scale
+            link_bytes = sum(c.link_bytes for c in costs)
             rate = self.corrections.get(device, _NONE).link_bytes_per_s or next(
-                (s.cost.link_bytes_per_s for s in stages if s.cost.link_bytes_per_s), None)
+                (c.link_bytes_per_s for c in costs if c.link_bytes_per_s), None)
             out[device] = (Observation(work, link_bytes, fixed, measured), rate)
         return out
 

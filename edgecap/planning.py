@@ -28,6 +28,12 @@ from edgecap.errors import ConfigError
 from edgecap.plan import PLAN_FILE, PLAN_VERSION, Plan, load_plan
 
 
+# Bumped when plan.json gains an optional field the runtime relies on: a plan
+# cached before stages recorded their cost parts (``Stage.cost``) cannot be
+# re-priced by the running board (edgecap.adapt) nor paced by a truth.
+CACHE_FORMAT = 2
+
+
 def cache_root() -> Path:
     """Where compiled plans are kept: ``$XDG_CACHE_HOME/edgecap/plans`` (default ``~/.cache``)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -101,9 +107,10 @@ def plan_for_board(
     key.update(bundle.encoder_step_model.sha256.encode())
     # A plan made without edgetpu_compiler, or by another compiler or plan
     # version, must not be reused once that changes (edgecap_compile ships in
-    # the edgecap distribution, so its version is edgecap's).
+    # the edgecap distribution, so its version is edgecap's). CACHE_FORMAT marks
+    # plan.json gaining optional fields within one plan version.
     key.update(repr((chosen, (bundle.window.frames, bundle.window.stride), whole_on_tpu, equal_param,
-                     edgecap_compile.find_compiler(), PLAN_VERSION,
+                     edgecap_compile.find_compiler(), PLAN_VERSION, CACHE_FORMAT,
                      metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
     if not (out / PLAN_FILE).is_file():

@@ -241,6 +241,23 @@ def test_a_device_that_stays_off_gets_its_correction_refitted_and_saved(start, t
     assert len(recorder.calls) == 1
 
 
+def test_an_older_plan_without_cost_parts_is_corrected_by_its_time_alone(shipped_bundle, bundle, tmp_path):
+    from runtime_plans import write_plan
+
+    path = write_plan(shipped_bundle / "encoder.tflite", [20], ["tpu:0", "cpu"], tmp_path, [4.0, 2.0])
+    older = choose(bundle, CaptionerOptions(plan=path, emulate=True, timing_only=True))
+    assert all(s.stage.cost is None for s in older.stages)
+    recorder = _Recorder()
+    adapter = Adapter("test", {}, recorder, True, None, _fast_policy())
+    adapter.started(older)
+    _feed(adapter, older, 0.4, {"emu-tpu:0": 2.0})
+    _wait(adapter, recorder, 1)
+    adapter.close()
+    (corrections,) = recorder.calls
+    assert set(corrections) == {"tpu:0"} and corrections["tpu:0"].link_bytes_per_s is None
+    assert corrections["tpu:0"].compute_scale == pytest.approx(2.0, rel=0.02)
+
+
 def test_an_adapter_that_may_not_switch_only_measures(start):
     recorder = _Recorder()
     adapter = Adapter("devboard-usb", {}, recorder, False, None, _fast_policy())
