@@ -89,6 +89,10 @@ class AdaptRun:
       switches: Plan changes the runtime made (the captioner's stats).
       fps_timeline: ``[t, fps]``: fps over the ``WINDOW_S`` before t.
       what: What the truth is, in words (table rows).
+      final_plan_fps: The plan running at the end, its fps under the truth
+        (``emulation.steady_fps``): what the closed loop chose, apart from
+        how well this host keeps the pace.
+      final_plan: That plan's stages, ``device ops [a, b)``.
     """
 
     truth: str
@@ -106,6 +110,8 @@ class AdaptRun:
     switches: int
     fps_timeline: List[Tuple[float, float]] = field(default_factory=list)
     what: str = ""
+    final_plan_fps: Optional[float] = None
+    final_plan: List[str] = field(default_factory=list)
 
     @property
     def final_of_oracle(self) -> float:
@@ -192,6 +198,7 @@ def run_adapt(bundle: Bundle, truth: str, board: str = "devboard-usb", seconds: 
                 times.append(time.perf_counter() - t0)
         elapsed = time.perf_counter() - t0
         stats = cap.stats()
+        final = cap.plan
     points = timeline(times, elapsed)
     edge = min(EDGE_S, elapsed / 2)
     predicted = start_plan.predicted
@@ -205,7 +212,8 @@ def run_adapt(bundle: Bundle, truth: str, board: str = "devboard-usb", seconds: 
         final_fps=round(_rate(times, elapsed - edge, elapsed), 2),
         seconds_to_95=seconds_to(points, GOAL * best.fps),
         switches=len(stats.failovers) if stats is not None else 0,
-        fps_timeline=points, what=what)
+        fps_timeline=points, what=what, final_plan_fps=_rounded(emulation.steady_fps(final, resolved)),
+        final_plan=[f"{s.device} ops [{s.ops[0]}, {s.ops[1]})" for s in final.stages])
 
 
 def _rounded(fps: Optional[float]) -> Optional[float]:
