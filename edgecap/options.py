@@ -95,10 +95,8 @@ class CaptionerOptions:
       adapt: Measure each stage and, when a device stays off the plan's
         prediction, switch to the plan best for the board as measured
         (``edgecap.adapt``; docs/runtime.md, Closed-loop planning). None: on
-        for real EdgeTPUs and for timing-only emulated boards, whose measured
-        times are the board's; off where an emulated EdgeTPU computes its
-        segment on the host CPU (the host's time, not the board's), where it
-        only measures.
+        wherever the plan runs EdgeTPUs, real or emulated (an emulated
+        device's time is its paced, modelled time); False only measures.
       corrections: The file the learned corrections are kept in and read
         from at start (``edgecap.adapt.corrections_path``). None: the default
         file on real EdgeTPUs; an emulated board keeps them in memory only.
@@ -166,6 +164,9 @@ class CaptionerOptions:
         if not (_is_int(self.beam) and 1 <= self.beam <= MAX_BEAM):
             raise ConfigError(f"beam {self.beam}: use a whole number from 1 (greedy) to {MAX_BEAM} "
                               f"(default {DEFAULT_BEAM})")
+        if self.adapt not in (None, True, False):
+            raise ConfigError(f"adapt {self.adapt!r}: use true, false, or leave it out (on wherever "
+                              "the plan runs EdgeTPUs)")
         if self.on_missing_tpu not in ("cpu", "fail"):
             raise ConfigError(f"on_missing_tpu {self.on_missing_tpu!r}: use cpu or fail")
         if self.reference_encoder and (self.plan is not None or self.board != "auto"):

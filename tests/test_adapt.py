@@ -131,6 +131,13 @@ def test_the_default_file_is_in_the_services_state_directory_or_the_user_cache(m
     assert adapt.corrections_path() == tmp_path / "cache" / "edgecap" / "corrections.json"
 
 
+def test_an_adapt_option_that_is_not_a_switch_is_one_line():
+    from edgecap.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^adapt 'yes': use true, false, or leave it out"):
+        CaptionerOptions(adapt="yes")
+
+
 # ---------------------------------------------------------------------------
 # Re-choosing.
 
