@@ -110,10 +110,6 @@ class RunningMedian:
         self._values.append(value)
 
     @property
-    def count(self) -> int:
-        return len(self._values)
-
-    @property
     def full(self) -> bool:
         return len(self._values) == self._values.maxlen
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import pytest
 
-from edgecap import adapt
+from edgecap import adapt, planner
 from edgecap.adapt import Adapter, Observation, Policy, RunningMedian, load_policy, refit
 from edgecap.bundle import load_bundle
 from edgecap.candidates import Correction, price
@@ -21,7 +19,6 @@ from edgecap.planner import BundlePlans, choose, choose_measured
 from edgecap.planning import plan_for_board
 from edgecap.sources import open_source
 from edgecap.supervisor import _board_workers
-from edgecap import planner
 
 
 @pytest.fixture(scope="module")
