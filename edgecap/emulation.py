@@ -13,7 +13,8 @@ device may also be joined by ``,``):
 * ``DEVICE``: ``emu-tpu:N`` (the run's N-th emulated EdgeTPU, as workers and
   ``$EDGECAP_FAULTS`` name them: the running plan's TPUs in pipeline order),
   a board TPU as plans name it (``pci:N``, ``usb:N``, ``tpu:N``: that TPU
-  whichever plan runs), or ``cpu`` (the board CPU's paced stage).
+  whichever plan runs), or ``cpu`` (the board's CPU: its paced stage, the
+  RNN step, and the ops edgetpu_compiler left on it inside a TPU stage).
 * ``speed:F``: the device computes F times as fast as its profile says
   (0.5: half as fast); its compute and invoke time take 1/F as long.
 * ``link:KIND``: its link is a ``KIND`` link of ``edgecap/data/links.json``
@@ -25,7 +26,8 @@ device may also be joined by ``,``):
 Only the emulated devices' pacing reads it; the planner and the compiler never
 do (the truth is what they must find out). Pacing also shares each plan bus
 (``Plan.buses``) between the stages whose links sit behind it, on one clock
-per bus (``BusClock``), with or without a truth.
+per bus (``BusClock``), with or without a truth. ``resolve`` names a truth's
+devices as plans do; ``steady_fps`` is the fps a plan settles at under one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import functools
 import os
 import re
 import threading
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple

@@ -43,9 +43,10 @@ def test_the_oracle_counts_a_throttling_tpu_at_its_throttled_speed(bundle, profi
     assert throttled.fps == halved.fps
 
 
-def test_a_usb2_link_sets_the_tpus_link_rate_and_keeps_its_name(bundle, profiled):
-    board = planning.true_board(__import__("edgecap_compile").make_board("devboard-usb"),
-                                emulation.parse("usb:0=link:usb2"))
+def test_a_usb2_link_sets_the_tpus_link_rate_and_keeps_its_name():
+    import edgecap_compile
+
+    board = planning.true_board(edgecap_compile.make_board("devboard-usb"), emulation.parse("usb:0=link:usb2"))
     assert board.tpus[1].link_bytes_per_s == 37e6 and board.tpus[1].link == "usb3"
 
 
