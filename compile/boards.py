@@ -4,7 +4,10 @@ The shipped profiles live in ``boards/<name>.json``; each figure's source is in
 the file's ``sources``. A calibration file (``edgecap calibrate``) replaces the
 coefficients of one device. A profile is read through ``edgecap.schema``: the
 types below refuse a missing, unknown or mistyped field and a rate that is not
-a positive finite number, in one line naming the file and the field.
+a positive finite number, in one line naming the file and the field. Each TPU
+names its link kind (``edgecap/data/links.json``), and a profile may declare a
+bus several TPU links share; no link or bus rate may exceed its kind's
+physical line rate.
 """
 
 from __future__ import annotations
@@ -13,21 +16,25 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Dict, List, Optional, Sequence, Union
+from typing import Annotated, Dict, List, Optional, Sequence, Tuple, Union
 
 import msgspec
 import numpy as np
 
+import edgecap
 from edgecap import schema
+from edgecap.plan import Bus
 from edgecap_compile.errors import CompileError
 
 BOARDS_DIR = Path(__file__).parent / "boards"
+LINKS_FILE = Path(edgecap.__file__).parent / "data" / "links.json"
 
 # The cost model's one formula is ``ms = features . coefficients``. Each row
 # pairs a work feature of an op range with the Device field that prices it: a
 # ``*_per_s`` rate costs 1e3 / rate ms per unit, a ``*_ms`` field is ms per unit.
 PRICES = (("macs", "macs_per_s"), ("elements", "elements_per_s"), ("ops", "op_overhead_ms"),
-          ("invokes", "invoke_overhead_ms"), ("link_bytes", "link_bytes_per_s"))
+          ("invokes", "invoke_overhead_ms"), ("link_bytes", "link_bytes_per_s"),
+          ("memory_bytes", "memory_bytes_per_s"))
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,10 @@ class Device:
         the .tflite's own parameter bytes), or ``--sram``; None for the CPU.
       cores: CPU cores (CPU only).
       link: Link kind, e.g. ``pcie`` or ``usb3`` (TPU only).
+      memory_bytes_per_s: Sustained memory bandwidth the CPU's ops pay for the
+        parameter and activation bytes they move; None charges nothing (TPUs,
+        and CPUs whose profile gives no figure).
+      bus: Name of the shared bus the link sits behind (``Board.buses``), or None.
     """
 
     name: str
@@ -58,6 +69,8 @@ class Device:
     sram_bytes: Optional[int] = None
     cores: Optional[int] = None
     link: Optional[str] = None
+    bus: Optional[str] = None
+    memory_bytes_per_s: Optional[float] = None
 
     @property
     def is_tpu(self) -> bool:
@@ -66,7 +79,8 @@ class Device:
     def coefficients(self) -> np.ndarray:
         """Returns the milliseconds per unit of each work feature, in ``PRICES`` order.
 
-        A device without a link (the CPU) charges nothing per link byte.
+        A device without a link (the CPU) charges nothing per link byte, one
+        without a memory bandwidth nothing per memory byte.
         """
         out = []
         for _, field in PRICES:
@@ -80,7 +94,8 @@ class Device:
     def with_coefficients(self, coefficients: Sequence[float]) -> "Device":
         """Returns the device with its fields set from milliseconds per unit, in ``PRICES`` order.
 
-        The inverse of ``coefficients``; a device without a link keeps none.
+        The inverse of ``coefficients``; a device without a link (or memory
+        bandwidth) keeps none.
         """
         fields = {}
         for (_, field), c in zip(PRICES, coefficients):
@@ -104,6 +119,7 @@ class Board:
       tpus: The EdgeTPUs in the profile's order (``tpu:0`` first); a plan may
         run them along the chain in another order.
       sources: Where each figure comes from, keyed by field path.
+      buses: Buses several TPU links share (each TPU's ``bus`` names one).
     """
 
     name: str
@@ -112,9 +128,12 @@ class Board:
     cpu: Device
     tpus: List[Device]
     sources: Dict[str, str]
+    buses: Tuple[Bus, ...] = ()
 
     def with_tpus(self, count: int) -> "Board":
         """Returns the board with ``count`` TPUs; TPUs beyond the profile copy its last TPU.
+
+        A copy keeps the last TPU's link and bus (another accelerator on the same hub).
 
         Raises:
           CompileError: If ``count`` is negative, or positive on a board with no TPU.
@@ -153,12 +172,59 @@ def board_names() -> List[str]:
     return sorted(p.stem for p in BOARDS_DIR.glob("*.json"))
 
 
+class _LinkFile(msgspec.Struct, forbid_unknown_fields=True):
+    line_bytes_per_s: schema.Rate
+    usable_bytes_per_s: schema.Rate
+    source: str
+
+
+class _LinksFile(msgspec.Struct, forbid_unknown_fields=True):
+    version: schema.Positive
+    links: Dict[str, _LinkFile]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class LinkKind:
+    """A kind of host link an EdgeTPU sits behind (``edgecap/data/links.json``).
+
+    Attributes:
+      name: ``pcie``, ``pcie3``, ``usb3`` or ``usb2``.
+      line_bytes_per_s: Physical line rate, one direction: no link rate may exceed it.
+      usable_bytes_per_s: The rate a profile without a fit of its own uses.
+      source: Where both figures come from.
+    """
+
+    name: str
+    line_bytes_per_s: float
+    usable_bytes_per_s: float
+    source: str
+
+
+def link_kinds(path: Path = LINKS_FILE) -> Dict[str, LinkKind]:
+    """Returns the link kinds by name.
+
+    Raises:
+      CompileError: If the file is missing or malformed, or a usable rate exceeds its line rate.
+    """
+    doc = schema.read_file(path, _LinksFile, error=CompileError, what="link table",
+                           fix="fix edgecap/data/links.json")
+    for name, k in doc.links.items():
+        if k.usable_bytes_per_s > k.line_bytes_per_s:
+            raise CompileError(f"{path}: links.{name}.usable_bytes_per_s {k.usable_bytes_per_s:g} "
+                               f"exceeds line_bytes_per_s {k.line_bytes_per_s:g}; a link cannot "
+                               "carry more than its line rate")
+    return {name: LinkKind(name, k.line_bytes_per_s, k.usable_bytes_per_s, k.source)
+            for name, k in doc.links.items()}
+
+
 class _CpuFile(msgspec.Struct, forbid_unknown_fields=True):
     cores: schema.Positive
     macs_per_s: schema.Rate
     elements_per_s: schema.Rate
     op_overhead_ms: schema.Millis
     invoke_overhead_ms: schema.Millis
+    memory_bytes_per_s: Optional[schema.Rate] = None
 
 
 class _TpuFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -173,12 +239,22 @@ class _TpuFile(msgspec.Struct, forbid_unknown_fields=True):
     sram_usable_bytes: Optional[Annotated[int, msgspec.Meta(ge=1, le=schema.MAX_BYTES)]] = None
 
 
+class _BusFile(msgspec.Struct, forbid_unknown_fields=True):
+    name: schema.Name
+    # The link kind of the shared upstream lane: its line rate bounds bytes_per_s.
+    link: schema.Name
+    bytes_per_s: schema.Rate
+    # Indices into the profile's tpus.
+    tpus: List[schema.Count]
+
+
 class _BoardFile(msgspec.Struct, forbid_unknown_fields=True):
     name: schema.Name
     version: schema.Positive
     cpu: _CpuFile
     description: str = ""
     tpus: List[_TpuFile] = []
+    buses: List[_BusFile] = []
     # Where each figure comes from, keyed by field path ("cpu.macs_per_s", "tpus[1]").
     sources: Dict[str, str] = {}
 
@@ -193,6 +269,43 @@ def _usable(tpu: _TpuFile, path: Path, index: int) -> int:
     return tpu.sram_usable_bytes
 
 
+def _line_rate(kinds: Dict[str, LinkKind], kind: str, path: Path, field: str) -> float:
+    if kind not in kinds:
+        raise CompileError(f"{path}: {field} '{kind}' is not a link kind; use one of "
+                           f"{', '.join(kinds)} (edgecap/data/links.json)")
+    return kinds[kind].line_bytes_per_s
+
+
+def _check_rate(rate: float, kinds: Dict[str, LinkKind], kind: str, path: Path,
+                field: str) -> None:
+    # A fitted or assumed rate above the physical line rate is a wrong figure.
+    line = _line_rate(kinds, kind, path, f"{field.rsplit('.', 1)[0]}.link")
+    if rate > line:
+        raise CompileError(f"{path}: {field} {rate:g} exceeds the {kind} line rate "
+                           f"{line:g} bytes/s (edgecap/data/links.json links.{kind}.source); "
+                           "lower it to at most the line rate")
+
+
+def _bus_of(doc: _BoardFile, path: Path, kinds: Dict[str, LinkKind]) -> Dict[int, str]:
+    # TPU index -> the bus its link sits behind, every figure checked.
+    if len(doc.buses) > 1:
+        raise CompileError(f"{path}: buses lists {len(doc.buses)} buses; the partitioner models "
+                           "one shared bus per board: keep the one that binds")
+    out: Dict[int, str] = {}
+    for j, bus in enumerate(doc.buses):
+        _check_rate(bus.bytes_per_s, kinds, bus.link, path, f"buses[{j}].bytes_per_s")
+        if not bus.tpus:
+            raise CompileError(f"{path}: buses[{j}].tpus is empty; list the TPUs behind the bus")
+        for i in bus.tpus:
+            if i >= len(doc.tpus) or i in out:
+                raise CompileError(f"{path}: buses[{j}].tpus names TPU {i} "
+                                   + ("twice" if i in out else f"but the profile has "
+                                      f"{len(doc.tpus)}")
+                                   + "; list each of the profile's TPU indices once")
+            out[i] = bus.name
+    return out
+
+
 def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
     """Loads a board profile by shipped name or from a JSON file.
 
@@ -205,7 +318,8 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
     Raises:
       CompileError: If the name is unknown, or the file is unreadable or malformed
         (a missing, unknown or mistyped field, a rate that is not positive and
-        finite): one line naming the file and the field.
+        finite, an unknown link kind, a link or bus rate above its line rate,
+        a bus naming a TPU the profile lacks): one line naming the file and the field.
     """
     text = os.fspath(name_or_path)
     path = Path(text) if text.endswith(".json") else BOARDS_DIR / f"{text}.json"
@@ -216,11 +330,17 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
     doc = schema.read_file(path, _BoardFile, error=CompileError, what="board profile",
                            fix="fix the board profile (fields: docs/compiler.md, examples: "
                                "compile/boards/*.json)")
+    kinds = link_kinds()
+    for i, t in enumerate(doc.tpus):
+        if t.link is not None:
+            _check_rate(t.link_bytes_per_s, kinds, t.link, path, f"tpus[{i}].link_bytes_per_s")
+    bus_of = _bus_of(doc, path, kinds)
     c = doc.cpu
     cpu = Device("cpu", c.macs_per_s, c.elements_per_s, c.op_overhead_ms, c.invoke_overhead_ms,
-                 cores=c.cores)
+                 cores=c.cores, memory_bytes_per_s=c.memory_bytes_per_s)
     tpus = [Device(f"tpu:{i}", t.macs_per_s, t.elements_per_s, t.op_overhead_ms,
                    t.invoke_overhead_ms, link_bytes_per_s=t.link_bytes_per_s,
-                   sram_bytes=_usable(t, path, i), link=t.link)
+                   sram_bytes=_usable(t, path, i), link=t.link, bus=bus_of.get(i))
             for i, t in enumerate(doc.tpus)]
-    return Board(doc.name, doc.version, doc.description, cpu, tpus, dict(doc.sources))
+    return Board(doc.name, doc.version, doc.description, cpu, tpus, dict(doc.sources),
+                 tuple(Bus(b.name, b.bytes_per_s) for b in doc.buses))

@@ -6,7 +6,9 @@ of a segment dotted with ``Device.coefficients()``)
 
     ms = macs * a + elements * b + ops * op_overhead + invoke_overhead (+ link_bytes * c on a TPU)
 
-by least squares on relative error (a 0.1 ms segment counts as much as a
+(plus, on a CPU whose profile gives a memory bandwidth, the bytes its ops move
+at that fixed, sourced figure: timings of whole segments cannot tell memory
+time from MAC time, so the bandwidth is not fitted), by least squares on relative error (a 0.1 ms segment counts as much as a
 100 ms one), with every coefficient kept non-negative (an overhead the data
 drive below zero is zero). The result is a JSON file that
 ``edgecap compile --calibration`` applies to that device.
@@ -52,6 +54,7 @@ class Sample:
       op_count: Its number of ops.
       link_bytes: Streamed parameters plus boundary tensors (TPU; 0 on the CPU).
       measured_ms: Median measured invoke time.
+      memory_bytes: Parameter and activation bytes its ops move.
     """
 
     model: str
@@ -61,10 +64,12 @@ class Sample:
     op_count: int
     link_bytes: int
     measured_ms: float
+    memory_bytes: int = 0
 
     def terms(self) -> np.ndarray:
         """Returns the segment's work features, the cost model's ``work_features``."""
-        return work_features(self.macs, self.elements, self.op_count, self.link_bytes)
+        return work_features(self.macs, self.elements, self.op_count, self.link_bytes,
+                             self.memory_bytes)
 
 
 @dataclass
@@ -90,10 +95,12 @@ class Calibration:
 _NAMES = tuple(field for _, field in PRICES)
 _RATES = tuple(i for i, name in enumerate(_NAMES) if name.endswith("_per_s"))
 _LINK = _NAMES.index("link_bytes_per_s")
+_MEMORY = _NAMES.index("memory_bytes_per_s")
 
 
 def nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
-                    prior: np.ndarray) -> Tuple[np.ndarray, List[str]]:
+                    prior: np.ndarray,
+                    relative_to: Optional[np.ndarray] = None) -> Tuple[np.ndarray, List[str]]:
     """Fits ``y ~ x @ c`` on relative error over some columns, every coefficient >= 0.
 
     Args:
@@ -101,6 +108,9 @@ def nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
       y: Measured milliseconds.
       columns: The columns fitted; the others get 0.
       prior: The profile's coefficients, kept for a rate the data cannot determine.
+      relative_to: The milliseconds the error is relative to (default ``y``):
+        where ``y`` is what is left of a measurement after fixed terms, the
+        whole measurement, so that fixing a term does not reweight the rows.
 
     Returns:
       ``(c, kept)``: the coefficients and the names of the rates kept from ``prior``.
@@ -109,7 +119,7 @@ def nonnegative_fit(x: np.ndarray, y: np.ndarray, columns: List[int],
     # drive to or below zero is fixed and the rest refitted: an overhead at zero,
     # a rate at the profile's value, since a zero cost per MAC or per element is
     # not a device, only a sign that noisy timings cannot separate that term.
-    weight = 1.0 / y
+    weight = 1.0 / (y if relative_to is None else relative_to)
     c = np.zeros(x.shape[1])
     free = list(columns)
     kept = []
@@ -155,15 +165,20 @@ def fit(samples: Sequence[Sample], prior: Device) -> Tuple[Device, dict]:
     Raises:
       CompileError: If there are too few samples.
     """
-    # The CPU has no link: its link coefficient stays 0.
-    columns = [i for i in range(len(_NAMES)) if prior.is_tpu or i != _LINK]
+    # The CPU has no link: its link coefficient stays 0. The memory bandwidth
+    # stays the profile's figure (0 where it has none), its time taken out first.
+    columns = [i for i in range(len(_NAMES))
+               if i != _MEMORY and (prior.is_tpu or i != _LINK)]
     if len(samples) < 2 * len(columns):
         raise CompileError(f"calibration needs at least {2 * len(columns)} segments "
                            f"(got {len(samples)}); raise --segments")
     x = np.array([s.terms() for s in samples], dtype=np.float64)
     y = np.array([s.measured_ms for s in samples])
-    c, kept = nonnegative_fit(x, y, columns, prior.coefficients())
-    half, _ = nonnegative_fit(x[::2], y[::2], columns, prior.coefficients())
+    prior_c = prior.coefficients()
+    rest = y - x[:, _MEMORY] * prior_c[_MEMORY]
+    c, kept = nonnegative_fit(x, rest, columns, prior_c, relative_to=y)
+    half, _ = nonnegative_fit(x[::2], rest[::2], columns, prior_c, relative_to=y[::2])
+    c[_MEMORY] = half[_MEMORY] = prior_c[_MEMORY]
     error = {"all": _errors(x, y, c), "holdout": _errors(x[1::2], y[1::2], half),
              "samples": len(samples), "kept_from_profile": kept}
     return prior.with_coefficients(c), error
@@ -253,7 +268,8 @@ def calibrate(graphs: Sequence[Graph], board: Board, device: str = "cpu",
             samples.append(Sample(
                 model=graph.name, ops=(start, end), macs=cost.macs, elements=cost.elements,
                 op_count=end - start, link_bytes=cost.streamed_bytes + cost.io_bytes,
-                measured_ms=timer(build_segment(graph, start, end))))
+                measured_ms=timer(build_segment(graph, start, end)),
+                memory_bytes=cost.memory_bytes))
             if progress is not None:
                 progress(1)
     fitted, error = fit(samples, prior)
@@ -283,6 +299,7 @@ class _Coefficients(msgspec.Struct, forbid_unknown_fields=True):
     op_overhead_ms: Optional[schema.Millis] = None
     invoke_overhead_ms: Optional[schema.Millis] = None
     link_bytes_per_s: Optional[schema.Rate] = None
+    memory_bytes_per_s: Optional[schema.Rate] = None
 
 
 class _CalibrationFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -323,4 +340,6 @@ def apply_calibration(board: Board, path: Union[str, os.PathLike]) -> Board:
               if getattr(doc.coefficients, name) is not None}
     if doc.device == "cpu":
         fields.pop("link_bytes_per_s", None)  # the CPU has no link
+    else:
+        fields.pop("memory_bytes_per_s", None)  # a TPU's ops do not use host memory
     return board.with_device(dataclasses.replace(devices[doc.device], **fields))

@@ -2,9 +2,10 @@
 
 A running board cannot compile, so the plans it may switch to are chosen
 here. Each *scenario* is a way the board may differ from its profile, in the
-runtime's own terms (``edgecap.candidates.Correction`` per device): fewer TPUs
-attached, one TPU at 0.5x, 0.7x or 1.5x its profile's speed, one TPU's link
-at USB 2's usable rate, the CPU at half or twice its speed. The pool is the
+runtime's own terms (``edgecap.candidates.Correction`` per device): one TPU
+at 0.5x, 0.7x or 1.5x its profile's speed, one TPU's link slower (a USB one
+at USB 2's usable rate, a PCIe one trained down to Gen1), the CPU at half or
+twice its speed, or fewer TPUs attached. The pool is the
 partitioner's optimum under each scenario (exact, over cuts and TPU orders)
 plus the optimum in each TPU order under the profile; plans that run the
 same op ranges on the same devices are one. Every plan is priced under every
@@ -20,7 +21,6 @@ scenario up by ``MIN_GAIN`` or more is not worth its bytes and ends the list.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,7 @@ import numpy as np
 import edgecap
 from edgecap.candidates import CPU, Correction, price
 from edgecap.plan import EdgeTpuReport, Plan
-from edgecap_compile.boards import Board, Device
+from edgecap_compile.boards import PRICES, Board, Device
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import Graph
 from edgecap_compile.partitioner import Partition, evaluate, orders, partition
@@ -44,11 +44,16 @@ from edgecap_compile.plan import build_plan, plan_devices
 TPU_SCALES = (2.0, 1 / 0.7, 1 / 1.5)
 # CPU factors tried: a governor at half speed, a core twice as fast.
 CPU_SCALES = (2.0, 0.5)
-# The link a TPU falls back to on a USB 2 port (edgecap/data/links.json).
+# The link a USB TPU falls back to on a USB 2 port, or a USB 3 port that
+# trains at high speed (edgecap/data/links.json).
 SLOW_LINK = "usb2"
+# Any other link's rate when it trains down a generation: a PCIe Gen2 x1 link
+# at Gen1's 2.5 GT/s carries half (PCI Express Base Specification 2.0).
+DOWNTRAINED = 0.5
 # A candidate that shortens no scenario's period by this much is not worth its bytes.
 MIN_GAIN = 0.02
 _LINKS = Path(edgecap.__file__).parent / "data" / "links.json"
+_LINK = [feature for feature, _ in PRICES].index("link_bytes")
 
 
 @dataclass(frozen=True)
@@ -96,9 +101,11 @@ def slow_link_rate() -> float:
 def scenarios(board: Board) -> List[Scenario]:
     """Returns the ways the board may differ from its profile that candidates are chosen for.
 
-    For each TPU count from 1 to the board's: the profile as it is, each of
-    those TPUs at each ``TPU_SCALES`` factor and (where its link is faster)
-    on ``SLOW_LINK``, and the CPU at each ``CPU_SCALES`` factor.
+    With every TPU attached: the profile as it is, each TPU at each
+    ``TPU_SCALES`` factor and with a slower link (a USB one at ``SLOW_LINK``'s
+    rate where that is slower, any other at ``DOWNTRAINED`` times its rate),
+    and the CPU at each ``CPU_SCALES`` factor; then, for each smaller TPU
+    count, the profile with only the first TPUs attached.
 
     Args:
       board: The board, with the TPU count and budgets the best plan was made for.
@@ -108,31 +115,35 @@ def scenarios(board: Board) -> List[Scenario]:
     """
     names = plan_devices(board)
     usb2 = slow_link_rate()
-    out = []
-    for t in range(len(board.tpus), 0, -1):
-        attached = "" if t == len(board.tpus) else f", {t} of {len(board.tpus)} TPUs attached"
-        out.append(Scenario(f"as profiled{attached}", t, {}))
-        for name, tpu in zip(names[:t], board.tpus[:t]):
-            for scale in TPU_SCALES:
-                out.append(Scenario(f"{name} at {1 / scale:.2g}x speed{attached}", t,
-                                    {name: Correction(compute_scale=scale)}))
+    every = len(board.tpus)
+    out = [Scenario("as profiled", every, {})]
+    for name, tpu in zip(names, board.tpus):
+        for scale in TPU_SCALES:
+            out.append(Scenario(f"{name} at {1 / scale:.2g}x speed", every,
+                                {name: Correction(compute_scale=scale)}))
+        if (tpu.link or "").startswith("usb"):
             if (tpu.link_bytes_per_s or 0) > usb2:
-                out.append(Scenario(f"{name} on {SLOW_LINK}{attached}", t,
+                out.append(Scenario(f"{name} on {SLOW_LINK}", every,
                                     {name: Correction(link_bytes_per_s=usb2)}))
-        for scale in CPU_SCALES:
-            out.append(Scenario(f"cpu at {1 / scale:.2g}x speed{attached}", t,
-                                {CPU: Correction(compute_scale=scale)}))
+        elif tpu.link_bytes_per_s:
+            out.append(Scenario(f"{name} link at {DOWNTRAINED:g}x", every, {name: Correction(
+                link_bytes_per_s=tpu.link_bytes_per_s * DOWNTRAINED)}))
+    for scale in CPU_SCALES:
+        out.append(Scenario(f"cpu at {1 / scale:.2g}x speed", every, {CPU: Correction(compute_scale=scale)}))
+    # A TPU missing: the profile's optimum for those left. Combined with a device
+    # off its profile too it would cost a whole encoder's bytes for a rare case.
+    out += [Scenario(f"{t} of {every} TPUs attached", t, {}) for t in range(every - 1, 0, -1)]
     return out
 
 
 def _corrected(device: Device, c: Correction) -> Device:
-    # The profile device as the correction says it runs: its times times the
-    # scale, its link at the corrected rate.
-    s = c.compute_scale
-    return dataclasses.replace(
-        device, macs_per_s=device.macs_per_s / s, elements_per_s=device.elements_per_s / s,
-        op_overhead_ms=device.op_overhead_ms * s, invoke_overhead_ms=device.invoke_overhead_ms * s,
-        link_bytes_per_s=c.link_bytes_per_s or device.link_bytes_per_s)
+    # The profile device as the correction says it runs: every price but the
+    # link's times the scale (what a stage's compute and invoke time is made
+    # of), the link at the corrected rate.
+    prices = device.coefficients()
+    scaled = prices * c.compute_scale
+    scaled[_LINK] = prices[_LINK] if c.link_bytes_per_s is None else 1e3 / c.link_bytes_per_s
+    return device.with_coefficients(scaled)
 
 
 @dataclass(frozen=True)
@@ -177,10 +188,12 @@ def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
         devices = [*board_t.tpus, board_t.cpu]
         nominal = CostModel(graph, devices, rnn_ms, window=window)
         costs = [nominal.matrix(k) for k in range(len(devices))]
+        bus = nominal.bus_matrices(board_t.buses)
         for order in orders(costs, t):
-            within = partition([costs[d] for d in order])
+            within = partition([costs[d] for d in order],
+                               bus=None if bus is None else [bus[d] for d in order])
             add(_option(graph, model_file, board_t, nominal, evaluate(
-                costs, within.cuts, tuple(order[d] for d in within.order))))
+                costs, within.cuts, tuple(order[d] for d in within.order), bus=bus)))
         names = dict(zip(plan_devices(board_t), board_t.tpus))
         for case in (c for c in cases if c.tpus == t):
             corrected = [_corrected(d, case.corrections.get(name, Correction()))
@@ -188,8 +201,10 @@ def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
             cpu = case.corrections.get(CPU, Correction())
             model = CostModel(graph, [*corrected, _corrected(board_t.cpu, cpu)],
                               rnn_ms * cpu.compute_scale, window=window)
-            split = partition([model.matrix(k) for k in range(len(devices))], tpus=t)
-            add(_option(graph, model_file, board_t, nominal, evaluate(costs, split.cuts, split.order)))
+            split = partition([model.matrix(k) for k in range(len(devices))], tpus=t,
+                              bus=model.bus_matrices(board_t.buses))
+            add(_option(graph, model_file, board_t, nominal,
+                        evaluate(costs, split.cuts, split.order, bus=bus)))
     return list(found.values())
 
 
@@ -240,7 +255,7 @@ def choose(graph: Graph, model_file: str, board: Board, best: Plan,
             break
         if newly:
             case = int(np.argmax(np.isinf(current) & np.isfinite(row)))
-            why = f"{cases[case].label}: {1e3 / row[case]:.1f} fps, where nothing chosen before runs"
+            why = f"{cases[case].label}: {1e3 / row[case]:.1f} fps, where no plan chosen before runs"
         else:
             case = int(np.argmax(gains))
             why = (f"{cases[case].label}: {1e3 / row[case]:.1f} fps against "

@@ -137,11 +137,12 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
     rnn_ms = rnn_step_ms(model_source.rnn_step, chosen) if model_source.rnn_step else 0.0
     model = CostModel(graph, [*chosen.tpus, chosen.cpu], rnn_ms, window=model_source.window)
     costs = [model.matrix(k) for k in range(stages)]
+    bus = model.bus_matrices(chosen.buses)
     if ranges is None:
-        split = partition(costs, tpus=len(chosen.tpus))
+        split = partition(costs, tpus=len(chosen.tpus), bus=bus)
         model = model.in_order(split.order)
     else:
-        split = _fixed_split(costs, ranges, graph.name)
+        split = _fixed_split(costs, ranges, graph.name, bus)
 
     staging = _staging_dir(out)
     try:
@@ -239,7 +240,7 @@ def _write_and_compile(graph, split: Partition, board: Board, model: CostModel, 
         board = dataclasses.replace(board, tpus=tpus)
         model = CostModel(graph, [*board.tpus, board.cpu], model.rnn_ms, window=model.window)
         resplit = partition([model.matrix(k) for k in range(len(model.devices))],
-                            tpus=len(board.tpus))
+                            tpus=len(board.tpus), bus=model.bus_matrices(board.buses))
         model = model.in_order(resplit.order)
         if resplit.cuts == split.cuts:
             # The same segments again: only the predictions change, to the lowered budgets.
@@ -263,7 +264,7 @@ def _excess_streaming(model: CostModel, split: Partition,
 
 
 def _fixed_split(costs: Sequence[np.ndarray], ranges: Sequence[Tuple[int, int]],
-                 model: str) -> Partition:
+                 model: str, bus: Optional[Sequence[np.ndarray]]) -> Partition:
     n = costs[0].shape[0] - 1
     cuts = [0, *(end for _, end in ranges)]
     contiguous = [start for start, _ in ranges] == cuts[:-1]
@@ -272,7 +273,7 @@ def _fixed_split(costs: Sequence[np.ndarray], ranges: Sequence[Tuple[int, int]],
         raise CompileError(f"ranges {list(map(tuple, ranges))} do not split the {n} ops of "
                            f"{model} into {len(costs)} contiguous stages from op 0 to {n}; "
                            "give one (start, end) per TPU and one for the CPU")
-    return evaluate(costs, cuts)
+    return evaluate(costs, cuts, bus=bus)
 
 
 def _compile_tpu_segments(ranges: Sequence[Tuple[int, int]], segments: Sequence[Segment],

@@ -2,13 +2,17 @@
 
 One formula, ``ms = work_features(range) . device.coefficients()``:
 
-time = compute (MACs, element work, per-op overhead)
+time = compute (MACs, element work, per-op overhead; on a CPU with a memory
+         bandwidth, also the parameter and activation bytes its ops move)
      + the device's per-invoke overhead (a non-empty range)
      + link bytes: the parameters that do not fit in the TPU's SRAM, streamed
        every invoke, and the boundary tensors in and out (TPU only)
      + on the CPU stage, the RNN encoder step of every window the frame feeds.
 Tensors that merely pass a stage by stay in host memory and cost nothing.
 ``CostModel.stage``, ``CostModel.matrix`` and calibration's fit all use it.
+A TPU whose link sits behind a shared bus also occupies that bus for its link
+bytes at the bus's rate (``CostModel.bus_matrix``): the partitioner bounds the
+period by the bus's total as by a stage.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edgecap.plan import Bus
 from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import PRICES, Device
 from edgecap_compile.graph import Graph
@@ -27,7 +32,7 @@ from edgecap_compile.graph import Graph
 _COLUMN = {feature: i for i, (feature, _) in enumerate(PRICES)}
 
 
-def work_features(macs, elements, ops, link_bytes) -> np.ndarray:
+def work_features(macs, elements, ops, link_bytes, memory_bytes=0) -> np.ndarray:
     """Returns the work features of op ranges, stacked on a last axis in ``PRICES`` order.
 
     Args:
@@ -36,13 +41,16 @@ def work_features(macs, elements, ops, link_bytes) -> np.ndarray:
       ops: Op count of each range; a range with none pays no invoke overhead.
       link_bytes: Bytes over the device's link (streamed parameters plus
         boundary tensors on a TPU; 0 on the CPU).
+      memory_bytes: Parameter and activation bytes the range's ops read and
+        write (priced only on a CPU with ``memory_bytes_per_s``).
 
     Returns:
       ``float64`` array of shape ``broadcast shape + (len(PRICES),)``; its dot
       product with ``Device.coefficients()`` is the range's milliseconds.
     """
     values = {"macs": macs, "elements": elements, "ops": ops,
-              "invokes": np.greater(ops, 0), "link_bytes": link_bytes}
+              "invokes": np.greater(ops, 0), "link_bytes": link_bytes,
+              "memory_bytes": memory_bytes}
     columns = np.broadcast_arrays(*(np.asarray(values[f], dtype=np.float64) for f, _ in PRICES))
     return np.stack(columns, axis=-1)
 
@@ -52,7 +60,7 @@ class StageCost:
     """The parts of one stage's predicted time.
 
     Attributes:
-      compute_ms: MACs, element work and per-op overhead.
+      compute_ms: MACs, element work, per-op overhead and (CPU) memory traffic.
       stream_ms: Parameters beyond SRAM streamed over the link every invoke.
       transfer_ms: Boundary tensors in and out over the link.
       invoke_ms: Fixed per-invoke overhead (0 for an empty stage).
@@ -62,6 +70,7 @@ class StageCost:
       io_bytes: Boundary tensor bytes in and out.
       macs: Multiply-accumulates of the range.
       elements: Element work of the range.
+      memory_bytes: Parameter and activation bytes its ops move.
     """
 
     compute_ms: float
@@ -74,6 +83,7 @@ class StageCost:
     io_bytes: int
     macs: int
     elements: int
+    memory_bytes: int = 0
 
     @property
     def total_ms(self) -> float:
@@ -145,6 +155,8 @@ class CostModel:
             [[0], np.cumsum([op.elements for op in ops], dtype=np.int64)])
         self._params = np.concatenate(
             [[0], np.cumsum([op.param_bytes for op in ops], dtype=np.int64)])
+        self._memory = np.concatenate([[0], np.cumsum(
+            [op.param_bytes + op.act_in_bytes + op.act_out_bytes for op in ops], dtype=np.int64)])
         self._io = boundary_bytes(graph)
 
     def in_order(self, order: Sequence[int]) -> "CostModel":
@@ -172,16 +184,17 @@ class CostModel:
         macs = int(self._macs[end] - self._macs[start])
         elements = int(self._elements[end] - self._elements[start])
         params = self.param_bytes(start, end)
+        memory = int(self._memory[end] - self._memory[start])
         streamed = io = 0
         if device.is_tpu:
             streamed = max(0, params - device.sram_bytes)
             io = int(self._io[start, end])
         c = device.coefficients()
-        terms = work_features(macs, elements, end - start, streamed + io) * c
+        terms = work_features(macs, elements, end - start, streamed + io, memory) * c
         per_byte = c[_COLUMN["link_bytes"]]
         return StageCost(
             compute_ms=float(terms[_COLUMN["macs"]] + terms[_COLUMN["elements"]]
-                             + terms[_COLUMN["ops"]]),
+                             + terms[_COLUMN["ops"]] + terms[_COLUMN["memory_bytes"]]),
             stream_ms=streamed * per_byte,
             transfer_ms=io * per_byte,
             invoke_ms=float(terms[_COLUMN["invokes"]]),
@@ -191,7 +204,34 @@ class CostModel:
             io_bytes=io,
             macs=macs,
             elements=elements,
+            memory_bytes=memory,
         )
+
+    def link_bytes(self, k: int) -> np.ndarray:
+        """Returns ``L[a, b]``: bytes over stage ``k``'s link for op range ``[a, b)`` (0 on the CPU)."""
+        device = self.devices[k]
+        if not device.is_tpu:
+            return np.zeros_like(self._io)
+        params = self._params[None, :] - self._params[:, None]
+        return np.triu(np.maximum(0, params - device.sram_bytes) + self._io)
+
+    def bus_matrices(self, buses: Sequence[Bus]) -> Optional[List[np.ndarray]]:
+        """Returns per stage the milliseconds its link bytes take on the shared bus, or None.
+
+        Args:
+          buses: The board's shared buses; a device's ``bus`` names one.
+
+        Returns:
+          One ``(n+1, n+1)`` matrix per stage (zeros for a device off the
+          bus), the partitioner's ``bus``; None when no stage's device sits
+          behind a bus.
+        """
+        rate = {b.name: b.bytes_per_s for b in buses}
+        if not any(d.bus in rate for d in self.devices):
+            return None
+        return [self.link_bytes(k) * (1e3 / rate[d.bus]) if d.bus in rate
+                else np.zeros_like(self._io, dtype=np.float64)
+                for k, d in enumerate(self.devices)]
 
     def matrix(self, k: int) -> np.ndarray:
         """Returns ``C[a, b]``: stage ``k``'s milliseconds for op range ``[a, b)``; inf where a > b."""
@@ -201,11 +241,12 @@ class CostModel:
         b = np.arange(n + 1)[None, :]
         macs = self._macs[None, :] - self._macs[:, None]
         elements = self._elements[None, :] - self._elements[:, None]
+        memory = self._memory[None, :] - self._memory[:, None]
         link = 0
         if device.is_tpu:
             params = self._params[None, :] - self._params[:, None]
             link = np.maximum(0, params - device.sram_bytes) + self._io
-        cost = work_features(macs, elements, b - a, link) @ device.coefficients()
+        cost = work_features(macs, elements, b - a, link, memory) @ device.coefficients()
         if not device.is_tpu:
             cost = cost + self.rnn_frame_ms
         return np.where(b >= a, cost, np.inf)
@@ -221,7 +262,8 @@ class CostModel:
             return 0.0
         picked = [self.graph.ops[i] for i in ops]
         features = work_features(sum(op.macs for op in picked), sum(op.elements for op in picked),
-                                 len(picked), 0)
+                                 len(picked), 0, sum(op.param_bytes + op.act_in_bytes
+                                                     + op.act_out_bytes for op in picked))
         features[_COLUMN["invokes"]] = 0.0
         return float(features @ device.coefficients())
 

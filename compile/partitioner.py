@@ -13,6 +13,13 @@ order of the TPUs is searched (a board has at most a few, 4! = 24 orders) and
 the best (bottleneck, latency) of the per-order optima is the optimum over
 orders and cuts together, as the minimum over a union of sets is the minimum
 of their minima.
+
+A shared bus (the one PCIe lane two USB 3 ports or a PCIe switch sit behind)
+bounds the period too: ``bus[d][a, b]`` is the milliseconds device d's link
+bytes for ops ``[a, b)`` take on the bus (0 off the bus), and the bus's total
+over the stages is one more term of the bottleneck. For one order the exact
+optimum then takes more than two programs (``_bus_bottleneck``,
+``_bus_latency``).
 """
 
 from __future__ import annotations
@@ -37,19 +44,33 @@ class Partition:
         runs ops ``[cuts[k], cuts[k+1])``.
       stage_ms: Predicted time of each stage.
       order: Stage k runs on device ``order[k]`` (an index into ``costs``).
+      bus_stage_ms: Milliseconds each stage's link bytes take on the shared
+        bus, per frame (0 off the bus); empty without a bus.
     """
 
     cuts: Tuple[int, ...]
     stage_ms: Tuple[float, ...]
     order: Tuple[int, ...]
+    bus_stage_ms: Tuple[float, ...] = ()
+
+    @property
+    def bus_ms(self) -> float:
+        """The shared bus's busy milliseconds per frame: it bounds the period like a stage."""
+        return float(sum(self.bus_stage_ms))
 
     @property
     def bottleneck_ms(self) -> float:
-        return max(self.stage_ms)
+        return max(max(self.stage_ms), self.bus_ms)
+
+    @property
+    def bus_bound(self) -> bool:
+        """Whether the shared bus, not a stage, sets the period."""
+        return self.bus_ms > max(self.stage_ms)
 
     @property
     def bottleneck_stage(self) -> int:
-        return int(np.argmax(self.stage_ms))
+        """The slowest stage; when the bus binds, the stage that moves the most bytes over it."""
+        return int(np.argmax(self.bus_stage_ms if self.bus_bound else self.stage_ms))
 
     @property
     def latency_ms(self) -> float:
@@ -60,22 +81,27 @@ class Partition:
         return tuple(zip(self.cuts[:-1], self.cuts[1:]))
 
 
+Bus = Optional[Sequence[np.ndarray]]
+
+
 def evaluate(costs: Sequence[np.ndarray], cuts: Sequence[int],
-             order: Optional[Sequence[int]] = None) -> Partition:
+             order: Optional[Sequence[int]] = None, bus: Bus = None) -> Partition:
     """Returns the partition with the given cut points and device order under ``costs``.
 
     Args:
       costs: One ``(n+1, n+1)`` matrix per device.
       cuts: ``len(costs) + 1`` op boundaries.
       order: Device of each stage (default: device k runs stage k).
+      bus: One matrix per device of its bus milliseconds (zeros off the bus), or None.
 
     Returns:
       The ``Partition``.
     """
     cuts = tuple(int(c) for c in cuts)
     order = tuple(range(len(costs))) if order is None else tuple(int(d) for d in order)
-    return Partition(cuts, tuple(float(costs[d][a, b]) for d, a, b in zip(order, cuts, cuts[1:])),
-                     order)
+    ranges = list(zip(order, cuts, cuts[1:]))
+    return Partition(cuts, tuple(float(costs[d][a, b]) for d, a, b in ranges), order,
+                     () if bus is None else tuple(float(bus[d][a, b]) for d, a, b in ranges))
 
 
 def _better(candidate: Partition, best: Partition) -> bool:
@@ -122,14 +148,15 @@ def orders(costs: Sequence[np.ndarray], tpus: int) -> List[Tuple[int, ...]]:
 
 
 def best_order(costs: Sequence[np.ndarray], tpus: int,
-               split: Callable[[List[np.ndarray]], Partition]) -> Partition:
+               split: Callable[[List[np.ndarray], Bus], Partition], bus: Bus = None) -> Partition:
     """Applies a split rule on every order of the TPUs and keeps the best result.
 
     Args:
       costs: One matrix per device, the ``tpus`` TPUs first, then the CPU.
       tpus: How many leading devices may be reordered.
-      split: Takes the matrices in one stage order and returns its partition
-        (with ``order`` relative to that list).
+      split: Takes the cost and bus matrices in one stage order and returns
+        its partition (with ``order`` relative to that list).
+      bus: Bus matrices per device, as for ``evaluate``.
 
     Returns:
       The partition with the smallest (bottleneck, latency), ``order`` naming
@@ -138,8 +165,9 @@ def best_order(costs: Sequence[np.ndarray], tpus: int,
       under the cost model), then the first order of ``orders``.
     """
     best = None
-    for order in orders(costs, tpus):
-        found = split([costs[d] for d in order])
+    for order in orders(costs if bus is None else [np.stack(pair) for pair in zip(costs, bus)],
+                        tpus):
+        found = split([costs[d] for d in order], None if bus is None else [bus[d] for d in order])
         found = dataclasses.replace(found, order=tuple(order[d] for d in found.order))
         if best is None or (_empty_stages(found) < _empty_stages(best) if _tied(found, best)
                             else _better(found, best)):
@@ -154,16 +182,19 @@ def _backtrack(choice: Sequence[np.ndarray], n: int) -> Tuple[int, ...]:
     return tuple(reversed(cuts))
 
 
-def _fixed_order(costs: Sequence[np.ndarray]) -> Partition:
-    # The two dynamic programs for stage k on device k.
+def _stage_bottleneck(costs: Sequence[np.ndarray]) -> float:
+    # best[b] = smallest bottleneck of stages 0..k covering ops [0, b).
     n = costs[0].shape[0] - 1
-    # Pass 1: best[b] = smallest bottleneck of stages 0..k covering ops [0, b).
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     for c in costs:
         best = np.min(np.maximum(best[:, None], c), axis=0)
-    limit = best[n] * (1 + _TOLERANCE)
-    # Pass 2: smallest latency with every stage within the bottleneck.
+    return float(best[n])
+
+
+def _min_latency(costs: Sequence[np.ndarray], limit: float) -> Tuple[int, ...]:
+    # Cuts of the smallest latency with every stage within limit.
+    n = costs[0].shape[0] - 1
     latency = np.full(n + 1, np.inf)
     latency[0] = 0.0
     choice = []
@@ -173,26 +204,111 @@ def _fixed_order(costs: Sequence[np.ndarray]) -> Partition:
         # can, so the TPUs a model does not need are the last ones.
         choice.append(n - np.argmin(total[::-1], axis=0))
         latency = np.min(total, axis=0)
-    return evaluate(costs, _backtrack(choice, n))
+    return _backtrack(choice, n)
 
 
-def partition(costs: Sequence[np.ndarray], tpus: int = 0) -> Partition:
+def _min_bus(costs: Sequence[np.ndarray], bus: Sequence[np.ndarray], s: float) -> float:
+    # f(s): the least bus time of a partition whose every stage is within s.
+    n = costs[0].shape[0] - 1
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    for c, m in zip(costs, bus):
+        best = np.min(best[:, None] + np.where(c <= s, m, np.inf), axis=0)
+    return float(best[n])
+
+
+def _bus_bottleneck(costs: Sequence[np.ndarray], bus: Sequence[np.ndarray]) -> float:
+    """Returns the smallest max(stage bottleneck, bus time) over the partitions of one order.
+
+    The optimum P* has stage bottleneck s* among the finite matrix entries,
+    and f(s*) <= bus(P*), so g(s) = max(s, f(s)) over those entries reaches
+    it, and each g(s) is reached by the partition f(s) came from. f does not
+    increase with s: g is f left of the first entry where f(s) <= s and s from
+    there on, so its minimum is min(that entry, f(entry before)), found by
+    binary search in O(K n^2 log n).
+    """
+    floor = _stage_bottleneck(costs)
+    if _min_bus(costs, bus, floor) <= floor:
+        return floor
+    values = np.unique(np.concatenate([c[np.isfinite(c)] for c in costs]))
+    values = values[values >= floor]
+    lo, hi = 0, len(values) - 1
+    if _min_bus(costs, bus, values[hi]) > values[hi]:
+        return _min_bus(costs, bus, values[hi])
+    while hi - lo > 1:  # f(values[lo]) > values[lo], f(values[hi]) <= values[hi]
+        mid = (lo + hi) // 2
+        if _min_bus(costs, bus, values[mid]) <= values[mid]:
+            hi = mid
+        else:
+            lo = mid
+    return min(float(values[hi]), _min_bus(costs, bus, values[lo]))
+
+
+def _bus_latency(costs: Sequence[np.ndarray], bus: Sequence[np.ndarray],
+                 limit: float) -> Tuple[int, ...]:
+    """Returns the cuts of the smallest latency with every stage and the bus within ``limit``.
+
+    Latency and bus time both add up along the chain, so a prefix is kept
+    unless another ending at the same op has no more of either (a Pareto
+    front per cut point): exact, and small in practice, as the stage limit
+    leaves few ranges per end.
+    """
+    n = costs[0].shape[0] - 1
+    # front[b]: (latency, bus ms, cuts so far) of the undominated prefixes ending at b.
+    front: List[List[Tuple[float, float, Tuple[int, ...]]]] = [[] for _ in range(n + 1)]
+    front[0] = [(0.0, 0.0, (0,))]
+    for c, m in zip(costs, bus):
+        nxt: List[List[Tuple[float, float, Tuple[int, ...]]]] = [[] for _ in range(n + 1)]
+        for a, b in zip(*np.nonzero(c <= limit)):
+            for lat, busy, cuts in front[a]:
+                if busy + m[a, b] <= limit:
+                    nxt[b].append((lat + float(c[a, b]), busy + float(m[a, b]), cuts + (int(b),)))
+        front = [_pareto(entries) for entries in nxt]
+    return min(front[n], key=lambda e: e[0])[2]
+
+
+def _pareto(entries: List[Tuple[float, float, Tuple[int, ...]]]):
+    # The entries no other beats on both latency and bus time (first of exact ties).
+    kept = []
+    for entry in sorted(entries, key=lambda e: (e[0], e[1])):
+        if not kept or entry[1] < kept[-1][1]:
+            kept.append(entry)
+    return kept
+
+
+def _fixed_order(costs: Sequence[np.ndarray], bus: Bus = None) -> Partition:
+    # The optimum for stage k on device k: the smallest bottleneck, then the
+    # smallest latency among the partitions that reach it.
+    if bus is None or not any(np.any(m) for m in bus):
+        cuts = _min_latency(costs, _stage_bottleneck(costs) * (1 + _TOLERANCE))
+        return evaluate(costs, cuts, bus=bus)
+    limit = _bus_bottleneck(costs, bus) * (1 + _TOLERANCE)
+    found = evaluate(costs, _min_latency(costs, limit), bus=bus)
+    if found.bus_ms <= limit:
+        # The fastest chain within the limit keeps the bus within it too.
+        return found
+    return evaluate(costs, _bus_latency(costs, bus, limit), bus=bus)
+
+
+def partition(costs: Sequence[np.ndarray], tpus: int = 0, bus: Bus = None) -> Partition:
     """Finds the partition with the smallest bottleneck, ties broken by the smallest latency.
 
     Args:
       costs: One ``(n+1, n+1)`` matrix per device: the TPUs, then the CPU.
       tpus: How many leading devices (the TPUs) run in any order along the
         chain; 0 keeps the given order (stage k on device k).
+      bus: Per device, the milliseconds its link bytes take on the shared bus
+        (zeros off the bus); the bus's total bounds the period like a stage.
 
     Returns:
       The optimal ``Partition`` over cut points and TPU orders; among exact
       ties later stages get fewer ops, so the TPUs a model does not need are
       the last ones (``best_order``).
     """
-    return best_order(costs, tpus, _fixed_order)
+    return best_order(costs, tpus, _fixed_order, bus)
 
 
-def exhaustive(costs: Sequence[np.ndarray], tpus: int = 0) -> Partition:
+def exhaustive(costs: Sequence[np.ndarray], tpus: int = 0, bus: Bus = None) -> Partition:
     """Finds the optimum by trying every TPU order and every set of cut points (checks ``partition``).
 
     Every permutation is tried, identical devices included, without
@@ -211,14 +327,14 @@ def exhaustive(costs: Sequence[np.ndarray], tpus: int = 0) -> Partition:
     for head in itertools.permutations(range(tpus)):
         order = head + tuple(range(tpus, len(costs)))
         for inner in itertools.combinations_with_replacement(range(n + 1), len(costs) - 1):
-            found = evaluate(costs, (0, *inner, n), order)
+            found = evaluate(costs, (0, *inner, n), order, bus)
             if best is None or _better(found, best):
                 best = found
     return best
 
 
 def equal_param_split(costs: Sequence[np.ndarray], param_prefix: np.ndarray,
-                      n_tpus: int) -> Partition:
+                      n_tpus: int, bus: Bus = None) -> Partition:
     """The split ``edgetpu_compiler --num_segments N`` makes, on the best order of the TPUs.
 
     N TPU segments of about equal parameter bytes cover the whole model and the
@@ -228,56 +344,64 @@ def equal_param_split(costs: Sequence[np.ndarray], param_prefix: np.ndarray,
       costs: ``n_tpus`` TPU matrices then the CPU matrix.
       param_prefix: Parameter bytes of ops ``[0, i)`` for i = 0..n.
       n_tpus: Number of TPU segments.
+      bus: Bus matrices per device, as for ``evaluate``.
 
     Returns:
-      The partition, evaluated under ``costs``, in the TPU order with the
-      smallest (bottleneck, latency).
+      The partition, evaluated under ``costs`` and the bus, in the TPU order
+      with the smallest (bottleneck, latency).
     """
     n = len(param_prefix) - 1
     if n_tpus == 0:
-        return evaluate(costs, (0, n))
+        return evaluate(costs, (0, n), bus=bus)
     total = param_prefix[-1]
     cuts = [0]
     for k in range(1, n_tpus):
         target = total * k / n_tpus
         cut = int(np.argmin(np.abs(param_prefix[cuts[-1]:] - target))) + cuts[-1]
         cuts.append(cut)
-    return best_order(costs, n_tpus, lambda ordered: evaluate(ordered, (*cuts, n, n)))
+    return best_order(costs, n_tpus,
+                      lambda ordered, ordered_bus: evaluate(ordered, (*cuts, n, n), bus=ordered_bus),
+                      bus)
 
 
-def whole_on_one_tpu(costs: Sequence[np.ndarray], n_tpus: int) -> Partition:
+def whole_on_one_tpu(costs: Sequence[np.ndarray], n_tpus: int, bus: Bus = None) -> Partition:
     """Every op on one TPU (the one that runs the model fastest), the CPU stage with none.
 
     Args:
       costs: ``n_tpus`` TPU matrices then the CPU matrix.
       n_tpus: Number of TPUs (0: every op on the CPU).
+      bus: Bus matrices per device, as for ``evaluate``.
 
     Returns:
-      The partition, evaluated under ``costs``.
+      The partition, evaluated under ``costs`` and the bus.
     """
     n = costs[0].shape[0] - 1
-    return best_order(costs, n_tpus,
-                      lambda ordered: evaluate(ordered, (0,) + (n,) * len(ordered)))
+    return best_order(costs, n_tpus, lambda ordered, ordered_bus: evaluate(
+        ordered, (0,) + (n,) * len(ordered), bus=ordered_bus), bus)
 
 
-def balanced_tpu_split(costs: Sequence[np.ndarray], n_tpus: int) -> Partition:
+def balanced_tpu_split(costs: Sequence[np.ndarray], n_tpus: int, bus: Bus = None) -> Partition:
     """Every op on the TPUs, cut to the smallest bottleneck of the TPU stages, in the best order.
 
     What Coral's profiling partitioner aims for: the model split over the TPUs
     only, balancing their (here modelled) segment times; the CPU stage runs
     no op and keeps only what it carries besides (the RNN step). Within each
-    order the cuts minimise the TPU stages' bottleneck, then their latency
-    (a TPU may stay empty); the order is chosen on the whole pipeline.
+    order the cuts minimise the bottleneck of the TPU stages and the shared
+    bus, then their latency (a TPU may stay empty); the order is chosen on
+    the whole pipeline.
 
     Args:
       costs: ``n_tpus`` TPU matrices then the CPU matrix.
       n_tpus: Number of TPUs (0: every op on the CPU).
+      bus: Bus matrices per device, as for ``evaluate``.
 
     Returns:
-      The partition, evaluated under ``costs``.
+      The partition, evaluated under ``costs`` and the bus.
     """
     n = costs[0].shape[0] - 1
     if n_tpus == 0:
-        return evaluate(costs, (0, n))
-    return best_order(costs, n_tpus, lambda ordered: evaluate(
-        ordered, (*_fixed_order(ordered[:n_tpus]).cuts, n)))
+        return evaluate(costs, (0, n), bus=bus)
+    return best_order(costs, n_tpus, lambda ordered, ordered_bus: evaluate(
+        ordered, (*_fixed_order(ordered[:n_tpus],
+                                None if ordered_bus is None else ordered_bus[:n_tpus]).cuts, n),
+        bus=ordered_bus), bus)

@@ -124,9 +124,13 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
                 link_bytes=int(cost.streamed_bytes + cost.io_bytes),
                 link_bytes_per_s=device.link_bytes_per_s if device.is_tpu else None,
                 extra_ms=round(ms - float(cost.total_ms - cost.extra_ms), 6),
-                link=device.link if device.is_tpu else None),
+                link=device.link if device.is_tpu else None,
+                bus=device.bus if device.is_tpu else None),
         ))
+    # The bus's time rides on the split: a bus-bound period is its total, and
+    # bottleneck_stage is then the stage moving the most bytes over it.
     timed = dataclasses.replace(split, stage_ms=tuple(stage_ms))
+    used = {d.bus for d in model.devices if d.bus is not None}
     return Plan(
         path=None,
         board=board.name,
@@ -145,4 +149,5 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             bottleneck_ms=round(float(timed.bottleneck_ms), 6),
             bottleneck_stage=int(timed.bottleneck_stage),
         ),
+        buses=tuple(b for b in board.buses if b.name in used),
     )

@@ -36,7 +36,7 @@ from edgecap import schema
 from edgecap.argtypes import Parser
 from edgecap.command import run_command
 from edgecap.outputs import check_output, write_text
-from edgecap_compile.boards import PRICES, Device, load_board
+from edgecap_compile.boards import PRICES, Device, link_kinds, load_board
 from edgecap_compile.calibration import nonnegative_fit
 from edgecap_compile.cost_model import work_features
 from edgecap_compile.errors import CompileError
@@ -128,6 +128,7 @@ class Work:
       ops: Op count.
       params: Parameter bytes.
       source: Where the figures come from (a graph file, or the published counts).
+      memory: Bytes the ops move (parameters, plus activations where a graph gives them).
     """
 
     macs: float
@@ -135,11 +136,12 @@ class Work:
     ops: int
     params: int
     source: str
+    memory: float = 0.0
 
 
 def published_work(model: Published) -> Work:
-    """The published counts: one op, no element work (the table gives neither)."""
-    return Work(model.macs, 0.0, 1, model.params, "published counts")
+    """The published counts: one op, no element work, only the parameters as memory traffic."""
+    return Work(model.macs, 0.0, 1, model.params, "published counts", float(model.params))
 
 
 def model_work(model: Published) -> Work:
@@ -155,7 +157,8 @@ def model_work(model: Published) -> Work:
         return published_work(model)
     ops = read_graph(path).ops
     return Work(float(sum(o.macs for o in ops)), float(sum(o.elements for o in ops)), len(ops),
-                int(sum(o.param_bytes for o in ops)), f"graph {path.name}")
+                int(sum(o.param_bytes for o in ops)), f"graph {path.name}",
+                float(sum(o.param_bytes + o.act_in_bytes + o.act_out_bytes for o in ops)))
 
 
 def features(model: Published, device: Device, work: Optional[Work] = None) -> np.ndarray:
@@ -174,7 +177,7 @@ def features(model: Published, device: Device, work: Optional[Work] = None) -> n
     link = 0
     if device.is_tpu:
         link = max(0, work.params - device.sram_bytes) + 3 * model.input ** 2 + OUTPUT_BYTES
-    return work_features(work.macs, work.elements, work.ops, link)
+    return work_features(work.macs, work.elements, work.ops, link, work.memory)
 
 
 def fit(x: np.ndarray, y: np.ndarray, device: Device, fitted: Sequence[str]) -> Device:
@@ -187,15 +190,32 @@ def fit(x: np.ndarray, y: np.ndarray, device: Device, fitted: Sequence[str]) -> 
       fitted: Device fields to fit (``PRICES`` field names).
 
     Returns:
-      The device with the fitted coefficients.
+      The device with the fitted coefficients; a TPU's link rate is bounded by
+      its link kind's line rate (``boards.link_kinds``).
     """
     prior = device.coefficients()
     free = [_NAMES.index(f) for f in fitted]
+    c = _fit_free(x, y, prior, free)
+    link = _NAMES.index("link_bytes_per_s")
+    if device.link is not None and link in free:
+        # A link rate above the line rate is no link: the bounded least squares
+        # optimum then lies on the bound (one box constraint on a convex fit),
+        # so the rate is fixed there and the other coefficients refitted.
+        floor = 1e3 / link_kinds()[device.link].line_bytes_per_s
+        if c[link] < floor:
+            prior = prior.copy()
+            prior[link] = floor
+            c = _fit_free(x, y, prior, [j for j in free if j != link])
+    return device.with_coefficients(c)
+
+
+def _fit_free(x: np.ndarray, y: np.ndarray, prior: np.ndarray, free: List[int]) -> np.ndarray:
+    # Non-negative fit of the free columns, the others kept at prior.
     fixed = [j for j in range(len(_NAMES)) if j not in free]
     target = y - x[:, fixed] @ prior[fixed]
-    c, _ = nonnegative_fit(x, target, free, prior)
+    c, _ = nonnegative_fit(x, target, free, prior, relative_to=y)
     c[fixed] = prior[fixed]
-    return device.with_coefficients(c)
+    return c
 
 
 def leave_one_out(x: np.ndarray, y: np.ndarray, device: Device,
@@ -313,7 +333,12 @@ def markdown(doc: dict) -> str:
         "and the published MAC and parameter counts stand in (sources below), as one op with no "
         "element work. On a TPU the parameters beyond the usable SRAM plus the input image and "
         "1001 class scores cross the link. Fitted per column: TPU MAC rate, invoke overhead "
-        "and link rate; CPU MAC rate only (its overheads stay the profile's).",
+        "and link rate; CPU MAC rate only (its overheads stay the profile's). A TPU's link rate "
+        "is bounded by its link kind's line rate (edgecap/data/links.json): the USB column's "
+        "unbounded optimum (521 MB/s) was above USB 3.0's 500 MB/s, so its fit sits on the bound "
+        "and the MAC rate and invoke overhead are refitted with it. On the CPU the bytes the ops "
+        "move (parameters; activations too where a graph is cached) are priced at the profile's "
+        "fixed memory bandwidth (cpu.memory_bytes_per_s) before the MAC rate is fitted.",
         "",
         "| model | column | features | published ms | profile ms | error | LOO ms | LOO error "
         "| within 25% |",

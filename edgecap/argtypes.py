@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, Optional
 
 from edgecap.errors import EdgecapError
 
@@ -55,6 +55,31 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
         return value
 
     parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+def int_or_auto(low: int, high: int) -> Callable[[str], Optional[int]]:
+    """Returns an argparse type: ``auto`` (None: the default) or a whole number from ``low`` to ``high``.
+
+    Args:
+      low: The smallest value accepted.
+      high: The largest value accepted.
+
+    Returns:
+      A function that parses the option's text, raising ``argparse.ArgumentTypeError``.
+    """
+    number = int_in(low, high)
+
+    def parse(text: str) -> Optional[int]:
+        if text == "auto":
+            return None
+        try:
+            return number(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"{_shown(text)}: use auto or a whole number from {low:,} to {high:,}") from None
+
+    parse.__name__ = "integer or auto"
     return parse
 
 

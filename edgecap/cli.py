@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
 from edgecap import __version__, files
-from edgecap.argtypes import Parser, float_in, int_in, int_list_in
+from edgecap.argtypes import Parser, float_in, int_in, int_list_in, int_or_auto
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
 from edgecap.errors import EdgecapError
@@ -632,7 +632,8 @@ _BOARD_HELP = ("board profile: a shipped name (devboard-usb, ...; an unknown nam
 def _add_compile(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="MODEL.tflite or BUNDLE_DIR")
     p.add_argument("--board", required=True, help=_BOARD_HELP)
-    p.add_argument("--tpus", type=int_in(0, MAX_TPUS), help="number of EdgeTPUs (default: the board's)")
+    p.add_argument("--tpus", type=int_or_auto(0, MAX_TPUS),
+                   help="number of EdgeTPUs, or auto (default): every TPU the board has")
     p.add_argument("--sram", type=int_in(1, MAX_SRAM), help="usable parameter cache per TPU in bytes "
                                             "(default: the board profile's sram_usable_bytes)")
     p.add_argument("--calibration", help="coefficients file from `edgecap calibrate`")

@@ -30,6 +30,13 @@ FAST_FILES: FrozenSet[str] = frozenset({
 })
 
 FAST_TESTS: Dict[str, List[str]] = {
+    # The pricing the running board re-chooses with; the compiler-backed tests take seconds.
+    "test_candidates.py": ["test_each_part_of_a_stage_scales_with_its_own_correction",
+                           "test_an_empty_stage_costs_nothing_and_an_older_plan_scales_its_prediction",
+                           "test_a_shared_bus_bounds_the_period_by_the_bytes_of_its_stages",
+                           "test_a_correction_out_of_range_is_refused_in_one_line"],
+    # Which candidates the compiler chooses, against the partitioner (about a second).
+    "test_compile_candidates.py": ["test_every_scenario_is_served_within_the_gain_that_ends_the_list"],
     # All but the exhaustive search (4 s) and the beam benchmark's run (4 s).
     "test_beam.py": ["test_a_beam_of_one_is_the_greedy_decoder_token_for_token",
                      "test_length_normalisation_decides_between_lengths",

@@ -212,6 +212,8 @@ NUMERIC_OPTIONS = [
     (["compile", str(MODEL), "--board", "host", "-o", "out"], "--tpus", "from 0 to 8"),
     (["compile", str(MODEL), "--board", "host", "-o", "out"], "--sram", "from 1 to 1,073,741,824"),
     (["compile", str(MODEL), "--board", "host", "-o", "out"], "--min-runtime-version", "from 10 to 99"),
+    (["compile", str(MODEL), "--board", "host", "--into-bundle"], "--candidates", "from 0 to 64"),
+    (["compile", str(MODEL), "--board", "host", "--into-bundle"], "--candidates-max-mb", "from 0 to 100000"),
     (["calibrate", str(MODEL), "--board", "host", "-o", "c.json"], "--threads", "from 1 to 256"),
     (["calibrate", str(MODEL), "--board", "host", "-o", "c.json"], "--segments", "from 1 to 10,000"),
     (["calibrate", str(MODEL), "--board", "host", "-o", "c.json"], "--repeats", "from 1 to 10,000"),

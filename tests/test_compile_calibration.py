@@ -197,3 +197,22 @@ def test_tpu_calibration_failures_are_one_line_errors(monkeypatch, setup, messag
         calibration.calibrate([read_graph(DATA / "tiny_mobilenet.tflite")],
                               load_board("rpi4-2usb"), device="tpu:1", segments=2, repeats=1)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_cpu_memory_bandwidth_stays_the_profiles_and_the_rest_is_fitted_around_it():
+    # Timings that include memory traffic at the profile's bandwidth: the fit
+    # recovers the other coefficients and keeps the bandwidth (it is not fitted).
+    truth = dataclasses.replace(load_board("devboard").cpu, op_overhead_ms=0.01,
+                                invoke_overhead_ms=0.3)
+    rng = np.random.default_rng(3)
+    samples = []
+    for s in _samples(truth, rng):
+        memory = int(rng.integers(1e4, 1e7))
+        samples.append(dataclasses.replace(
+            s, memory_bytes=memory, measured_ms=s.measured_ms + 1e3 * memory / truth.memory_bytes_per_s))
+    prior = dataclasses.replace(truth, macs_per_s=1e12, op_overhead_ms=9.0)
+    fitted, error = fit(samples, prior)
+    assert fitted.memory_bytes_per_s == truth.memory_bytes_per_s
+    for name in ("macs_per_s", "elements_per_s", "op_overhead_ms", "invoke_overhead_ms"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert error["all"]["mean_abs_rel"] < 1e-9 and error["holdout"]["mean_abs_rel"] < 1e-9

@@ -177,3 +177,30 @@ def test_the_cpu_stage_carries_one_rnn_step_per_open_window(frames, stride, step
         pytest.approx(0.75 * steps)
     assert model.matrix(1)[0, 2] - base.matrix(1)[0, 2] == pytest.approx(0.75 * steps)
     assert model.stage(0, 0, 2).total_ms == base.stage(0, 0, 2).total_ms  # TPUs carry none
+
+
+def test_a_cpu_with_a_memory_bandwidth_pays_for_the_bytes_its_ops_move():
+    # op1 on the CPU reads t2 (500 B) and its weights t3 (1000 B) and writes t4
+    # (100 B): 1600 B at 1 MB/s = 1.6 ms on top of the 12.2 ms worked out above.
+    cpu = dataclasses.replace(_CPU, memory_bytes_per_s=1e6)
+    tpu = dataclasses.replace(_TPU, memory_bytes_per_s=None)
+    model = CostModel(_two_op_graph(), [tpu, cpu], rnn_ms=0.5, window=(8, 2))
+    stage = model.stage(1, 1, 2)
+    assert stage.memory_bytes == 1600
+    assert stage.compute_ms == pytest.approx(10.1 + 1.6)
+    assert stage.total_ms == pytest.approx(12.2 + 1.6)
+    assert model.matrix(1)[1, 2] == pytest.approx(13.8)
+    # Both ops: 1000 + 3000 + 500 for op0, 1600 for op1.
+    assert model.stage(1, 0, 2).memory_bytes == 6100
+    # The TPU's ops do not touch host memory: its figures are the ones worked out above.
+    assert model.stage(0, 0, 2).total_ms == pytest.approx(8.135)
+    # Ops edgetpu_compiler leaves on the CPU pay it too.
+    assert model.ops_ms(cpu, [1]) == pytest.approx(10.0 + 0.05 + 0.05 + 1.6)
+
+
+def test_the_dev_boards_cpu_is_priced_at_a_sourced_memory_bandwidth():
+    for name in ("devboard", "devboard-usb"):
+        board = load_board(name)
+        assert 1e9 < board.cpu.memory_bytes_per_s <= 12.8e9  # below the LPDDR4 peak
+        assert "LPDDR4" in board.sources["cpu.memory_bytes_per_s"]
+        assert all(t.memory_bytes_per_s is None for t in board.tpus)

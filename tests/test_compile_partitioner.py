@@ -255,3 +255,78 @@ def test_an_unneeded_tpu_is_left_empty_at_the_end_of_the_chain():
     assert fixed.ranges[0] == (0, 0)  # in the profile's order the useless TPU leads, empty
     assert ours.order == (1, 0, 2) and ours.ranges[1][0] == ours.ranges[1][1]
     assert ours.bottleneck_ms == fixed.bottleneck_ms and ours.latency_ms == fixed.latency_ms
+
+
+@st.composite
+def _bus_boards(draw):
+    """``(tpus, costs, bus)``: random boards whose TPUs (some of them) share a bus."""
+    tpus, costs = draw(_boards())
+    n = costs[0].shape[0] - 1
+    bus = []
+    for d in range(tpus + 1):
+        on_bus = d < tpus and draw(st.booleans())
+        m = draw(hnp.arrays(np.float64, (n + 1, n + 1), elements=_MS)) if on_bus else \
+            np.zeros((n + 1, n + 1))
+        m[np.tril_indices(n + 1, -1)] = 0.0
+        bus.append(m)
+    return tpus, costs, bus
+
+
+@settings(max_examples=200, deadline=None)
+@given(_bus_boards())
+def test_bus_search_equals_brute_force_over_every_order_and_cut(board):
+    tpus, costs, bus = board
+    ours, best = partition(costs, tpus, bus), exhaustive(costs, tpus, bus)
+    assert ours.bottleneck_ms == pytest.approx(best.bottleneck_ms, rel=1e-12)
+    assert ours.latency_ms == pytest.approx(best.latency_ms, rel=1e-12)
+    assert ours == evaluate(costs, ours.cuts, ours.order, bus)
+    # No order beats the search, the bus counted in every one.
+    for head in itertools.permutations(range(tpus)):
+        order = (*head, tpus)
+        fixed = partition([costs[d] for d in order], 0, [bus[d] for d in order])
+        brute = exhaustive([costs[d] for d in order], 0, [bus[d] for d in order])
+        assert fixed.bottleneck_ms == pytest.approx(brute.bottleneck_ms, rel=1e-12)
+        assert fixed.latency_ms == pytest.approx(brute.latency_ms, rel=1e-12)
+        assert _no_worse(ours, fixed)
+
+
+def test_a_busy_bus_is_the_bottleneck_and_moves_the_cut():
+    # Two TPUs on one bus: without it one op on each TPU gives 2 ms, but each
+    # op's link traffic takes 6 ms of the bus. Best: one op on a TPU, one on
+    # the CPU (5 ms), the bus (6 ms) setting the period.
+    inf = np.inf
+    tpu = np.array([[0, 2, 4], [inf, 0, 2], [inf, inf, 0]], dtype=float)
+    cpu = np.array([[0, 5, 10], [inf, 0, 5], [inf, inf, 0]], dtype=float)
+    on_bus = np.array([[0, 6, 12], [0, 0, 6], [0, 0, 0]], dtype=float)
+    costs, bus = [tpu, tpu.copy(), cpu], [on_bus, on_bus.copy(), np.zeros((3, 3))]
+    free, bound = partition(costs, 2), partition(costs, 2, bus)
+    assert free.bottleneck_ms == 2 and free.bus_ms == 0
+    assert bound.bottleneck_ms == 6.0 and bound.bus_bound and max(bound.stage_ms) == 5.0
+    assert bound.stage_ms[bound.bottleneck_stage] == 2.0  # the stage that uses the bus
+    assert bound == exhaustive(costs, 2, bus)
+
+
+def test_bus_latency_tie_break_is_exact_where_the_fastest_chain_overloads_the_bus():
+    # Small integer costs make many partitions share the bottleneck; in some of
+    # them the fastest chain within it overloads the bus, and only the Pareto
+    # program over (latency, bus time) finds the fastest one that does not.
+    from edgecap_compile import partitioner
+
+    rng = np.random.default_rng(1)
+    overloaded = 0
+    for trial in range(60):
+        n, tpus = int(rng.integers(2, 5)), int(rng.integers(1, 3))
+        costs, bus = [], []
+        for d in range(tpus + 1):
+            c = rng.integers(0, 10, size=(n + 1, n + 1)).astype(float)
+            c[np.tril_indices(n + 1, -1)] = np.inf
+            m = rng.integers(0, 10, size=(n + 1, n + 1)).astype(float) * (d < tpus)
+            m[np.tril_indices(n + 1, -1)] = 0.0
+            costs.append(c)
+            bus.append(m)
+        limit = partitioner._bus_bottleneck(costs, bus)
+        overloaded += evaluate(costs, partitioner._min_latency(costs, limit), bus=bus).bus_ms > limit
+        ours, best = partition(costs, tpus, bus), exhaustive(costs, tpus, bus)
+        assert ours.bottleneck_ms == best.bottleneck_ms, trial
+        assert ours.latency_ms == best.latency_ms, trial
+    assert overloaded >= 5

@@ -157,3 +157,60 @@ def test_a_calibration_of_another_version_or_device_or_missing_is_refused(tmp_pa
     assert run.stderr.strip().splitlines() == [
         f"edgecap: error: {tmp_path / 'cal.json'}: field 'coefficients.macs_per_s' must be float > 0.0; "
         "write it with `edgecap calibrate`"]
+
+
+_BUS = {"name": "lane", "link": "pcie", "bytes_per_s": 4e8, "tpus": [0, 1]}
+
+
+@pytest.mark.parametrize("edit, said", [
+    # A fitted rate above what the wire can carry (the USB fit used to be 521 MB/s).
+    (lambda d: d["tpus"][1].update(link_bytes_per_s=5.21e8),
+     "tpus[1].link_bytes_per_s 5.21e+08 exceeds the usb3 line rate 5e+08 bytes/s "
+     "(edgecap/data/links.json links.usb3.source); lower it"),
+    (lambda d: d["tpus"][0].update(link="thunderbolt"),
+     "tpus[0].link 'thunderbolt' is not a link kind; use one of pcie, pcie3, usb3, usb2"),
+    (lambda d: d.update(buses=[dict(_BUS, bytes_per_s=6e8)]),
+     "buses[0].bytes_per_s 6e+08 exceeds the pcie line rate 5e+08"),
+    (lambda d: d.update(buses=[dict(_BUS, link="usb4")]), "buses[0].link 'usb4' is not a link kind"),
+    (lambda d: d.update(buses=[dict(_BUS, tpus=[0, 2])]), "buses[0].tpus names TPU 2 but the profile has 2"),
+    (lambda d: d.update(buses=[dict(_BUS, tpus=[1, 1])]), "buses[0].tpus names TPU 1 twice"),
+    (lambda d: d.update(buses=[dict(_BUS, tpus=[])]), "buses[0].tpus is empty"),
+    (lambda d: d.update(buses=[dict(_BUS, tpus=[0]), dict(_BUS, name="b", tpus=[1])]),
+     "buses lists 2 buses; the partitioner models one shared bus per board"),
+])
+def test_a_link_or_bus_past_its_line_rate_or_malformed_is_one_line(tmp_path, edit, said):
+    path = _board_file(tmp_path, edit)
+    with pytest.raises(CompileError) as e:
+        load_board(path)
+    assert str(e.value).startswith(f"{path}: {said}"), str(e.value)
+    assert "\n" not in str(e.value)
+    # The CLI: exit 2, one line, no traceback.
+    run = subprocess.run([sys.executable, "-m", "edgecap.cli", "compile",
+                          str(DATA / "tiny_mobilenet.tflite"), "--board", str(path),
+                          "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and said in run.stderr
+
+
+def test_every_shipped_tpu_names_its_link_within_the_line_rate_and_figures_are_sourced():
+    from edgecap_compile.boards import board_names, link_kinds
+
+    kinds = link_kinds()
+    for kind in kinds.values():
+        assert kind.usable_bytes_per_s <= kind.line_bytes_per_s and kind.source
+    for name in board_names():
+        board = load_board(name)
+        doc = json.loads((BOARDS_DIR / f"{name}.json").read_text())
+        for tpu in board.tpus:
+            assert tpu.link in kinds, (name, tpu.name)
+            assert tpu.link_bytes_per_s <= kinds[tpu.link].line_bytes_per_s
+        for j, bus in enumerate(board.buses):
+            assert any(k.startswith(f"buses[{j}]") for k in doc["sources"]), (name, bus)
+            assert bus.bytes_per_s <= kinds[doc["buses"][j]["link"]].line_bytes_per_s
+    # The corrected Pi 4: both USB 3 ports behind the VL805's one PCIe lane.
+    pi4 = load_board("rpi4-2usb")
+    assert [t.bus for t in pi4.tpus] == ["vl805", "vl805"]
+    assert pi4.buses[0].bytes_per_s <= kinds["pcie"].line_bytes_per_s
+    assert [len(load_board(b).tpus) for b in ("rpi3bplus-usb2", "rpi5-dualtpu", "pc-4tpu-pcie")] \
+        == [1, 2, 4]
+    assert load_board("rpi3bplus-usb2").tpus[0].link == "usb2"

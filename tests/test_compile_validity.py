@@ -9,7 +9,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from edgecap_compile.boards import load_board
+from edgecap_compile.boards import PRICES, load_board
 from edgecap_compile.validity import (COLUMNS, DATA, Published, column_table, features, fit,
                                       leave_one_out, load_published, markdown, validity)
 
@@ -32,9 +32,10 @@ def test_tpu_features_stream_only_the_parameters_beyond_the_usable_sram():
     cpu = load_board("devboard").cpu
     image = 3 * 224 ** 2 + 1001
     small, big = _model("s", 1e9, 900_000), _model("b", 1e9, 3_000_000)
-    assert features(small, tpu)[-1] == image  # link_bytes is the last feature
-    assert features(big, tpu)[-1] == image + 2_000_000
-    assert features(big, cpu)[-1] == 0
+    link = [feature for feature, _ in PRICES].index("link_bytes")
+    assert features(small, tpu)[link] == image
+    assert features(big, tpu)[link] == image + 2_000_000
+    assert features(big, cpu)[link] == 0
 
 
 def test_fit_recovers_the_coefficients_that_made_the_latencies():
@@ -141,3 +142,27 @@ def test_the_command_writes_nothing_unless_given_out(tmp_path, monkeypatch, caps
     assert module.main(["--out", str(tmp_path / "cm")]) == 0
     assert written == [str(tmp_path / "cm.json"), str(tmp_path / "cm.md")]
     assert (tmp_path / "cm.md").read_text() + "\n" == capsys.readouterr().out
+
+
+def test_a_link_rate_the_data_would_put_above_the_line_rate_is_fitted_on_the_bound():
+    # Latencies made with a USB link faster than USB 3.0 can carry: the fit
+    # keeps the link at the 500 MB/s line rate and refits the rest to it.
+    prior = load_board("devboard-usb").with_sram(1 << 20).tpus[1]
+    assert prior.link == "usb3"
+    truth = dataclasses.replace(prior, link_bytes_per_s=8e8)
+    models, x = _synthetic(prior)
+    y = x @ truth.coefficients()
+    fitted = fit(x, y, prior, ("macs_per_s", "invoke_overhead_ms", "link_bytes_per_s"))
+    assert fitted.link_bytes_per_s == pytest.approx(5e8)
+    # The refit is the best on the bound: better than the truth's other figures with it.
+    bounded_truth = dataclasses.replace(truth, link_bytes_per_s=5e8)
+
+    def error(device):
+        return float(np.sum(((x @ device.coefficients() - y) / y) ** 2))
+
+    assert error(fitted) < error(bounded_truth)
+    # A rate within the line rate is fitted as before.
+    slower = dataclasses.replace(prior, link_bytes_per_s=3e8)
+    y = x @ slower.coefficients()
+    assert fit(x, y, prior, ("macs_per_s", "invoke_overhead_ms", "link_bytes_per_s")
+               ).link_bytes_per_s == pytest.approx(3e8, rel=1e-6)
