@@ -36,9 +36,9 @@ import msgspec
 import numpy as np
 
 from edgecap import outputs, schema
-from edgecap.candidates import Correction, stage_ms
+from edgecap.candidates import Correction, price, stage_ms
 from edgecap.errors import ConfigError, EdgecapError
-from edgecap.plan import CostParts, Plan
+from edgecap.plan import CostParts, Plan, Stage
 from edgecap.stats import PipelineStats
 
 # A planner.Choice (the planner imports this module, so it is not imported here).
@@ -92,6 +92,32 @@ def load_policy(path: Path = POLICY) -> Policy:
 
 Corrections = Mapping[str, Correction]
 _NONE = Correction()
+
+
+def device_stages(plan: Plan, device: str) -> List[Stage]:
+    """The stages whose time is a plan device's: its active ones and, on the CPU, an empty CNN
+    stage too, which still charges the RNN steps (``cost.extra_ms``) the CPU runs."""
+    return [s for s in plan.stages if s.device == device and (not s.empty or device == "cpu")]
+
+
+def device_ms(plan: Plan, device: str, corrections: Corrections) -> Optional[float]:
+    """A plan device's milliseconds a frame under the corrections, or None where the plan predicts none."""
+    total = 0.0
+    for s in device_stages(plan, device):
+        if s.empty:  # only the RNN steps, at the CPU's scale
+            total += (s.cost.extra_ms if s.cost else s.predicted_ms or 0.0) * corrections.get(
+                "cpu", _NONE).compute_scale
+        elif s.cost is None and s.predicted_ms is None:
+            return None
+        else:
+            total += stage_ms(s, corrections)
+    return total
+
+
+def period_ms(plan: Plan, corrections: Corrections) -> float:
+    """A plan's period under the corrections: ``candidates.price``, and the CPU's RNN steps
+    where its CNN stage is empty (``price`` leaves an empty stage out)."""
+    return max(price(plan, corrections), device_ms(plan, "cpu", corrections) or 0.0)
 
 
 def adaptable(plan: Plan) -> bool:
@@ -368,6 +394,8 @@ class Adapter:
                                          for r in on):
                 device = devices.pop()
                 self._devices[device] = [worker, RNN_STEP] if device == "cpu" else [worker]
+        if "cpu" not in self._devices and "cpu" not in choice.workers and device_stages(choice.plan, "cpu"):
+            self._devices["cpu"] = [RNN_STEP]  # no CNN stage on the CPU: its RNN steps alone
         self._off: Dict[str, float] = {}
         self._last_check = time.perf_counter()
         self._active = switching and self._switching and adaptable(choice.plan)
@@ -409,12 +437,7 @@ class Adapter:
     def expected_ms(self, device: str) -> Optional[float]:
         """What the running plan expects of a plan device a frame, under the corrections."""
         choice = self._choice
-        if choice is None:
-            return None
-        stages = [s for s in choice.plan.active_stages if s.device == device]
-        if not stages or any(s.cost is None and s.predicted_ms is None for s in stages):
-            return None
-        return sum(stage_ms(s, self.corrections) for s in stages)
+        return None if choice is None else device_ms(choice.plan, device, self.corrections)
 
     def steps(self, stats: PipelineStats) -> PipelineStats:
         """``stats`` with each step's prediction (the plan's, uncorrected) and running median."""
@@ -468,7 +491,7 @@ class Adapter:
         out = {}
         for device in devices:
             measured = self._measured(self._devices[device])
-            stages = [s for s in choice.plan.active_stages if s.device == device]
+            stages = device_stages(choice.plan, device)
             if measured is None or not stages:
                 continue
             # A stage of an older plan says only its time: all of it counts as compute.

@@ -35,7 +35,7 @@ import numpy as np
 
 from edgecap import adapt, devices, faults, isolation
 from edgecap.bundle import Bundle, WindowSpec
-from edgecap.candidates import Correction, load_candidates, plan_unusable, price
+from edgecap.candidates import Correction, load_candidates, plan_unusable
 from edgecap.devices import DeviceSpec, Hardware, parse_device
 from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
 from edgecap.failover import load_recovery
@@ -396,7 +396,7 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
                     workers: Mapping[DeviceSpec, DeviceSpec], margin: float) -> Optional[Tuple[Choice, str]]:
     """Decides whether the board as measured runs better on another plan, and which.
 
-    Prices, under ``corrections`` (``edgecap.candidates.price``), the running
+    Prices, under ``corrections`` (``edgecap.adapt.period_ms``), the running
     plan, the bundle's plan and candidate plans for its board
     (``edgecap.candidates.load_candidates``), and the compiler's re-partition
     for that board under the corrections (when the compiler is installed: a
@@ -419,7 +419,7 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
     """
     if not adapt.adaptable(current.plan):
         return None
-    now = price(current.plan, corrections)
+    now = adapt.period_ms(current.plan, corrections)
     board = current.plan.board
     offers: List[Tuple[Plan, str]] = [(plan, f"the bundle's plan {name}") for name, plan in candidates.usable
                                       if plan.board == board and adapt.adaptable(plan)]
@@ -434,7 +434,7 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
     priced = []
     for plan, why in offers:
         if all(s.spec in workers for s in plan.active_stages if s.spec.kind == "tpu"):
-            priced.append((price(plan, corrections), plan, why))
+            priced.append((adapt.period_ms(plan, corrections), plan, why))
     if not priced:
         return None
     best, plan, why = min(priced, key=lambda p: p[0])
