@@ -431,9 +431,12 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
         offers.append((planned, f"re-partitioned for {board} under them"))
     except EdgecapError as exc:  # not installed, or the board refused: the bundle's plans only
         _log.debug("edgecap: no re-partition under the corrections (%s)", exc)
+    real = any(w.kind == "tpu" for w in workers.values())
     priced = []
     for plan, why in offers:
-        if all(s.spec in workers for s in plan.active_stages if s.spec.kind == "tpu"):
+        # A real EdgeTPU runs only what edgetpu_compiler compiled (a board's own re-partition is not).
+        if (all(s.spec in workers for s in plan.active_stages if s.spec.kind == "tpu")
+                and not (real and _uncompiled(plan))):
             priced.append((adapt.period_ms(plan, corrections), plan, why))
     if not priced:
         return None

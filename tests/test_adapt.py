@@ -184,6 +184,15 @@ def test_the_plan_best_under_the_corrections_runs_on_the_devices_own_workers(bun
     assert choice.workers["usb:0"].index == 1 and choice.workers["usb:0"].kind == "emu-tpu"
 
 
+def test_on_real_tpus_only_plans_edgetpu_compiler_compiled_are_chosen(bundle, start):
+    from edgecap.devices import DeviceSpec
+
+    real = {DeviceSpec("tpu", 0, bus): DeviceSpec("tpu", 0, bus) for bus in ("pci", "usb")}
+    options = CaptionerOptions(board="devboard-usb")
+    # The re-partition made here has no compiled segments (no edgetpu_compiler): not for a real TPU.
+    assert choose_measured(bundle, options, start, {"pci:0": Correction(4.0)}, BundlePlans(), real, 0.05) is None
+
+
 class _Recorder:
     def __init__(self, answer=None) -> None:
         self.calls: List[Dict[str, Correction]] = []
