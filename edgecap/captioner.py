@@ -82,12 +82,16 @@ class FrameResult:
       captions: The captions of the windows this frame completed (usually none).
       device_ms: Milliseconds of this frame's invoke on each CNN device
         (the worker's device string, e.g. ``emu-tpu:0``, ``cpu``).
+      board_ms: The same as the board takes them, and the RNN steps'
+        (``rnn_step``): measured on real devices; on an emulated one its
+        paced time (modelled), without what this host added.
     """
 
     key: Optional[Hashable]
     frame: Optional[Frame]
     captions: List[Caption]
     device_ms: Dict[str, float] = field(default_factory=dict)
+    board_ms: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,6 +107,7 @@ class _FrameJob:
     finished: List[Tuple["_Window", Frame]] = field(default_factory=list)
     captions: List[Caption] = field(default_factory=list)
     device_ms: Dict[str, float] = field(default_factory=dict)
+    board_ms: Dict[str, float] = field(default_factory=dict)  # FrameResult.board_ms
 
 
 @dataclass
@@ -148,6 +153,8 @@ class _CnnStage:
         ms = (time.perf_counter() - t0) * 1e3
         job.ms["cnn"] += ms
         job.device_ms[self._device] = ms
+        paced = getattr(self._runner, "paced_ms", None)  # an isolated runner reports none
+        job.board_ms[self._device] = ms if paced is None else paced
         return job
 
     def _invoke(self, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -251,6 +258,7 @@ class _RnnStep:
                                                          *run.resume.get(key, (0, 0)))
         spec = stream.spec
         k, stream.k = stream.k, stream.k + 1
+        board = 0.0  # the steps' time as the board takes them (see FrameResult.board_ms)
         raw = job.tensors.pop(self._feature)
         if raw.dtype.kind == "f":
             feature = raw.astype(np.float32, copy=False)
@@ -268,12 +276,16 @@ class _RnnStep:
             if self._pacer is not None:
                 speed = 1.0 if self._cpu_truth is None else emulation.speed_now(self._cpu_truth, "cpu", ts)
                 self._pacer.wait_until(ts + self._pace_s / speed)
+                board += self._pace_s / speed * 1e3
+            else:
+                board += (time.perf_counter() - ts) * 1e3
             win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
             win.stage_ms["preprocess"] += job.ms["preprocess"]
             win.stage_ms["cnn"] += job.ms["cnn"]
             if k == n * spec.stride + spec.frames - 1:
                 job.finished.append((stream.open.pop(n), job.frame))
         job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
+        job.board_ms["rnn_step"] = board
         return job
 
 
@@ -539,7 +551,7 @@ class EdgeCaptioner:
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         for job in self._supervisor.run(iter(frames), dict(windows or {}), live, None, self._job):
-            yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms)
+            yield FrameResult(job.stream[1], job.frame, job.captions, job.device_ms, job.board_ms)
         self._write_trace()
 
     def stats(self) -> Optional[PipelineStats]:

@@ -244,7 +244,21 @@ def format_devices(infos: Sequence[Any]) -> str:
     )
 
 
+def format_learned(learned: Sequence[Any], path: Path) -> List[str]:
+    """``edgecap devices``' lines of the corrections the running board learned (``edgecap.adapt.Learned``)."""
+    lines = [f"learned corrections ({path}): " + ("none" if not learned else f"{len(learned)}")]
+    for l in learned:
+        c = l.correction
+        link = f", link {c.link_bytes_per_s / 1e6:.1f} MB/s" if c.link_bytes_per_s else ""
+        seen = (f"; last measured {l.measured_ms:.2f} ms a frame, predicted {l.predicted_ms:.2f}"
+                if l.measured_ms is not None and l.predicted_ms is not None else "")
+        when = f" ({l.updated})" if l.updated else ""
+        lines.append(f"  {l.board} {l.device}: compute x{c.compute_scale:.2f}{link}{seen}{when}")
+    return lines
+
+
 def _cmd_devices(args: argparse.Namespace) -> int:
+    from edgecap.adapt import corrections_path, read_learned
     from edgecap.bundle import load_bundle
     from edgecap.devices import detect_hardware, list_devices
     from edgecap.options import CaptionerOptions
@@ -256,10 +270,16 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     auto = {"board": hardware.family, "model": hardware.model, "profile": hardware.profile,
             "plan": choice.board or "cpu", "tpus": tpus_used(choice.plan), "reason": choice.reason,
             "fallback": choice.fallback}
+    path = args.corrections or corrections_path()
+    learned = read_learned(path)
     if args.json:
         for info in infos:
             print(json.dumps(dataclasses.asdict(info)))
         print(json.dumps({"auto": auto}))
+        print(json.dumps({"corrections": [
+            {"board": l.board, "device": l.device, **dataclasses.asdict(l.correction),
+             "predicted_ms": l.predicted_ms, "measured_ms": l.measured_ms, "updated": l.updated}
+            for l in learned]}))
     else:
         print(format_devices(infos))
         print(f"\nboard: {hardware.family or 'not a known board'}"
@@ -268,6 +288,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         print(f"auto runs: {auto['plan']} — {choice.reason}")
         for board, why in choice.skipped:
             print(f"  skipped plan {board}: {why}")
+        print("\n".join(format_learned(learned, path)))
     return 0
 
 
@@ -736,6 +757,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per device")
     p.add_argument("--bundle", type=Path, help="bundle whose plans auto chooses among "
                                                "(default: $EDGECAP_BUNDLE or the shipped demo)")
+    p.add_argument("--corrections", type=Path, metavar="FILE",
+                   help="the learned corrections to show (default: $STATE_DIRECTORY/corrections.json, "
+                        "else ~/.cache/edgecap/corrections.json)")
     p.set_defaults(func=_cmd_devices)
 
     p = sub.add_parser("edgetpu-runtime",

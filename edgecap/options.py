@@ -92,6 +92,14 @@ class CaptionerOptions:
       beam: Width of the decoder's beam search (``edgecap.rnn.RnnDecoder``):
         1 is greedy; each more costs about a decoder step per word of every
         window (docs/runtime.md, Beam search).
+      adapt: Measure each stage and, when a device stays off the plan's
+        prediction, switch to the plan best for the board as measured
+        (``edgecap.adapt``; docs/runtime.md, Closed-loop planning). None: on
+        wherever the plan runs EdgeTPUs, real or emulated (an emulated
+        device's time is its paced, modelled time); False only measures.
+      corrections: The file the learned corrections are kept in and read
+        from at start (``edgecap.adapt.corrections_path``). None: the default
+        file on real EdgeTPUs; an emulated board keeps them in memory only.
 
     Raises:
       ConfigError: If a value is out of range (checked when the record is made).
@@ -117,6 +125,8 @@ class CaptionerOptions:
     deadline_floor_s: float = 0.5
     isolate: Optional[bool] = None
     beam: int = DEFAULT_BEAM
+    adapt: Optional[bool] = None
+    corrections: Optional[PathLike] = None
 
     def __post_init__(self) -> None:
         # Device strings are parsed once, here, at the edge.
@@ -154,6 +164,9 @@ class CaptionerOptions:
         if not (_is_int(self.beam) and 1 <= self.beam <= MAX_BEAM):
             raise ConfigError(f"beam {self.beam}: use a whole number from 1 (greedy) to {MAX_BEAM} "
                               f"(default {DEFAULT_BEAM})")
+        if self.adapt not in (None, True, False):
+            raise ConfigError(f"adapt {self.adapt!r}: use true, false, or leave it out (on wherever "
+                              "the plan runs EdgeTPUs)")
         if self.on_missing_tpu not in ("cpu", "fail"):
             raise ConfigError(f"on_missing_tpu {self.on_missing_tpu!r}: use cpu or fail")
         if self.reference_encoder and (self.plan is not None or self.board != "auto"):

@@ -10,7 +10,10 @@ Two moments ask for a decision, and both answer with a ``Choice``:
   are used;
 * ``choose_after`` when a device fails or comes back: the bundle's best plan
   for the TPUs left, else a re-partition by the compiler when it is
-  installed, else the failed stages on CPU workers of their own.
+  installed, else the failed stages on CPU workers of their own;
+* ``choose_measured`` when the running board measures its devices off the
+  model (``edgecap.adapt``): the plan best under the learned corrections,
+  among the bundle's plans for the board and a re-partition by the compiler.
 
 Both read the bundle's plans through one loader and filter
 (``bundle_plans``): a plan compiled from another encoder, or charged for
@@ -30,9 +33,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap import compiled_encoder, devices, faults, isolation
+from edgecap import adapt, compiled_encoder, devices, faults, isolation
 from edgecap.bundle import Bundle, WindowSpec
-from edgecap.candidates import plan_unusable
+from edgecap.candidates import Correction, load_candidates, plan_unusable
 from edgecap.devices import DeviceSpec, Hardware, parse_device
 from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
 from edgecap.failover import load_recovery
@@ -389,6 +392,79 @@ def choose_after(bundle: Bundle, options: CaptionerOptions, start: Choice, faile
             overrides[run.stage.spec] = run.worker
     return _settle(bundle, options, start.plan, how="cpu", overrides=overrides, attached=0,
                    reason=f"{lost} failed: its stage(s) on CPU workers of their own")
+
+
+def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
+                    corrections: Mapping[str, Correction], candidates: BundlePlans,
+                    workers: Mapping[DeviceSpec, DeviceSpec], margin: float) -> Optional[Tuple[Choice, str]]:
+    """Decides whether the board as measured runs better on another plan, and which.
+
+    Prices, under ``corrections`` (``edgecap.adapt.period_ms``), the running
+    plan, the bundle's plan and candidate plans for its board
+    (``edgecap.candidates.load_candidates``), and the compiler's re-partition
+    for that board under the corrections (when the compiler is installed: a
+    board cannot run edgetpu_compiler, but a host emulating one can).
+
+    Args:
+      bundle: The loaded bundle.
+      options: The captioner's options.
+      current: The running choice.
+      corrections: What the board measured, by plan device.
+      candidates: ``bundle_plans(bundle, window, board)`` and the board's
+        candidate plans, loaded once by the caller (``measured_plans``).
+      workers: Each plan device of the board (``pci:0``) -> the worker it runs
+        on (the same device stays on the same worker, emulated or not).
+      margin: The best plan must take this fraction less time a frame.
+
+    Returns:
+      ``(choice, why)`` of the best plan (``how`` ``measured``), or None when
+      the running one is within the margin of it.
+    """
+    if not adapt.adaptable(current.plan):
+        return None
+    now = adapt.period_ms(current.plan, corrections)
+    board = current.plan.board
+    offers: List[Tuple[Plan, str]] = [(plan, f"the bundle's plan {name}") for name, plan in candidates.usable
+                                      if plan.board == board and adapt.adaptable(plan)]
+    profile = options.board if options.board != "auto" else board
+    from edgecap.planning import plan_for_board  # the one door to the compiler
+
+    try:
+        planned = plan_for_board(bundle, profile, window=options.window(bundle.window), corrections=corrections)
+        offers.append((planned, f"re-partitioned for {board} under them"))
+    except EdgecapError as exc:  # not installed, or the board refused: the bundle's plans only
+        _log.debug("edgecap: no re-partition under the corrections (%s)", exc)
+    real = any(w.kind == "tpu" for w in workers.values())
+    priced = []
+    for plan, why in offers:
+        # A real EdgeTPU runs only what edgetpu_compiler compiled (a board's own re-partition is not).
+        if (all(s.spec in workers for s in plan.active_stages if s.spec.kind == "tpu")
+                and not (real and _uncompiled(plan))):
+            priced.append((adapt.period_ms(plan, corrections), plan, why))
+    if not priced:
+        return None
+    best, plan, why = min(priced, key=lambda p: p[0])
+    if best * (1.0 + margin) > now:
+        return None
+    overrides = {s.spec: workers[s.spec] if s.spec.kind == "tpu" else CPU for s in plan.active_stages}
+    said = (f"{why}: {1e3 / best:.1f} fps where the running plan makes {1e3 / now:.1f} "
+            "under the corrections")
+    choice = _settle(bundle, options, plan, how="measured", reason=said, overrides=overrides,
+                     attached=sum(1 for w in set(overrides.values()) if w.kind == "tpu"),
+                     board=current.board)
+    return choice, said
+
+
+def measured_plans(bundle: Bundle, window: WindowSpec, board: str) -> BundlePlans:
+    """The bundle's plans a running board may re-choose among: its best plan for ``board``, then its candidates.
+
+    Returns:
+      ``BundlePlans`` of the usable plans (``(name, plan)``) and the skipped.
+    """
+    best = bundle_plans(bundle, window, board)
+    others = [(f"{board}/{p.path.parent.name if p.path else '?'}", p)
+              for p in load_candidates(bundle, board, window)]
+    return BundlePlans(best.usable + tuple(others), best.skipped)
 
 
 def board_tpus(choice: Choice) -> List[DeviceSpec]:

@@ -20,12 +20,18 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from edgecap.bundle import Bundle, WindowSpec
 from edgecap.emulation import ENV, Truth, resolve
 from edgecap.errors import ConfigError
 from edgecap.plan import PLAN_FILE, PLAN_VERSION, Plan, load_plan
+
+
+# Bumped when plan.json gains an optional field the runtime relies on: a plan
+# cached before stages recorded their cost parts (``Stage.cost``) cannot be
+# re-priced by the running board (edgecap.adapt) nor paced by a truth.
+CACHE_FORMAT = 2
 
 
 def cache_root() -> Path:
@@ -49,6 +55,7 @@ def _compiler(board: object) -> ModuleType:
 def plan_for_board(
     bundle: Bundle, board: "str | object", *, tpus: Optional[int] = None, whole_on_tpu: bool = False,
     equal_param: bool = False, window: Optional[WindowSpec] = None,
+    corrections: Optional[Mapping[str, Any]] = None,
 ) -> Plan:
     """Compiles the bundle's encoder for a board profile and loads the plan.
 
@@ -65,6 +72,13 @@ def plan_for_board(
       window: The window the plan will run (default: the bundle's): the CPU
         stage is charged one RNN step per window a frame feeds, so a smaller
         stride moves the split towards the TPUs.
+      corrections: Plan device (``pci:0``, ``cpu``) -> ``edgecap.candidates.Correction``:
+        what the running board measured (``edgecap.adapt``). The split is
+        searched with each device's compute and per-invoke coefficients
+        scaled by its ``compute_scale`` and its link at its
+        ``link_bytes_per_s``, so it is the best for the board as measured;
+        the plan's predictions stay the profile's, as every plan's: what is
+        measured is compared with them, and an emulated board paces to them.
 
     Returns:
       The loaded ``Plan``.
@@ -82,16 +96,21 @@ def plan_for_board(
     if window is not None and (window.frames, window.stride) != (bundle.window.frames, bundle.window.stride):
         bundle = dataclasses.replace(bundle, window=dataclasses.replace(
             bundle.window, frames=window.frames, stride=window.stride))
-    chosen = edgecap_compile.make_board(board, tpus=1 if whole_on_tpu else tpus)
+    chosen = profile = edgecap_compile.make_board(board, tpus=1 if whole_on_tpu else tpus)
+    names = edgecap_compile.plan.plan_devices(profile)
+    fixes = _rounded(corrections or {})
+    if fixes:
+        chosen = _corrected(profile, fixes, names)
     key = hashlib.sha256()
     # The bundle recorded both models' hashes when it validated them.
     key.update(bundle.encoder_model.sha256.encode())
     key.update(bundle.encoder_step_model.sha256.encode())
     # A plan made without edgetpu_compiler, or by another compiler or plan
     # version, must not be reused once that changes (edgecap_compile ships in
-    # the edgecap distribution, so its version is edgecap's).
+    # the edgecap distribution, so its version is edgecap's). CACHE_FORMAT marks
+    # plan.json gaining optional fields within one plan version.
     key.update(repr((chosen, (bundle.window.frames, bundle.window.stride), whole_on_tpu, equal_param,
-                     edgecap_compile.find_compiler(), PLAN_VERSION,
+                     edgecap_compile.find_compiler(), PLAN_VERSION, CACHE_FORMAT,
                      metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
     if not (out / PLAN_FILE).is_file():
@@ -115,7 +134,8 @@ def plan_for_board(
             staging.rename(out)  # atomic: a concurrent planner's identical result may win
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
-    return load_plan(out)
+    plan = load_plan(out)
+    return _as_profiled(plan, fixes, profile, names) if fixes else plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,3 +222,65 @@ def oracle(bundle: Bundle, board: str, truth: Truth, plan: Optional[Plan] = None
     best = plan_for_board(bundle, real, window=window)
     fps = best.predicted.fps if best.predicted is not None and best.predicted.fps else 0.0
     return Oracle(plan=best, fps=fps, board=real)
+
+
+def _rounded(corrections: Mapping[str, Any]) -> Dict[str, Tuple[float, Optional[float]]]:
+    """Plan device -> ``(compute scale, link rate or None)``, each to three significant digits.
+
+    Refits from noisy medians then mostly reuse a cached plan instead of compiling a new one.
+    """
+    return {name: (float(f"{c.compute_scale:.3g}"),
+                   float(f"{c.link_bytes_per_s:.3g}") if c.link_bytes_per_s else None)
+            for name, c in corrections.items()}
+
+
+def _corrected(board: Any, fixes: Mapping[str, Tuple[float, Optional[float]]], names: List[str]) -> Any:
+    """The board profile with each device's coefficients corrected (see ``plan_for_board``)."""
+    def fix(device: Any, name: str) -> Any:
+        if name not in fixes:
+            return device
+        s, rate = fixes[name]
+        fields: Dict[str, Any] = dict(macs_per_s=device.macs_per_s / s, elements_per_s=device.elements_per_s / s,
+                                      op_overhead_ms=device.op_overhead_ms * s,
+                                      invoke_overhead_ms=device.invoke_overhead_ms * s)
+        if rate and device.link_bytes_per_s is not None:
+            fields["link_bytes_per_s"] = rate
+        return dataclasses.replace(device, **fields)
+
+    return dataclasses.replace(board, cpu=fix(board.cpu, "cpu"),
+                               tpus=[fix(t, n) for t, n in zip(board.tpus, names)])
+
+
+def _as_profiled(plan: Plan, fixes: Mapping[str, Tuple[float, Optional[float]]], profile: Any,
+                 names: List[str]) -> Plan:
+    """A plan split under corrections, its predictions re-priced at the profile's coefficients.
+
+    Each cost part is linear in its coefficient: compute and invoke parts are
+    divided by the device's scale, the extra CPU work by the CPU's, and the
+    link bytes priced at the profile's rate.
+    """
+    rates = dict(zip(names, (t.link_bytes_per_s for t in profile.tpus)))
+    cpu_scale = fixes.get("cpu", (1.0, None))[0]
+    stages = []
+    for stage in plan.stages:
+        cost = stage.cost
+        if cost is None:
+            stages.append(stage)
+            continue
+        s = fixes.get(stage.device, (1.0, None))[0]
+        cost = dataclasses.replace(cost, compute_ms=cost.compute_ms / s, invoke_ms=cost.invoke_ms / s,
+                                   extra_ms=cost.extra_ms / cpu_scale,
+                                   link_bytes_per_s=rates.get(stage.device, cost.link_bytes_per_s))
+        stages.append(dataclasses.replace(stage, cost=cost, predicted_ms=round(cost.total_ms, 6)))
+    active = [s for s in stages if not s.empty]
+    times = [s.predicted_ms or 0.0 for s in active]
+    on_bus: Dict[str, int] = {}
+    for s in active:
+        if s.cost is not None and s.cost.bus:
+            on_bus[s.cost.bus] = on_bus.get(s.cost.bus, 0) + s.cost.link_bytes
+    period = max(times + [on_bus.get(b.name, 0) * 1e3 / b.bytes_per_s for b in plan.buses])
+    predicted = plan.predicted and dataclasses.replace(
+        plan.predicted, fps=round(1e3 / period, 2) if period else None, latency_ms=round(sum(times), 6),
+        bottleneck_ms=round(period, 6), bottleneck_stage=active[times.index(max(times))].index)
+    return dataclasses.replace(plan, stages=tuple(stages), predicted=predicted,
+                               rnn_ms=None if plan.rnn_ms is None else plan.rnn_ms / cpu_scale)

@@ -48,9 +48,13 @@ class SegmentRunner:
 
     Attributes:
       isolated: False (an ``IsolatedSegment`` is True, and its call takes ``fault=``).
+      paced_ms: A paced stage's last invoke as its pace made it (the emulated
+        device's time, *modelled*: what the host added waiting for a core is
+        not the board's); None unpaced.
     """
 
     isolated = False
+    paced_ms: Optional[float] = None
 
     def __init__(self, stage: Stage, io: Optional[interpreter.TensorIO], pace_ms: Optional[float] = None,
                  pace: Optional[emulation.Pace] = None) -> None:
@@ -78,9 +82,13 @@ class SegmentRunner:
         out = self._zeros if self._io is None else self._io(tensors)
         result = {name: out[name] if name in out else tensors[name] for name in self._names}
         if self._pace is not None:
-            self._pacer.wait_until(self._pace.deadline(start))
+            deadline = self._pace.deadline(start)
         elif self._pacer is not None:
-            self._pacer.wait_until(start + self._pace_s)
+            deadline = start + self._pace_s
+        else:
+            return result
+        self._pacer.wait_until(deadline)
+        self.paced_ms = (deadline - start) * 1e3
         return result
 
     def close(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -15,13 +15,20 @@ LATENCY_SAMPLES = 10_000
 
 @dataclass(frozen=True)
 class StageStats:
-    """Work done by one stage (step) of the pipeline."""
+    """Work done by one stage (step) of the pipeline.
+
+    ``predicted_ms`` is the plan's time for the step a frame (None where the
+    plan predicts none); ``measured_ms`` the running median of its last
+    invokes (``edgecap.adapt``; None before the first).
+    """
 
     name: str
     worker: str
     invokes: int
     busy_s: float
     utilization: float
+    predicted_ms: Optional[float] = None
+    measured_ms: Optional[float] = None
 
     @property
     def mean_ms(self) -> float:
@@ -47,7 +54,9 @@ class FailoverRecord:
     Attributes:
       device: The device (worker) that failed or returned, e.g. ``emu-tpu:1``.
       kind: How it failed (``error``, ``hung``, ``crashed``, ``vanished``),
-        or ``returned`` when a re-probe took it back.
+        ``returned`` when a re-probe took it back, or ``measured`` when the
+        running board measured it off the model and switched to a better plan
+        (``edgecap.adapt``; ``device`` then names the plan devices).
       detail: The failure's one line.
       at: Wall-clock time (``time.time()``) the runtime learned of it.
       took_s: From then to the first frame out of the new plan's pipeline
@@ -57,7 +66,8 @@ class FailoverRecord:
       plan_after: The same after.
       how: Where the new plan came from: ``bundle`` (a plan the bundle
         carries), ``compiler`` (re-partitioned in-process), ``cpu`` (the
-        failed stage's segment on a CPU worker), ``original`` (every device back).
+        failed stage's segment on a CPU worker), ``original`` (every device
+        back), ``measured`` (the best plan under the learned corrections).
       replayed: Frames run again so that no open window is lost (file mode).
       lost_frames: Frames in flight that were lost (live mode), counted as drops.
       lost_windows: Windows open at the fault that get no caption (live mode).
@@ -91,7 +101,10 @@ class PipelineStats:
     of plan; the counts (``frames_in``, ``frames_out``, ``dropped``) are then
     totals over the pipelines of the stream, a frame run again after a
     failover counting again (``replayed`` says how many), while rates, latency,
-    stages and queues are the current pipeline's.
+    stages and queues are the current pipeline's. ``switches`` counts the
+    changes of plan made because the board measured its devices off the model
+    (``failovers`` records of kind ``measured``), ``corrections`` what it
+    learned: plan device -> ``{"compute_scale", "link_bytes_per_s"}``.
     """
 
     frames_in: int
@@ -106,6 +119,8 @@ class PipelineStats:
     thermal: Tuple[Any, ...] = ()
     failovers: Tuple[FailoverRecord, ...] = ()
     replayed: int = 0
+    switches: int = 0
+    corrections: Dict[str, Dict[str, Optional[float]]] = field(default_factory=dict)
 
     def worker_utilization(self) -> Dict[str, float]:
         """Busy fraction of each worker (device), summed over its stages."""

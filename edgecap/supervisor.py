@@ -8,7 +8,9 @@ yet captioned are run again (nothing is lost); in live mode the frames in
 flight and the windows open then are lost and counted. A ``Prober`` re-probes
 each failed device (``edgecap.failover``), waiting longer after each failure
 of a device that keeps failing; when one answers again the supervisor
-switches back after the next frame.
+switches back after the next frame. An ``Adapter`` (``edgecap.adapt``) measures
+each device and, when the board runs off the model, proposes the plan best
+for the board as measured; the supervisor switches to it the same way.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple
 
-from edgecap import planner
+from edgecap import adapt, planner
 from edgecap.bundle import Bundle, WindowSpec
 from edgecap.devices import DeviceSpec
 from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled
@@ -145,7 +148,8 @@ class _Source:
                                 if k >= resume.get(key, (0, 0))[0]), key=lambda job: job.pos)
         for job in again:
             yield dataclasses.replace(job, stream=(run, job.stream[1]), tensors=dict(job.tensors),
-                                      ms=dict(job.ms), finished=[], captions=[], device_ms={})
+                                      ms=dict(job.ms), finished=[], captions=[], device_ms={},
+                                      board_ms={})
         while True:
             with self._read_lock:
                 if self._ended or generation != self._generation:
@@ -230,12 +234,24 @@ class Supervisor:
         self._open = open_pipeline
         self._tracer = tracer
         self._release = threading.Event()  # ends the current pipeline's emulated hangs
-        self.pipeline = open_pipeline(start, self._release)
         # Failover may move onto any TPU of the board, not only those the plan uses.
         self._tpus = planner.board_tpus(start)
         self._by_name = {str(d): d for d in self._tpus}
         self._candidates: Optional[planner.BundlePlans] = None  # loaded at the first failure
+        self._measured: Optional[planner.BundlePlans] = None  # loaded at the first re-plan from measurements
         self._failed: List[DeviceSpec] = []
+        self._workers = _board_workers(start, self._tpus)
+        self._adapter = self._make_adapter(start)
+        if self._adapter is not None and self._adapter.corrections:
+            # What the board learned before: start on the plan best under it.
+            found = self._rechoose(start, self._adapter.corrections)
+            if found is not None:
+                start = dataclasses.replace(found[0], reason=f"learned corrections: {found[1]}")
+                self._start = self.choice = start
+                _log.info("edgecap: %s", start.reason)
+        self.pipeline = open_pipeline(start, self._release)
+        if self._adapter is not None:
+            self._adapter.started(start)
         self._returned: List[DeviceSpec] = []
         # Reentrant: close() may run in a signal handler that interrupted this thread holding it.
         self._lock = threading.RLock()
@@ -277,6 +293,8 @@ class Supervisor:
                 self._failovers, self._carried, self._replayed = [], (0, 0, 0), 0
             switch: Optional[DeviceFailed] = None
             returned = False
+            measured: Optional[adapt.Proposal] = None
+            adapter = self._adapter
             try:
                 for job in results:
                     if pending is not None:
@@ -286,10 +304,18 @@ class Supervisor:
                         _release_freed_memory()  # once the new pipeline runs: not in the failover's time
                     if not source.consumed(job):
                         continue
+                    if adapter is not None and job.frame is not None:
+                        adapter.observe(job.board_ms)
                     yield job
                     if self._returned:
                         returned = True
                         break
+                    if adapter is not None and adapter.proposal is not None:
+                        measured = adapter.take()
+                        # Priced against this choice with every device answering, or stale.
+                        if measured is not None and measured.base is self.choice and not self._failed:
+                            break
+                        measured = None
                 else:
                     return
             except DeviceFailed as exc:
@@ -297,11 +323,11 @@ class Supervisor:
                     raise
                 switch = exc
             finally:
-                if switch is not None or returned:
+                if switch is not None or returned or measured is not None:
                     self.pipeline.stop()  # first: the feeder then stops at once
-                results.close(wait=switch is None and not returned)
+                results.close(wait=switch is None and not returned and measured is None)
             pending = time.perf_counter()
-            resume = self._switch(switch, source, live)
+            resume = self._switch(switch, source, live, measured)
 
     def stats(self) -> Optional[PipelineStats]:
         """The current run's statistics, with the replaced pipelines' frames and the source's drops."""
@@ -315,6 +341,9 @@ class Supervisor:
                                         failovers=tuple(self._failovers), replayed=self._replayed)
         if self._source is not None:
             stats = dataclasses.replace(stats, dropped=stats.dropped + self._source.dropped)
+        if self._adapter is not None:
+            stats = dataclasses.replace(self._adapter.steps(stats), switches=sum(
+                1 for f in self._failovers if f.kind == "measured"))
         return stats
 
     def close(self) -> None:
@@ -324,6 +353,8 @@ class Supervisor:
             pipeline = self.pipeline
         self._release.set()
         self._prober.close()
+        if self._adapter is not None:
+            self._adapter.close()
         pipeline.close()
         for old in self._retired:
             old.join()
@@ -339,9 +370,10 @@ class Supervisor:
         with self._lock:
             self._returned.append(device)
 
-    def _switch(self, cause: Optional[DeviceFailed], source: "_Source",
-                live: bool) -> Dict[Hashable, Tuple[int, int]]:
-        """Replaces the pipeline: onto the devices left after ``cause``, or onto those back again.
+    def _switch(self, cause: Optional[DeviceFailed], source: "_Source", live: bool,
+                measured: Optional[adapt.Proposal] = None) -> Dict[Hashable, Tuple[int, int]]:
+        """Replaces the pipeline: onto the devices left after ``cause``, onto those back
+        again, or onto the plan ``measured`` proposes.
 
         Returns:
           Where each stream resumes (see ``Run.resume``).
@@ -357,7 +389,9 @@ class Supervisor:
             self._carried = (fin + s.frames_in, fout + s.frames_out, drop + s.dropped)
         back: List[DeviceSpec] = []
         reprobe = ""
-        if cause is not None:
+        if measured is not None:
+            device, kind, detail = ", ".join(measured.devices), "measured", measured.reason
+        elif cause is not None:
             failed = self._by_name[cause.device]
             device, kind, detail = cause.device, cause.kind, str(cause)
             self._failed.append(failed)
@@ -377,7 +411,8 @@ class Supervisor:
         lost_frames = max(0, source.in_flight() - self._carried[2]) if live else 0
         replayed = source.replay_count(resume) if not live else 0
         while True:
-            choice = self._choose()
+            choice = measured.choice if measured is not None else self._choose()
+            measured = None  # if it will not open, the failover's choice comes next
             self._release = threading.Event()
             try:
                 pipeline = self._open(choice, self._release)
@@ -397,6 +432,8 @@ class Supervisor:
                     self._failed.append(d)
                     self._prober.watch(d)
         self.choice = choice
+        if self._adapter is not None:
+            self._adapter.started(choice, switching=not self._failed)
         with self._lock:  # close() sets _closed under it, then closes self.pipeline
             if not self._closed:
                 self.pipeline = pipeline
@@ -419,6 +456,30 @@ class Supervisor:
         _log.warning("edgecap: %s; now %s (%s)%s", detail, record.plan_after, choice.how, reprobe)
         return resume
 
+    def _make_adapter(self, start: Choice) -> Optional[adapt.Adapter]:
+        """The start's adapter: measuring always, switching where measured times are the board's."""
+        if not start.plan.board:
+            return None
+        emulated = any(w.kind == "emu-tpu" for w in start.workers.values())
+        real = any(w.kind == "tpu" for w in start.workers.values())
+        switching = self._options.adapt if self._options.adapt is not None else real or emulated
+        store = self._options.corrections
+        path = Path(store) if store is not None else (adapt.corrections_path() if real else None)
+        corrections = adapt.load_corrections(path, start.plan.board) if path is not None and switching else {}
+        return adapt.Adapter(start.plan.board, corrections, self._rechoose, switching,
+                             path if switching else None)
+
+    def _rechoose(self, current: Choice, corrections: Dict[str, adapt.Correction]
+                  ) -> Optional[Tuple[Choice, str]]:
+        """The planner's best plan under the corrections, if better than ``current`` by the margin."""
+        if self._failed:  # the failover's to decide until every device answers
+            return None
+        if self._measured is None:
+            self._measured = planner.measured_plans(self._bundle, self._window, current.plan.board)
+        margin = adapt.load_policy().margin
+        return planner.choose_measured(self._bundle, self._options, current, corrections,
+                                       self._measured, self._workers, margin)
+
     def _choose(self) -> Choice:
         if self._failed and self._candidates is None:  # at the first failure
             board = self._start.plan.board
@@ -426,3 +487,18 @@ class Supervisor:
                                 else planner.BundlePlans())
         return planner.choose_after(self._bundle, self._options, self._start, self._failed, self._tpus,
                                     self._candidates or planner.BundlePlans())
+
+
+def _board_workers(start: Choice, tpus: List[DeviceSpec]) -> Dict[DeviceSpec, DeviceSpec]:
+    """Each EdgeTPU of the start plan's board (plan device, ``pci:0``) -> the worker that is it.
+
+    The start's TPU stages keep their workers; the board's other TPUs (empty
+    stages of the plan) take the board's other workers in stage order, so a
+    device keeps its worker, and an emulated device its truth, across switches.
+    """
+    workers = {run.stage.spec: run.worker for run in start.stages if run.stage.spec.kind == "tpu"}
+    free = [t for t in tpus if t not in workers.values()]
+    for stage in start.plan.stages:
+        if stage.spec.kind == "tpu" and stage.spec not in workers and free:
+            workers[stage.spec] = free.pop(0)
+    return workers

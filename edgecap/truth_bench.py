@@ -89,6 +89,12 @@ class AdaptRun:
       switches: Plan changes the runtime made (the captioner's stats).
       fps_timeline: ``[t, fps]``: fps over the ``WINDOW_S`` before t.
       what: What the truth is, in words (table rows).
+      final_plan_fps: The plan running at the end, its fps under the truth
+        (``emulation.steady_fps``): what the closed loop chose, apart from
+        how well this host keeps the pace.
+      final_plan: That plan's stages, ``device ops [a, b)``.
+      final_plan_since_s: Seconds from the start until that plan ran its
+        first frame (0: it is the start plan).
     """
 
     truth: str
@@ -106,6 +112,9 @@ class AdaptRun:
     switches: int
     fps_timeline: List[Tuple[float, float]] = field(default_factory=list)
     what: str = ""
+    final_plan_fps: Optional[float] = None
+    final_plan: List[str] = field(default_factory=list)
+    final_plan_since_s: float = 0.0
 
     @property
     def final_of_oracle(self) -> float:
@@ -186,12 +195,15 @@ def run_adapt(bundle: Bundle, truth: str, board: str = "devboard-usb", seconds: 
     best = oracle_for(bundle, board, resolved)
     times: List[float] = []
     with emulation.emulating(resolved), EdgeCaptioner(bundle, options) as cap:
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), time.time()
         for result in cap.run_frames(_frames(images, bundle.window.sample_fps, t0 + seconds), live=False):
             if result.frame is not None:
                 times.append(time.perf_counter() - t0)
         elapsed = time.perf_counter() - t0
         stats = cap.stats()
+        final = cap.plan
+        # The last change of plan: when the runtime learned it should, plus until the new plan's first frame.
+        since = max((f.at + (f.took_s or 0.0) - w0 for f in (stats.failovers if stats else ())), default=0.0)
     points = timeline(times, elapsed)
     edge = min(EDGE_S, elapsed / 2)
     predicted = start_plan.predicted
@@ -205,7 +217,9 @@ def run_adapt(bundle: Bundle, truth: str, board: str = "devboard-usb", seconds: 
         final_fps=round(_rate(times, elapsed - edge, elapsed), 2),
         seconds_to_95=seconds_to(points, GOAL * best.fps),
         switches=len(stats.failovers) if stats is not None else 0,
-        fps_timeline=points, what=what)
+        fps_timeline=points, what=what, final_plan_fps=_rounded(emulation.steady_fps(final, resolved)),
+        final_plan=[f"{s.device} ops [{s.ops[0]}, {s.ops[1]})" for s in final.stages],
+        final_plan_since_s=round(since, 3))
 
 
 def _rounded(fps: Optional[float]) -> Optional[float]:

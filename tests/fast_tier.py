@@ -74,6 +74,13 @@ FAST_TESTS: Dict[str, List[str]] = {
                           "test_a_stage_slowed_to_half_speed_takes_twice_as_long",
                           "test_two_stages_on_one_bus_together_move_no_more_than_its_rate"],
     "test_truth_bench.py": ["test_the_oracle_moves_work_off_a_slowed_tpu", "test_fps_timeline_and_seconds_to_95"],
+    # Closed-loop planning's arithmetic and file, no pipeline (milliseconds each).
+    "test_adapt.py": ["test_the_running_median_ignores_outliers_and_follows_a_step",
+                      "test_one_observation_splits_the_error_in_proportion_to_the_parts",
+                      "test_two_differently_made_stages_separate_compute_from_link",
+                      "test_the_policy_is_read_from_its_data_file_with_its_reasons",
+                      "test_corrections_are_kept_per_board_and_device",
+                      "test_a_corrupt_corrections_file_is_one_warning_and_ignored"],
     # The history's main paths in well under a second each (no CLI children, no kill -9 trials).
     "test_history.py": ["test_events_are_written_once_per_batch_and_found_newest_first",
                         "test_the_query_is_quoted_words_of_the_text_column",

@@ -386,6 +386,28 @@ def test_devices_command_prints_the_table_and_json(capsys) -> None:
     assert first["device"] == "cpu" and first["temperature_c"] is None and first["throttled"] is None
 
 
+def test_devices_command_shows_what_the_board_learned(capsys, tmp_path: Path, caplog) -> None:
+    from edgecap.adapt import save_corrections
+    from edgecap.candidates import Correction
+    from edgecap.cli import main
+
+    path = tmp_path / "corrections.json"
+    assert main(["devices", "--corrections", str(path)]) == 0
+    assert f"learned corrections ({path}): none" in capsys.readouterr().out
+    save_corrections(path, "devboard-usb", {"pci:0": Correction(2.0, 37e6)}, {"pci:0": (1.4, 2.8)})
+    assert main(["devices", "--corrections", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "devboard-usb pci:0: compute x2.00, link 37.0 MB/s; last measured 2.80 ms a frame, predicted 1.40" in out
+    assert main(["devices", "--json", "--corrections", str(path)]) == 0
+    (learned,) = json.loads(capsys.readouterr().out.splitlines()[-1])["corrections"]
+    assert (learned["device"], learned["compute_scale"], learned["measured_ms"]) == ("pci:0", 2.0, 2.8)
+    # A corrupt file: one warning line, and the command still answers.
+    path.write_text("{")
+    assert main(["devices", "--corrections", str(path)]) == 0
+    assert f"learned corrections ({path}): none" in capsys.readouterr().out
+    assert len([r for r in caplog.records if "ignoring learned corrections" in r.getMessage()]) == 1
+
+
 def test_bus_named_tpus_emulate_on_distinct_workers(tmp_path: Path) -> None:
     from edgecap import planner
     from edgecap.options import CaptionerOptions

@@ -62,6 +62,8 @@ def test_every_metric_has_its_name_type_and_labels(tmp_path: Path) -> None:
         "edgecap_fallbacks": "counter", "edgecap_failovers": "counter",
         "process_cpu_seconds": "counter", "process_resident_memory_bytes": "gauge",
         "edgecap_tpu_temperature_celsius": "gauge", "edgecap_tpu_throttled": "gauge",
+        "edgecap_stage_predicted_seconds": "gauge", "edgecap_stage_measured_seconds": "gauge",
+        "edgecap_device_compute_scale": "gauge", "edgecap_device_link_bytes_per_second": "gauge",
     }
     assert samples[("edgecap_frames_captured_total", (("camera", "front"),))] == 5
     assert samples[("edgecap_frames_processed_total", (("camera", "front"),))] == 1
@@ -78,6 +80,24 @@ def test_every_metric_has_its_name_type_and_labels(tmp_path: Path) -> None:
     assert samples[("edgecap_inference_seconds_count", (("device", "cpu"),))] == 1
     assert samples[("edgecap_inference_seconds_sum", (("device", "cpu"),))] == pytest.approx(0.03)
     assert samples[("edgecap_caption_latency_seconds_bucket", (("camera", "front"), ("le", "+Inf")))] == 1
+
+
+def test_each_step_shows_predicted_and_measured_and_each_device_its_correction(tmp_path: Path) -> None:
+    m = Metrics(sysfs=tmp_path)
+    m.stages([("stage 0 (pci:0)", "emu-tpu:0", 1.4, 2.8), ("decode", "decode", None, 3.0)],
+             {"pci:0": {"compute_scale": 2.0, "link_bytes_per_s": None}})
+    _, samples = scrape(m)
+    stage = (("device", "emu-tpu:0"), ("stage", "stage 0 (pci:0)"))
+    assert samples[("edgecap_stage_predicted_seconds", stage)] == pytest.approx(0.0014)
+    assert samples[("edgecap_stage_measured_seconds", stage)] == pytest.approx(0.0028)
+    assert ("edgecap_stage_predicted_seconds", (("device", "decode"), ("stage", "decode"))) not in samples
+    assert samples[("edgecap_device_compute_scale", (("device", "pci:0"),))] == 2.0
+    # After a switch the new plan's steps replace the old ones.
+    m.stages([("stage 0 (usb:0)", "emu-tpu:1", 1.6, 1.6)], {})
+    _, samples = scrape(m)
+    assert ("edgecap_stage_measured_seconds", stage) not in samples
+    assert samples[("edgecap_stage_measured_seconds", (("device", "emu-tpu:1"), ("stage", "stage 0 (usb:0)")))] \
+        == pytest.approx(0.0016)
 
 
 def test_tpu_temperatures_are_read_from_sysfs_at_each_scrape(tmp_path: Path) -> None:

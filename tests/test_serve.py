@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -119,6 +120,11 @@ def test_serve_captions_a_camera_end_to_end(tmp_path, broker):  # noqa: F811
         text = metrics.decode()
         assert status == 200 and 'edgecap_frames_processed_total{camera="front"}' in text
         assert "edgecap_caption_latency_seconds_bucket" in text
+        # Each step's measured time a frame (the host plan predicts none).
+        assert re.search(r'^edgecap_stage_measured_seconds\{device="cpu",stage="rnn_step"\} [0-9.e-]+$', text, re.M)
+        _, body = _get(f"http://127.0.0.1:{port}/api/stats")
+        (cpu,) = [d for d in json.loads(body)["devices"] if d["device"] == "cpu"]
+        assert cpu["measured_ms"] > 0 and cpu["predicted_ms"] is None  # the status page's row
         status, body = _get(f"http://127.0.0.1:{port}/api/captions")
         assert json.loads(body)["front"]["text"] in TRUTH
         took = _stop(proc)

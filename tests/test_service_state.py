@@ -61,7 +61,8 @@ def test_snapshot_is_json_ready_and_holds_what_was_written(state: ServiceState, 
     assert back["status"] == "starting" and back["frame_age_s"] is None and back["caption_age_s"] is None
     # Missing device keys read as None: the page and /healthz see one shape.
     assert snap["devices"] == [{"device": "tpu:0", "kind": "pci", "busy": 0.6,
-                                "temperature_c": 47.5, "throttled": None}]
+                                "temperature_c": 47.5, "throttled": None, "predicted_ms": None,
+                                "measured_ms": None, "compute_scale": None}]
     assert snap["uptime_s"] == pytest.approx(3.0)
 
 

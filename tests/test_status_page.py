@@ -148,9 +148,14 @@ def test_the_page_shows_the_latest_caption_the_frame_and_the_devices(profile: Pa
     state.caption("front", caption("an older caption about a cat", 0, 0))
     # Markup in a caption must arrive as text: the page never parses captions as HTML.
     state.caption("front", caption("a <b>dog</b> runs across the lawn", 1, 16))
-    state.devices([{"device": "tpu:0", "kind": "pci", "busy": 0.25, "temperature_c": 51.5}])
+    state.devices([{"device": "tpu:0", "kind": "pci", "busy": 0.25, "temperature_c": 51.5,
+                    "predicted_ms": 1.41, "measured_ms": 2.83, "compute_scale": 2.0},
+                   {"device": "cpu", "kind": "cpu", "busy": 0.5, "predicted_ms": 1.18, "measured_ms": 1.2}])
     with StatusServer(state, None, port=0) as srv:
         dom = browse(srv.url, profile, "--dump-dom")
+    # Each device's predicted and measured time a frame; one off its prediction stands out.
+    assert '<td class="hot">1.41 / 2.83 ms (learned ×2.00)</td>' in dom
+    assert "<td>1.18 / 1.20 ms</td>" in dom
     assert '<figcaption class="caption">a &lt;b&gt;dog&lt;/b&gt; runs across the lawn</figcaption>' in dom
     assert "an older caption about a cat" in dom  # under "Last captions"
     assert "no event yet" in dom  # no history, no event: the timeline says so

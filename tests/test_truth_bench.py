@@ -110,7 +110,10 @@ def test_bench_adapt_writes_the_adapt_keys(shipped_bundle, tmp_path, capsys):
     assert {"truth", "oracle_fps", "start_fps", "final_fps", "seconds_to_95", "switches",
             "fps_timeline"} <= set(adapt)
     assert adapt["truth"] == "emu-tpu:0=speed:0.5" and adapt["resolved"] == "pci:0=speed:0.5"
-    assert adapt["switches"] == 0 and adapt["figures"] == "modelled"
+    assert adapt["figures"] == "modelled"
+    # The closed loop (edgecap.adapt) may have switched within the 2 s: then to a plan better under the truth.
+    assert adapt["switches"] == 0 or adapt["final_plan_fps"] > 1.05 * adapt["start_bound_fps"]
+    assert (adapt["final_plan_since_s"] == 0) == (adapt["switches"] == 0) and adapt["final_plan_since_s"] < 2.5
     assert 0 < adapt["oracle_fps"] < adapt["plan_fps"]  # the truth is slower than the profile
     # The start plan's pci:0 stage at half speed: its fps can be no more than that stage allows
     # (the host may keep the pace or fall short of it, never beat it).

@@ -9,7 +9,7 @@ EdgeTPU temperatures and throttle states are read when a scrape asks, not on a t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Optional, Tuple, Union
+from typing import Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -62,8 +62,21 @@ class Metrics:
         self._failovers = Counter("edgecap_failovers",
                                   "Times the plan changed at run time: a device failed (kind: error, "
                                   "hung, crashed, vanished) and its work moved (how: bundle, compiler, "
-                                  "cpu), or it came back (kind: returned, how: original).",
+                                  "cpu), it came back (kind: returned, how: original), or the board "
+                                  "measured it off the model (kind and how: measured).",
                                   ["device", "kind", "how"], registry=r)
+        self._predicted = Gauge("edgecap_stage_predicted_seconds",
+                                "The running plan's predicted time of a pipeline step a frame.",
+                                ["stage", "device"], registry=r)
+        self._measured = Gauge("edgecap_stage_measured_seconds",
+                               "Median of the step's last invokes (an emulated device's: its paced, "
+                               "modelled time).", ["stage", "device"], registry=r)
+        self._scale = Gauge("edgecap_device_compute_scale",
+                            "Learned correction: the device's compute time over its board profile's.",
+                            ["device"], registry=r)
+        self._link = Gauge("edgecap_device_link_bytes_per_second",
+                           "Learned correction: the rate the device's link was measured to carry.",
+                           ["device"], registry=r)
         r.register(_ScrapeCollector(Path(sysfs)))
 
     def frames_captured(self, camera: str, n: int = 1) -> None:
@@ -105,6 +118,29 @@ class Metrics:
     def failover(self, device: str, kind: str = "error", how: str = "cpu") -> None:
         """Counts a change of plan at run time (see ``edgecap.stats.FailoverRecord``)."""
         self._failovers.labels(device, kind, how).inc()
+
+    def stages(self, steps: Sequence[Tuple[str, str, Optional[float], Optional[float]]],
+               corrections: Mapping[str, Mapping[str, Optional[float]]]) -> None:
+        """Sets each step's predicted and measured time and each device's learned correction.
+
+        The running plan's steps replace the previous plan's (a switch drops their series).
+
+        Args:
+          steps: ``(stage, device, predicted_ms, measured_ms)``; None leaves that series out.
+          corrections: Plan device -> ``{"compute_scale", "link_bytes_per_s"}`` (``PipelineStats.corrections``).
+        """
+        for gauge in (self._predicted, self._measured, self._scale, self._link):
+            gauge.clear()
+        for stage, device, predicted, measured in steps:
+            if predicted is not None:
+                self._predicted.labels(stage, device).set(predicted / 1e3)
+            if measured is not None:
+                self._measured.labels(stage, device).set(measured / 1e3)
+        for device, c in corrections.items():
+            if c.get("compute_scale") is not None:
+                self._scale.labels(device).set(c["compute_scale"])
+            if c.get("link_bytes_per_s") is not None:
+                self._link.labels(device).set(c["link_bytes_per_s"])
 
     def render(self) -> Tuple[bytes, str]:
         """Returns the exposition text of every metric and its Content-Type."""

@@ -273,10 +273,16 @@ class Service:
         busy = stats.worker_utilization() if stats is not None else {}
         # The RNN's and the decoder's workers are CPU threads the plan's devices do not list.
         kinds = {str(w): w.kind for w in self.captioner.choice.workers.values()}
+        plan_device = {str(w): d for d, w in self.captioner.choice.workers.items()}
+        learned = stats.corrections if stats is not None else {}
         rows = []
         for worker, share in busy.items():
+            steps = [s for s in stats.stages if s.worker == worker] if stats is not None else []
             rows.append({"device": worker, "kind": kinds.get(worker, "cpu"), "busy": round(share, 3),
-                         "temperature_c": None, "throttled": False})
+                         "temperature_c": None, "throttled": False,
+                         "predicted_ms": _step_sum(steps, "predicted_ms"),
+                         "measured_ms": _step_sum(steps, "measured_ms"),
+                         "compute_scale": learned.get(plan_device.get(worker, ""), {}).get("compute_scale")})
         rows += tpu_rows(self._tpus, self._sysfs, self._throttle)
         self.state.devices(rows)
         if stats is not None:
@@ -285,6 +291,8 @@ class Service:
             for record in stats.failovers[self._failovers:]:
                 self.metrics.failover(record.device, record.kind, record.how)
             self._failovers = len(stats.failovers)
+            self.metrics.stages([(s.name, s.worker, s.predicted_ms, s.measured_ms) for s in stats.stages],
+                                stats.corrections)
         now = time.monotonic()
         period = max(now - self._last_stats, 1e-6)
         self._last_stats = now
@@ -333,6 +341,12 @@ class Service:
             except Exception as exc:  # closing must go on: the sinks hold unflushed captions
                 _log.warning("edgecap: closing %s failed: %s", type(thing).__name__, exc)
         self._closers = []
+
+
+def _step_sum(steps: List[Any], field: str) -> Optional[float]:
+    """A worker's steps' milliseconds a frame, summed; None unless every step has the figure."""
+    values = [getattr(s, field) for s in steps]
+    return None if not values or any(v is None for v in values) else round(sum(values), 3)
 
 
 def tpu_rows(tpus: List[devices.DeviceInfo], sysfs: str,

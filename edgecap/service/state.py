@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 STATUSES = ("starting", "online", "offline")
-DEVICE_KEYS = ("device", "kind", "busy", "temperature_c", "throttled")
+DEVICE_KEYS = ("device", "kind", "busy", "temperature_c", "throttled", "predicted_ms", "measured_ms",
+               "compute_scale")
 
 
 @dataclass
@@ -187,8 +188,10 @@ class ServiceState:
 
         Args:
           rows: One dict per device with keys ``device``, ``kind``, ``busy``
-            (0..1 share of time busy), ``temperature_c`` (None when unknown)
-            and ``throttled``; missing keys read as None.
+            (0..1 share of time busy), ``temperature_c`` (None when unknown),
+            ``throttled``, ``predicted_ms`` and ``measured_ms`` (the plan's
+            and the measured time of its steps a frame), ``compute_scale``
+            (the correction learned for it); missing keys read as None.
         """
         table = [{k: row.get(k) for k in DEVICE_KEYS} for row in rows]
         with self._lock:

@@ -187,6 +187,16 @@ function renderCamera(name, cam, captions, events) {
   renderTimeline(c);
 }
 
+// The plan's and the measured milliseconds a frame of a device's steps, and what the board learned.
+function stepTimes(d) {
+  const ms = (v) => (typeof v === "number" ? v.toFixed(2) : "–");
+  const off = typeof d.predicted_ms === "number" && typeof d.measured_ms === "number" &&
+              d.measured_ms > 1.1 * d.predicted_ms;
+  const learned = typeof d.compute_scale === "number" && d.compute_scale !== 1
+    ? ` (learned ×${d.compute_scale.toFixed(2)})` : "";
+  return el("td", off ? "hot" : null, `${ms(d.predicted_ms)} / ${ms(d.measured_ms)} ms${learned}`);
+}
+
 function renderDevices(rows) {
   const body = document.querySelector("#devices tbody");
   if (!rows.length) return;
@@ -201,7 +211,8 @@ function renderDevices(rows) {
     bar.append(meter, " " + (busy === null ? "–" : (100 * busy).toFixed(0) + "%"));
     const temp = typeof d.temperature_c === "number" ? d.temperature_c.toFixed(1) + " °C" : "–";
     tr.append(el("td", null, d.device), el("td", null, d.kind || "–"), bar,
-              el("td", d.throttled ? "hot" : null, temp + (d.throttled ? " throttled" : "")));
+              el("td", d.throttled ? "hot" : null, temp + (d.throttled ? " throttled" : "")),
+              stepTimes(d));
     return tr;
   }));
 }
