@@ -223,10 +223,10 @@ class _RnnStep:
     """
 
     def __init__(self, bundle: Bundle, spec: WindowSpec, pace_ms: float, feature: str,
-                 quantization: Tuple[float, int], compute: bool = True) -> None:
+                 quantization: Tuple[float, int], compute: bool = True, float_rnn: bool = False) -> None:
         # A timing-only board run paces the step and computes nothing, as its
         # emulated TPUs do: the host's LSTM may be slower than the board's model.
-        self._rnn = RnnEncoder(bundle.encoder_step, 1) if compute else None
+        self._rnn = RnnEncoder(bundle.steps(float_rnn).encoder_step, 1) if compute else None
         self._hidden = bundle.hidden_size
         self._spec = spec
         self._feature = feature
@@ -281,8 +281,8 @@ def _ends_a_window(job: _FrameJob) -> bool:
 class _Decode:
     """The beam-search decoder of finished windows; owned by the decode worker."""
 
-    def __init__(self, bundle: Bundle, beam: int) -> None:
-        self._decoder = RnnDecoder(bundle.decoder_step, 1)
+    def __init__(self, bundle: Bundle, beam: int, float_rnn: bool = False) -> None:
+        self._decoder = RnnDecoder(bundle.steps(float_rnn).decoder_step, 1)
         self._bundle = bundle
         self._beam = beam
 
@@ -389,10 +389,11 @@ class EdgeCaptioner:
                       deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
                  for run in choice.stages]
         rnn = functools.partial(_RnnStep, self.bundle, self.window, choice.rnn_pace_ms, self._output_name,
-                                self._output_quantization, compute=choice.rnn_compute)
+                                self._output_quantization, compute=choice.rnn_compute,
+                                float_rnn=self.options.float_rnn)
         steps.append(Step("rnn_step", str(planner.CPU), _guarded("rnn_step", str(planner.CPU), rnn)))
         # The decoder sees only frames that end a window: the others pass its worker by.
-        decode = functools.partial(_Decode, self.bundle, self.options.beam)
+        decode = functools.partial(_Decode, self.bundle, self.options.beam, self.options.float_rnn)
         steps.append(Step("decode", planner.DECODE_WORKER,
                           _guarded("decode", planner.DECODE_WORKER, decode), accepts=_ends_a_window))
         return Pipeline(steps, pipelined=choice.pipelined, queue_size=self.options.queue_size,

@@ -57,6 +57,8 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-fps", type=float_in(0, MAX_SAMPLE_FPS), help="sampling rate, 0 = every frame")
     p.add_argument("--threads", type=THREADS, help="CPU threads of the CNN (default: the physical cores)")
     _add_beam(p)
+    p.add_argument("--float-rnn", action="store_true",
+                   help="run the bundle's float RNN step models even where it ships int8-weight ones")
     p.add_argument("--json", action="store_true", help="print one JSON object per caption")
     p.add_argument("--plan", type=Path, help="plan.json (or its directory) from `edgecap compile`")
     p.add_argument("--board", default="auto",
@@ -124,7 +126,8 @@ def _captioner_options(args: argparse.Namespace) -> "CaptionerOptions":
 
     return CaptionerOptions(plan=args.plan, board=args.board, emulate=args.emulate, trace=args.trace,
                             frames=args.frames, stride=args.stride, sample_fps=args.sample_fps,
-                            num_threads=args.threads, batch=args.batch, beam=args.beam)
+                            num_threads=args.threads, batch=args.batch, beam=args.beam,
+                            float_rnn=args.float_rnn)
 
 
 def _cmd_caption(args: argparse.Namespace) -> int:
