@@ -353,12 +353,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
     strides = args.strides or None
     runs = bench.runs(profiles, args.timing_only, len(strides or [None]), len(args.board.split(",")))
+    done: List[dict] = []
+
+    def on_row(row: "bench.Row") -> None:
+        # Each row is printed and written as it finishes: a failure later keeps the rows done.
+        print(bench.format_row(row), flush=True)
+        done.append(bench.row_json(row))
+        if args.json is not None:
+            write_text(args.json, json.dumps({"argv": sys.argv[1:], "complete": False, "rows": done},
+                                             indent=2) + "\n")
+
     with _progress(runs * max(args.frames, 1), "bench", "frame") as bar:
         result = bench.run_bench(
             args.bundle, args.clips, args.frames, args.board, profiles, args.timing_only,
-            args.threads, args.batch, strides, trace, progress=_updater(bar), beam=args.beam)
+            args.threads, args.batch, strides, trace, progress=_updater(bar), beam=args.beam,
+            on_row=on_row)
     print(bench.format_table(result.rows, result.overhead, result.scaling, result))
-    doc = result.to_json()
+    doc = dict(result.to_json(), complete=True)
     if args.json is not None:
         write_text(args.json, json.dumps(doc, indent=2) + "\n")
     if args.plot is not None:
