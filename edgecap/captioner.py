@@ -213,6 +213,26 @@ class _StreamWindows:
         self.open: Dict[int, _Window] = {}
 
 
+class _Preprocess:
+    """Resizes, converts and quantizes each frame to the CNN's input; owned by the preprocess worker.
+
+    A step of its own, off the feeder thread that reads the source, so that
+    decoding a frame and preprocessing the one before it overlap.
+    """
+
+    def __init__(self, preprocess: Preprocessor, input_name: str) -> None:
+        self._preprocess = preprocess
+        self._input_name = input_name
+
+    def __call__(self, job: _FrameJob) -> _FrameJob:
+        if job.frame is None:  # a heartbeat
+            return job
+        t0 = time.perf_counter()
+        job.tensors = {self._input_name: self._preprocess(job.frame.image)}
+        job.ms["preprocess"] = (time.perf_counter() - t0) * 1e3
+        return job
+
+
 class _RnnStep:
     """The RNN encoder step of every window a frame belongs to; owned by the CPU worker.
 
@@ -384,7 +404,10 @@ class EdgeCaptioner:
 
     def _open(self, choice: Choice, released: threading.Event) -> Pipeline:
         """Opens every step of a choice on its worker (opening failures are raised here)."""
-        steps = [Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
+        worker = planner.PREPROCESS_WORKER
+        preprocess = functools.partial(_Preprocess, self._preprocess, self._input_name)
+        steps = [Step("preprocess", worker, _guarded("preprocess", worker, preprocess))]
+        steps += [Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
                                                           functools.partial(_CnnStage, run, released)),
                       deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
                  for run in choice.stages]
@@ -493,14 +516,8 @@ class EdgeCaptioner:
         self._write_trace()
 
     def _job(self, stream: Tuple[Run, Optional[Hashable]], frame: Optional[Frame], pos: int) -> _FrameJob:
-        # Runs on the pipeline's feeder thread: preprocess.
-        t0 = time.perf_counter()
-        ms = dict.fromkeys(STAGES, 0.0)
-        if frame is None:  # a heartbeat
-            return _FrameJob(stream, None, {}, t0, ms, pos)
-        x = self._preprocess(frame.image)
-        ms["preprocess"] = (time.perf_counter() - t0) * 1e3
-        return _FrameJob(stream, frame, {self._input_name: x}, t0, ms, pos)
+        # Runs on the pipeline's feeder thread, which only reads: the preprocess step comes next.
+        return _FrameJob(stream, frame, {}, time.perf_counter(), dict.fromkeys(STAGES, 0.0), pos)
 
     def run_frames(
         self,

@@ -44,6 +44,9 @@ from edgecap.windows import windows_per_frame
 TPU_KINDS = ("tpu", "emu-tpu")
 CPU = DeviceSpec("cpu")
 DECODE_WORKER = "decode"
+# Frames are resized and quantized on their own worker, not on the thread that
+# reads (decodes) the source: on a multi-core board the two overlap.
+PREPROCESS_WORKER = "preprocess"
 # The deadline of a TPU stage whose plan predicts no time for it (a segment
 # compiled elsewhere): long enough for any segment that streams its weights.
 UNPREDICTED_DEADLINE_S = 2.0
