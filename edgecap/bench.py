@@ -57,7 +57,7 @@ from edgecap import devices, schema, stages
 from edgecap.bundle import DEMO_DIR, Bundle, WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError, EdgecapError
-from edgecap.limits import DEFAULT_BEAM
+from edgecap.limits import DEFAULT_BEAM, DEFAULT_HOST_ROUNDS
 from edgecap.options import CaptionerOptions
 from edgecap.plan import Plan
 from edgecap.planner import Choice, HostSchedule
@@ -76,7 +76,6 @@ SCHEDULES = {
     "d": "full pipeline",
 }
 PROFILES = ("board", "host", "startup")
-HOST_ROUNDS = 3  # each host row runs this often, interleaved with the others
 # An isolated stage in the isolation bench may take this long before it counts as hung: a bench is
 # no place for the watchdog's tight deadlines (edgecap.planner.deadlines), a stalled host must not abort it.
 BENCH_DEADLINE_S = 60.0
@@ -264,6 +263,7 @@ def run_bench(
     check_windows: int = 2,
     beam: int = DEFAULT_BEAM,
     on_row: Optional[Callable[[Row], object]] = None,
+    host_rounds: int = DEFAULT_HOST_ROUNDS,
 ) -> BenchResult:
     """Runs the benchmark.
 
@@ -291,6 +291,8 @@ def run_bench(
       on_row: Called with each row as soon as it is final (a board row when
         it has run, the host rows after their last round), so that a failure
         later keeps it.
+      host_rounds: How often each host row runs, the rows interleaved; a
+        row is its median round.
 
     Returns:
       The ``BenchResult``.
@@ -299,7 +301,8 @@ def run_bench(
       ConfigError: If a count is out of range or a profile unknown.
       EdgecapError: If the bundle, a clip or the board is bad.
     """
-    for flag, value in (("--threads", threads), ("--frames", frames), ("--batch", batch)):
+    for flag, value in (("--threads", threads), ("--frames", frames), ("--batch", batch),
+                        ("--host-rounds", host_rounds)):
         if value < 1:
             raise ConfigError(f"{flag} {value}: use 1 or more")
     unknown = set(profiles) - set(PROFILES)
@@ -323,7 +326,8 @@ def run_bench(
             trace = None  # one pipelined run is traced: the first board's
     choice = None
     if "host" in profiles:
-        host_rows, choice = bench_host(b, images, batch, progress, row_seconds, beam=beam)
+        host_rows, choice = bench_host(b, images, batch, progress, row_seconds, rounds=host_rounds,
+                                       beam=beam)
         rows += host_rows
         for row in host_rows if on_row is not None else ():
             on_row(row)
@@ -340,16 +344,18 @@ def run_bench(
                        published, choice, started, beam)
 
 
-def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1, boards: int = 1) -> int:
+def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1, boards: int = 1,
+         host_rounds: int = DEFAULT_HOST_ROUNDS) -> int:
     """Number of measured runs ``run_bench`` makes (to size a progress bar).
 
     Args:
       strides: How many window strides the board's rows run at.
       boards: How many boards.
+      host_rounds: How often each host row runs.
     """
     per_board = strides * (len(SCHEDULES) + (0 if timing_only else 1))
     board = boards * per_board if "board" in profiles else 0
-    return board + (HOST_ROUNDS * len(_host_configs(1, 1)) if "host" in profiles else 0)
+    return board + (host_rounds * len(_host_configs(1, 1)) if "host" in profiles else 0)
 
 
 def _load_frames(clips: Sequence[str], count: int) -> List[np.ndarray]:
@@ -603,7 +609,7 @@ def goals(rows: Sequence[Row], fps: float = 59.0, speedup: float = 55.0, over_eq
 
 def bench_host(bundle: Bundle, frames: List[np.ndarray], batch: int = 8,
                progress: Optional[Progress] = None, row_seconds: float = float("inf"),
-               cores: Optional[int] = None, rounds: int = HOST_ROUNDS, beam: int = DEFAULT_BEAM
+               cores: Optional[int] = None, rounds: int = DEFAULT_HOST_ROUNDS, beam: int = DEFAULT_BEAM
                ) -> "tuple[List[Row], HostSchedule]":
     """Runs the CNN and the RNN computed on this machine's CPU, unpaced (measured).
 

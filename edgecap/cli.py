@@ -27,7 +27,8 @@ from edgecap.argtypes import Parser, float_in, int_in, int_list_in
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
 from edgecap.errors import EdgecapError
-from edgecap.limits import DEFAULT_BEAM, MAX_BEAM, MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES
+from edgecap.limits import (DEFAULT_BEAM, DEFAULT_HOST_ROUNDS, MAX_BEAM, MAX_HOST_ROUNDS, MAX_QUEUE,
+                            MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES)
 from edgecap.outputs import atomic_path, check_output, write_text
 
 if TYPE_CHECKING:
@@ -352,7 +353,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot is not None and trace is None:
         trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
     strides = args.strides or None
-    runs = bench.runs(profiles, args.timing_only, len(strides or [None]), len(args.board.split(",")))
+    runs = bench.runs(profiles, args.timing_only, len(strides or [None]), len(args.board.split(",")),
+                      args.host_rounds)
     done: List[dict] = []
 
     def on_row(row: "bench.Row") -> None:
@@ -367,7 +369,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         result = bench.run_bench(
             args.bundle, args.clips, args.frames, args.board, profiles, args.timing_only,
             args.threads, args.batch, strides, trace, progress=_updater(bar), beam=args.beam,
-            on_row=on_row)
+            on_row=on_row, host_rounds=args.host_rounds)
     print(bench.format_table(result.rows, result.overhead, result.scaling, result))
     doc = dict(result.to_json(), complete=True)
     if args.json is not None:
@@ -423,7 +425,10 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     _add_beam(p)
     p.add_argument("--batch", type=BATCH, default=8,
                    help="frames per hand-off in the host's batched pipeline rows (default 8)")
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--host-rounds", type=int_in(1, MAX_HOST_ROUNDS), default=DEFAULT_HOST_ROUNDS,
+                   help=f"rounds of the host rows, interleaved; each row is its median round "
+                        f"(default {DEFAULT_HOST_ROUNDS})")
+    p.add_argument("--json", type=Path, help="write the results here, each row as it finishes")
     p.add_argument("--plot", type=Path, help="write a bar chart PNG here (needs matplotlib)")
     p.add_argument("--timeline", type=Path, help="with --plot: PNG of the pipelined board run's "
                    "timeline (default: PLOT-timeline.png)")

@@ -18,3 +18,6 @@ MAX_BEAM = 64
 # The default width, greedy: on the models measured a wider beam did not caption
 # better (docs/beam-bench.json; docs/runtime.md, Beam search).
 DEFAULT_BEAM = 1
+# bench --host-rounds: each host row runs this often, the rows interleaved; a row is its median round.
+DEFAULT_HOST_ROUNDS = 3
+MAX_HOST_ROUNDS = 100

@@ -98,3 +98,17 @@ def test_a_row_that_started_on_a_fallback_says_so(clip, shipped_bundle, monkeypa
     rows, _ = bench.bench_host(bench.load_bundle(shipped_bundle), bench._load_frames([str(clip)], 16),
                                rounds=1, row_seconds=0.5)
     assert rows and all(r.incidents == ["fallback no-tpu: no EdgeTPU attached"] for r in rows)
+
+
+def test_host_rows_run_the_rounds_asked_for_interleaved_and_keep_their_median(clip, shipped_bundle):
+    result = run_bench(shipped_bundle, [str(clip)], 16, profiles=["host"], row_seconds=1.0, host_rounds=2)
+    host = [r for r in result.rows if r.profile == "host"]
+    assert len(host) == 7 and all(len(r.fps_rounds) == 2 for r in host)
+    # The median of two rounds is the faster (upper median), one of them.
+    assert all(round(r.fps, 2) == max(r.fps_rounds) for r in host)
+
+
+@pytest.mark.parametrize("rounds", ["0", "101", "two"])
+def test_out_of_range_host_rounds_are_a_one_line_error(shipped_bundle, capsys, rounds):
+    assert main(["bench", "--bundle", str(shipped_bundle), "--host-rounds", rounds]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
