@@ -88,8 +88,9 @@ def int8_step(float_step: bytes) -> bytes:
     Each FULLY_CONNECTED weight matrix becomes int8, symmetric, one scale per
     tensor; activations stay float and the kernel quantizes them on the fly
     (dynamic-range quantization). Per-tensor, not per-channel, scales keep
-    the op at version 3, which the tflite_runtime 2.5 of Coral boards runs;
-    the demo's captions agree with the float step's on every held-out clip
+    the op at version 3, older than the tflite_runtime 2.5 of Coral boards
+    (per-channel hybrid came later; not run here on 2.5 itself); the demo's
+    captions agree with the float step's on every held-out clip
     (docs/bundle.md). The decoder's word embedding (GATHER) stays float: it
     is a few KB. Rewriting the float model, rather than converting the Keras
     one again, makes the int8 step of any shipped bundle, and keeps every
