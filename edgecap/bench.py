@@ -58,14 +58,15 @@ from edgecap import devices, schema, stages
 from edgecap.bundle import DEMO_DIR, Bundle, WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError, EdgecapError
-from edgecap.limits import DEFAULT_BEAM
+from edgecap.limits import DEFAULT_BEAM, DEFAULT_HOST_ROUNDS
 from edgecap.options import CaptionerOptions
 from edgecap.plan import Plan
-from edgecap.planner import HostSchedule
+from edgecap.planner import Choice, HostSchedule
 from edgecap.planning import plan_for_board
 from edgecap.preprocess import Preprocessor
 from edgecap.scheduler import Pipeline, Step
 from edgecap.sources import open_source
+from edgecap.stats import PipelineStats
 from edgecap.windows import windows_per_frame
 
 SCHEDULES = {
@@ -76,7 +77,6 @@ SCHEDULES = {
     "d": "full pipeline",
 }
 PROFILES = ("board", "host", "startup")
-HOST_ROUNDS = 3  # each host row runs this often, interleaved with the others
 # An isolated stage in the isolation bench may take this long before it counts as hung: a bench is
 # no place for the watchdog's tight deadlines (edgecap.planner.deadlines), a stalled host must not abort it.
 BENCH_DEADLINE_S = 60.0
@@ -85,6 +85,8 @@ PUBLISHED = Path(__file__).parent / "data" / "published.json"
 
 # Called with the number of frames a run got through since the last call.
 Progress = Callable[[int], object]
+# The table's mark on a row during which a failover or fallback happened.
+OFF_PLAN = "!"
 
 
 @dataclass
@@ -93,7 +95,9 @@ class Row:
 
     ``same_captions`` compares the captions with row a's; ``same_features``
     the encoder's output of a few frames through the schedule's segments with
-    row a's, bit for bit (None where not checked).
+    row a's, bit for bit (None where not checked). ``incidents`` says what
+    took the run off its plan (a fallback at the start, a failover during
+    it): such a row's fps is not the plan's.
     """
 
     profile: str
@@ -113,6 +117,12 @@ class Row:
     fps_rounds: List[float] = field(default_factory=list)
     placement: Dict[str, str] = field(default_factory=dict)
     plan_board: str = ""
+    incidents: List[str] = field(default_factory=list)
+
+    @property
+    def plan_held(self) -> bool:
+        """Whether the whole run ran the plan it was given: no fallback, no failover."""
+        return not self.incidents
 
     @property
     def of_bound(self) -> Optional[float]:
@@ -213,7 +223,7 @@ class BenchResult:
             "clips": self.clips,
             "frames": self.frames,
             "beam": self.beam,
-            "rows": [dict(asdict(r), of_bound=r.of_bound, same=r.same) for r in self.rows],
+            "rows": [row_json(r) for r in self.rows],
             "published": [msgspec.to_builtins(p) for p in self.published],
             "goals": goals(self.rows),
             "host_choice": asdict(self.host_choice) if self.host_choice else None,
@@ -221,6 +231,11 @@ class BenchResult:
             "overhead": asdict(self.overhead),
             "host_scaling": [dict(asdict(x), speedup=x.speedup) for x in self.scaling],
         }
+
+
+def row_json(row: Row) -> Dict[str, Any]:
+    """Returns one row as JSON-ready plain types, as ``--json`` writes it."""
+    return dict(asdict(row), of_bound=row.of_bound, same=row.same, plan_held=row.plan_held)
 
 
 def load_published(path: Path = PUBLISHED) -> List[Published]:
@@ -248,6 +263,8 @@ def run_bench(
     row_seconds: float = 20.0,
     check_windows: int = 2,
     beam: int = DEFAULT_BEAM,
+    on_row: Optional[Callable[[Row], object]] = None,
+    host_rounds: int = DEFAULT_HOST_ROUNDS,
 ) -> BenchResult:
     """Runs the benchmark.
 
@@ -272,6 +289,11 @@ def run_bench(
         fewer frames, at least two windows.
       check_windows: Windows of frames the output check computes.
       beam: The decoder's beam width in every run.
+      on_row: Called with each row as soon as it is final (a board row when
+        it has run, the host rows after their last round), so that a failure
+        later keeps it.
+      host_rounds: How often each host row runs, the rows interleaved; a
+        row is its median round.
 
     Returns:
       The ``BenchResult``.
@@ -280,7 +302,8 @@ def run_bench(
       ConfigError: If a count is out of range or a profile unknown.
       EdgecapError: If the bundle, a clip or the board is bad.
     """
-    for flag, value in (("--threads", threads), ("--frames", frames), ("--batch", batch)):
+    for flag, value in (("--threads", threads), ("--frames", frames), ("--batch", batch),
+                        ("--host-rounds", host_rounds)):
         if value < 1:
             raise ConfigError(f"{flag} {value}: use 1 or more")
     unknown = set(profiles) - set(PROFILES)
@@ -300,12 +323,15 @@ def run_bench(
     if "board" in profiles:
         for name in boards:
             rows += bench_board(b, images, name, timing_only, threads, trace, strides, progress,
-                                row_seconds, check_windows, beam)
+                                row_seconds, check_windows, beam, on_row)
             trace = None  # one pipelined run is traced: the first board's
     choice = None
     if "host" in profiles:
-        host_rows, choice = bench_host(b, images, batch, progress, row_seconds, beam=beam)
+        host_rows, choice = bench_host(b, images, batch, progress, row_seconds, rounds=host_rounds,
+                                       beam=beam)
         rows += host_rows
+        for row in host_rows if on_row is not None else ():
+            on_row(row)
     overhead = bench_overhead()
     scaling = bench_scaling(b, seconds=row_seconds / 2) if "host" in profiles else []
     started = []
@@ -319,16 +345,18 @@ def run_bench(
                        published, choice, started, beam)
 
 
-def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1, boards: int = 1) -> int:
+def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1, boards: int = 1,
+         host_rounds: int = DEFAULT_HOST_ROUNDS) -> int:
     """Number of measured runs ``run_bench`` makes (to size a progress bar).
 
     Args:
       strides: How many window strides the board's rows run at.
       boards: How many boards.
+      host_rounds: How often each host row runs.
     """
     per_board = strides * (len(SCHEDULES) + (0 if timing_only else 1))
     board = boards * per_board if "board" in profiles else 0
-    return board + (HOST_ROUNDS * len(_host_configs(1, 1)) if "host" in profiles else 0)
+    return board + (host_rounds * len(_host_configs(1, 1)) if "host" in profiles else 0)
 
 
 def _load_frames(clips: Sequence[str], count: int) -> List[np.ndarray]:
@@ -353,6 +381,7 @@ def _measure(
     progress: Optional[Progress] = None,
 ) -> "tuple[Row, List[List[int]]]":
     # Warm up interpreters, caches and threads on a window, then measure one run.
+    start = cap.choice
     cap.caption_frames(frames[: cap.window.frames])
     captions = []
     done = 0
@@ -376,8 +405,19 @@ def _measure(
         utilization={k: round(v, 3) for k, v in stats.worker_utilization().items()},
         placement=dict(cap.devices),
         plan_board=cap.plan.board,
+        incidents=_incidents(start, cap.choice, stats),
     )
     return row, captions
+
+
+def _incidents(start: Choice, end: Choice, stats: PipelineStats) -> List[str]:
+    """What took a run off the plan it was given: a fallback at the start, failovers since."""
+    found = [f"fallback {start.fallback}: {start.reason}"] if start.fallback else []
+    found += [f"failover: {f.device} {f.kind}, {f.plan_before} -> {f.plan_after} ({f.how})"
+              for f in stats.failovers]
+    if end is not start and not stats.failovers:  # during the warm-up, before the measured stream
+        found.append(f"failover before the measured frames: now {end.how}, {end.reason}")
+    return found
 
 
 def _bound_fps(plan: Plan, pipelined: bool, window: WindowSpec) -> float:
@@ -419,6 +459,7 @@ def bench_board(
     row_seconds: float = float("inf"),
     check_windows: int = 2,
     beam: int = DEFAULT_BEAM,
+    on_row: Optional[Callable[[Row], object]] = None,
 ) -> List[Row]:
     """Runs the five schedules on the emulated ``board``, at each window stride.
 
@@ -427,6 +468,7 @@ def bench_board(
       row_seconds: Cap on a row's run time at its bound (see ``run_bench``).
       check_windows: Windows the output check computes (timing-only rows).
       beam: The decoder's beam width.
+      on_row: Called with each row as it finishes.
 
     Returns:
       Rows a, b, e, c, d, plus "d timing-only" (the bound check) unless every
@@ -463,7 +505,9 @@ def bench_board(
                 reference = captions if reference is None else reference
                 row.same_captions = captions == reference
             at_stride.append(row)
-        _speedups(at_stride)
+            _speedups(at_stride)
+            if on_row is not None:
+                on_row(row)
         rows += at_stride
         trace = None  # one pipelined run is traced: the first stride's
     return rows
@@ -566,7 +610,7 @@ def goals(rows: Sequence[Row], fps: float = 59.0, speedup: float = 55.0, over_eq
 
 def bench_host(bundle: Bundle, frames: List[np.ndarray], batch: int = 8,
                progress: Optional[Progress] = None, row_seconds: float = float("inf"),
-               cores: Optional[int] = None, rounds: int = HOST_ROUNDS, beam: int = DEFAULT_BEAM
+               cores: Optional[int] = None, rounds: int = DEFAULT_HOST_ROUNDS, beam: int = DEFAULT_BEAM
                ) -> "tuple[List[Row], HostSchedule]":
     """Runs the CNN and the RNN computed on this machine's CPU, unpaced (measured).
 
@@ -825,6 +869,23 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _row_line(r: Row) -> str:
+    util = " ".join(f"{k}={v:.0%}" for k, v in sorted(r.utilization.items()))
+    bound = f"{r.of_bound:.1%}" if r.of_bound is not None else "-"
+    same = {True: "yes", False: "NO", None: "-"}[r.same]
+    name = f"{r.schedule} {r.label}".strip()
+    rounds = f"  rounds {'/'.join(f'{x:.1f}' for x in r.fps_rounds)} fps" if r.fps_rounds else ""
+    name = name if r.plan_held else f"{name} {OFF_PLAN}"
+    return (f"{name:<44}{r.fps:>8.1f}{r.latency_p50_ms:>9.2f}"
+            f"{r.latency_p99_ms:>9.2f}{r.speedup:>8.2f}x{bound:>9}  {same:<4}  {util}{rounds}")
+
+
+def format_row(row: Row) -> str:
+    """Formats one finished row as ``bench`` prints it while it runs: its profile, then its table line."""
+    kind = "measured" if row.profile == "host" else "modelled"
+    return f"[{row.profile}, stride {row.stride}, {kind}] {_row_line(row)}"
+
+
 def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scaling] = (),
                  result: Optional[BenchResult] = None) -> str:
     """Formats the results as the table ``edgecap bench`` prints.
@@ -842,13 +903,10 @@ def format_table(rows: Sequence[Row], overhead: Overhead, scaling: Sequence[Scal
             lines += ["", f"== {r.profile}, {r.plan_board} plan, window stride {r.stride} ({kind})",
                       f"{'schedule':<44}{'fps':>8}{'p50 ms':>9}{'p99 ms':>9}"
                       f"{'speedup':>9}{'of bound':>9}  same  utilization"]
-        util = " ".join(f"{k}={v:.0%}" for k, v in sorted(r.utilization.items()))
-        bound = f"{r.of_bound:.1%}" if r.of_bound is not None else "-"
-        same = {True: "yes", False: "NO", None: "-"}[r.same]
-        name = f"{r.schedule} {r.label}".strip()
-        rounds = f"  rounds {'/'.join(f'{x:.1f}' for x in r.fps_rounds)} fps" if r.fps_rounds else ""
-        lines.append(f"{name:<44}{r.fps:>8.1f}{r.latency_p50_ms:>9.2f}"
-                     f"{r.latency_p99_ms:>9.2f}{r.speedup:>8.2f}x{bound:>9}  {same:<4}  {util}{rounds}")
+        lines.append(_row_line(r))
+    for r in rows:
+        if not r.plan_held:
+            lines.append(f"{OFF_PLAN} {r.profile} {r.schedule}: not the plan's fps: {'; '.join(r.incidents)}")
     if result is not None:
         lines += _summary_lines(result)
     lines += ["", f"scheduler overhead ({overhead.stages} null stages, {overhead.frames} frames): "

@@ -110,6 +110,14 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class RnnSteps:
+    """The two RNN step models the CPU runs, as absolute paths."""
+
+    encoder_step: Path
+    decoder_step: Path
+
+
+@dataclass(frozen=True)
 class Bundle:
     """A validated model bundle; every path is absolute and inside ``root``.
 
@@ -128,6 +136,9 @@ class Bundle:
     (bundle.json ``edgetpu_encoder``), or None; ``encoder`` itself may be
     compiled (a compiled-only bundle): ``cpu_encoder`` and
     ``compiled_encoder`` say which the bundle has.
+    ``int8_steps`` are the step models with int8 weights (``rnn.int8``), which
+    run instead of the float ones unless asked (``steps``); None when the
+    bundle ships none.
     """
 
     root: Path
@@ -164,6 +175,13 @@ class Bundle:
         if self.edgetpu_encoder_model is not None:
             return self.edgetpu_encoder_model
         return self.encoder_model if self.encoder_model.edgetpu else None
+    int8_steps: Optional[RnnSteps] = None
+
+    def steps(self, float_rnn: bool = False) -> RnnSteps:
+        """Returns the step models to run: the int8 ones where shipped, unless ``float_rnn``."""
+        if self.int8_steps is not None and not float_rnn:
+            return self.int8_steps
+        return RnnSteps(self.encoder_step, self.decoder_step)
 
     def detokenize(self, ids: List[int]) -> str:
         """Returns the sentence for token ids, dropping special tokens."""
@@ -192,10 +210,16 @@ class _InputDoc(msgspec.Struct, forbid_unknown_fields=True):
     color_order: Literal["RGB", "BGR"] = "RGB"
 
 
+class _StepsDoc(msgspec.Struct, forbid_unknown_fields=True):
+    encoder_step: schema.Name
+    decoder_step: schema.Name
+
+
 class _RnnDoc(msgspec.Struct, forbid_unknown_fields=True):
     encoder_step: schema.Name
     decoder_step: schema.Name
     hidden_size: Annotated[int, msgspec.Meta(ge=1, le=65536)]
+    int8: Optional[_StepsDoc] = None
 
 
 class _WindowDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -343,6 +367,21 @@ def _size(shape: Any) -> int:
     return int(np.prod(shape[1:])) if len(shape) > 1 else int(shape[0])
 
 
+def _same_io(json_path: Path, field: str, path: Path, expected: Tuple[set, set],
+             like: Path, like_io: Tuple[dict, dict]) -> None:
+    """Opens a step model that stands in for another and checks it has the same inputs and outputs."""
+    _, interp = _open_model(path)
+    io = _signature_io(path, interp, expected)
+    for details, like_details in zip(io, like_io):
+        for key, d in details.items():
+            want = like_details[key]
+            if list(d["shape"]) != list(want["shape"]) or d["dtype"] != want["dtype"]:
+                raise BundleError(
+                    f"{json_path}: field '{field}' names {path.name}, whose '{key}' is "
+                    f"{list(d['shape'])} {np.dtype(d['dtype']).name} where {like.name} has "
+                    f"{list(want['shape'])} {np.dtype(want['dtype']).name}: export both from one model")
+
+
 def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     """Loads a bundle directory and checks that its files agree with each other.
 
@@ -455,6 +494,15 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         raise BundleError(f"{vocab_path}: {len(vocab)} tokens but {ds_path.name} emits "
                           f"{logits} logits: use the vocabulary the decoder was trained with")
 
+    int8_steps = None
+    if doc.rnn.int8 is not None:
+        int8_steps = RnnSteps(_file(json_path, "rnn.int8.encoder_step", doc.rnn.int8.encoder_step),
+                              _file(json_path, "rnn.int8.decoder_step", doc.rnn.int8.decoder_step))
+        _same_io(json_path, "rnn.int8.encoder_step", int8_steps.encoder_step, _ENCODER_STEP_IO,
+                 es_path, (es_in, es_out))
+        _same_io(json_path, "rnn.int8.decoder_step", int8_steps.decoder_step, _DECODER_STEP_IO,
+                 ds_path, (ds_in, ds_out))
+
     return Bundle(
         root=root.resolve(),
         name=doc.name or root.resolve().name,
@@ -478,4 +526,5 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         weights=doc.weights,
         edgetpu_encoder=twin,
         edgetpu_encoder_model=twin_model,
+        int8_steps=int8_steps,
     )

@@ -220,6 +220,26 @@ class _StreamWindows:
         self.open: Dict[int, _Window] = {}
 
 
+class _Preprocess:
+    """Resizes, converts and quantizes each frame to the CNN's input; owned by the preprocess worker.
+
+    A step of its own, off the feeder thread that reads the source, so that
+    decoding a frame and preprocessing the one before it overlap.
+    """
+
+    def __init__(self, preprocess: Preprocessor, input_name: str) -> None:
+        self._preprocess = preprocess
+        self._input_name = input_name
+
+    def __call__(self, job: _FrameJob) -> _FrameJob:
+        if job.frame is None:  # a heartbeat
+            return job
+        t0 = time.perf_counter()
+        job.tensors = {self._input_name: self._preprocess(job.frame.image)}
+        job.ms["preprocess"] = (time.perf_counter() - t0) * 1e3
+        return job
+
+
 class _RnnStep:
     """The RNN encoder step of every window a frame belongs to; owned by the CPU worker.
 
@@ -230,10 +250,10 @@ class _RnnStep:
     """
 
     def __init__(self, bundle: Bundle, spec: WindowSpec, pace_ms: float, feature: str,
-                 quantization: Tuple[float, int], compute: bool = True) -> None:
+                 quantization: Tuple[float, int], compute: bool = True, float_rnn: bool = False) -> None:
         # A timing-only board run paces the step and computes nothing, as its
         # emulated TPUs do: the host's LSTM may be slower than the board's model.
-        self._rnn = RnnEncoder(bundle.encoder_step, 1) if compute else None
+        self._rnn = RnnEncoder(bundle.steps(float_rnn).encoder_step, 1) if compute else None
         self._hidden = bundle.hidden_size
         self._spec = spec
         self._feature = feature
@@ -296,8 +316,8 @@ def _ends_a_window(job: _FrameJob) -> bool:
 class _Decode:
     """The beam-search decoder of finished windows; owned by the decode worker."""
 
-    def __init__(self, bundle: Bundle, beam: int) -> None:
-        self._decoder = RnnDecoder(bundle.decoder_step, 1)
+    def __init__(self, bundle: Bundle, beam: int, float_rnn: bool = False) -> None:
+        self._decoder = RnnDecoder(bundle.steps(float_rnn).decoder_step, 1)
         self._bundle = bundle
         self._beam = beam
 
@@ -401,15 +421,19 @@ class EdgeCaptioner:
 
     def _open(self, choice: Choice, released: threading.Event) -> Pipeline:
         """Opens every step of a choice on its worker (opening failures are raised here)."""
-        steps = [Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
+        worker = planner.PREPROCESS_WORKER
+        preprocess = functools.partial(_Preprocess, self._preprocess, self._input_name)
+        steps = [Step("preprocess", worker, _guarded("preprocess", worker, preprocess))]
+        steps += [Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
                                                           functools.partial(_CnnStage, run, released)),
                       deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
                  for run in choice.stages]
         rnn = functools.partial(_RnnStep, self.bundle, self.window, choice.rnn_pace_ms, self._output_name,
-                                self._output_quantization, compute=choice.rnn_compute)
+                                self._output_quantization, compute=choice.rnn_compute,
+                                float_rnn=self.options.float_rnn)
         steps.append(Step("rnn_step", str(planner.CPU), _guarded("rnn_step", str(planner.CPU), rnn)))
         # The decoder sees only frames that end a window: the others pass its worker by.
-        decode = functools.partial(_Decode, self.bundle, self.options.beam)
+        decode = functools.partial(_Decode, self.bundle, self.options.beam, self.options.float_rnn)
         steps.append(Step("decode", planner.DECODE_WORKER,
                           _guarded("decode", planner.DECODE_WORKER, decode), accepts=_ends_a_window))
         return Pipeline(steps, pipelined=choice.pipelined, queue_size=self.options.queue_size,
@@ -509,14 +533,8 @@ class EdgeCaptioner:
         self._write_trace()
 
     def _job(self, stream: Tuple[Run, Optional[Hashable]], frame: Optional[Frame], pos: int) -> _FrameJob:
-        # Runs on the pipeline's feeder thread: preprocess.
-        t0 = time.perf_counter()
-        ms = dict.fromkeys(STAGES, 0.0)
-        if frame is None:  # a heartbeat
-            return _FrameJob(stream, None, {}, t0, ms, pos)
-        x = self._preprocess(frame.image)
-        ms["preprocess"] = (time.perf_counter() - t0) * 1e3
-        return _FrameJob(stream, frame, {self._input_name: x}, t0, ms, pos)
+        # Runs on the pipeline's feeder thread, which only reads: the preprocess step comes next.
+        return _FrameJob(stream, frame, {}, time.perf_counter(), dict.fromkeys(STAGES, 0.0), pos)
 
     def run_frames(
         self,

@@ -27,9 +27,9 @@ from edgecap.argtypes import Parser, float_in, int_in, int_list_in, int_or_auto
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
 from edgecap.errors import EdgecapError
-from edgecap.limits import (DEFAULT_BEAM, DEFAULT_CANDIDATES, DEFAULT_CANDIDATES_MB, MAX_BEAM,
-                            MAX_CANDIDATES, MAX_CANDIDATES_MB, MAX_QUEUE, MAX_SAMPLE_FPS,
-                            MAX_THREADS, MAX_WINDOW_FRAMES)
+from edgecap.limits import (DEFAULT_BEAM, DEFAULT_CANDIDATES, DEFAULT_CANDIDATES_MB, DEFAULT_HOST_ROUNDS,
+                            MAX_BEAM, MAX_CANDIDATES, MAX_CANDIDATES_MB, MAX_HOST_ROUNDS, MAX_QUEUE,
+                            MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES)
 from edgecap.outputs import atomic_path, check_output, write_text
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-fps", type=float_in(0, MAX_SAMPLE_FPS), help="sampling rate, 0 = every frame")
     p.add_argument("--threads", type=THREADS, help="CPU threads of the CNN (default: the physical cores)")
     _add_beam(p)
+    p.add_argument("--float-rnn", action="store_true",
+                   help="run the bundle's float RNN step models even where it ships int8-weight ones")
     p.add_argument("--json", action="store_true", help="print one JSON object per caption")
     p.add_argument("--plan", type=Path, help="plan.json (or its directory) from `edgecap compile`")
     p.add_argument("--board", default="auto",
@@ -127,7 +129,8 @@ def _captioner_options(args: argparse.Namespace) -> "CaptionerOptions":
 
     return CaptionerOptions(plan=args.plan, board=args.board, emulate=args.emulate, trace=args.trace,
                             frames=args.frames, stride=args.stride, sample_fps=args.sample_fps,
-                            num_threads=args.threads, batch=args.batch, beam=args.beam)
+                            num_threads=args.threads, batch=args.batch, beam=args.beam,
+                            float_rnn=args.float_rnn)
 
 
 def _cmd_caption(args: argparse.Namespace) -> int:
@@ -408,13 +411,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot is not None and trace is None:
         trace = Path(tempfile.mkdtemp(prefix="edgecap-bench-")) / "trace.json"
     strides = args.strides or None
-    runs = bench.runs(profiles, args.timing_only, len(strides or [None]), len(args.board.split(",")))
+    runs = bench.runs(profiles, args.timing_only, len(strides or [None]), len(args.board.split(",")),
+                      args.host_rounds)
+    done: List[dict] = []
+
+    def on_row(row: "bench.Row") -> None:
+        # Each row is printed and written as it finishes: a failure later keeps the rows done.
+        print(bench.format_row(row), flush=True)
+        done.append(bench.row_json(row))
+        if args.json is not None:
+            write_text(args.json, json.dumps({"argv": sys.argv[1:], "complete": False, "rows": done},
+                                             indent=2) + "\n")
+
     with _progress(runs * max(args.frames, 1), "bench", "frame") as bar:
         result = bench.run_bench(
             args.bundle, args.clips, args.frames, args.board, profiles, args.timing_only,
-            args.threads, args.batch, strides, trace, progress=_updater(bar), beam=args.beam)
+            args.threads, args.batch, strides, trace, progress=_updater(bar), beam=args.beam,
+            on_row=on_row, host_rounds=args.host_rounds)
     print(bench.format_table(result.rows, result.overhead, result.scaling, result))
-    doc = result.to_json()
+    doc = dict(result.to_json(), complete=True)
     if args.json is not None:
         write_text(args.json, json.dumps(doc, indent=2) + "\n")
     if args.plot is not None:
@@ -487,7 +502,10 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     _add_beam(p)
     p.add_argument("--batch", type=BATCH, default=8,
                    help="frames per hand-off in the host's batched pipeline rows (default 8)")
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--host-rounds", type=int_in(1, MAX_HOST_ROUNDS), default=DEFAULT_HOST_ROUNDS,
+                   help=f"rounds of the host rows, interleaved; each row is its median round "
+                        f"(default {DEFAULT_HOST_ROUNDS})")
+    p.add_argument("--json", type=Path, help="write the results here, each row as it finishes")
     p.add_argument("--plot", type=Path, help="write a bar chart PNG here (needs matplotlib)")
     p.add_argument("--timeline", type=Path, help="with --plot: PNG of the pipelined board run's "
                    "timeline (default: PLOT-timeline.png)")

@@ -37,3 +37,6 @@ DEFAULT_CANDIDATES = 8
 MAX_CANDIDATES = 64
 DEFAULT_CANDIDATES_MB = 100.0
 MAX_CANDIDATES_MB = 100_000.0
+# bench --host-rounds: each host row runs this often, the rows interleaved; a row is its median round.
+DEFAULT_HOST_ROUNDS = 3
+MAX_HOST_ROUNDS = 100

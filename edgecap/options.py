@@ -69,6 +69,8 @@ class CaptionerOptions:
         the RNN step models use one.
       reference_encoder: Use the bundle's float reference encoder instead of
         the int8 one (for measuring quantisation loss); CPU only.
+      float_rnn: Run the bundle's float RNN step models even where it ships
+        int8-weight ones (``rnn.int8``, docs/bundle.md), as edgecap did before.
       trace: Write a Chrome trace-event JSON of the runs here, atomically, after
         each stream that reaches the end of its frames; a stream that fails, is
         interrupted or is stopped early writes none.
@@ -119,6 +121,7 @@ class CaptionerOptions:
     sample_fps: Optional[float] = None
     num_threads: Optional[int] = None
     reference_encoder: bool = False
+    float_rnn: bool = False
     trace: Optional[PathLike] = None
     failover: bool = True
     deadline_factor: float = 20.0

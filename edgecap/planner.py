@@ -48,6 +48,9 @@ from edgecap.windows import windows_per_frame
 TPU_KINDS = ("tpu", "emu-tpu")
 CPU = DeviceSpec("cpu")
 DECODE_WORKER = "decode"
+# Frames are resized and quantized on their own worker, not on the thread that
+# reads (decodes) the source: on a multi-core board the two overlap.
+PREPROCESS_WORKER = "preprocess"
 # The deadline of a TPU stage whose plan predicts no time for it (a segment
 # compiled elsewhere): long enough for any segment that streams its weights.
 UNPREDICTED_DEADLINE_S = 2.0
@@ -543,11 +546,18 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     return HostSchedule("threads", cores, reason=compared)
 
 
-def measure_host(bundle: Bundle, plan: Plan, window: WindowSpec) -> Tuple[float, float]:
+def measure_host(bundle: Bundle, plan: Plan, window: WindowSpec,
+                 float_rnn: bool = False) -> Tuple[float, float]:
     """Measures the CNN's one-thread invoke and the RNN steps of a frame on this CPU, in ms.
 
     One warm-up invoke each, then the fastest of two: the rule compares
     regimes a factor apart, and a start-up should stay short.
+
+    Args:
+      bundle: The bundle, whose encoder step is timed.
+      plan: The CPU plan, whose one segment is timed.
+      window: The window shape, which says how many steps a frame takes.
+      float_rnn: Time the float step even where the bundle ships an int8 one.
 
     Returns:
       ``(cnn_ms, rnn_ms)``.
@@ -556,7 +566,7 @@ def measure_host(bundle: Bundle, plan: Plan, window: WindowSpec) -> Tuple[float,
     from edgecap.rnn import RnnEncoder, State
 
     cnn = make_cpu_interpreter(plan.active_stages[0].segment, 1)
-    rnn = RnnEncoder(bundle.encoder_step, 1)
+    rnn = RnnEncoder(bundle.steps(float_rnn).encoder_step, 1)
     state = State.zeros(bundle.hidden_size)
     feature = np.zeros(bundle.feature_size, np.float32)
 
@@ -656,7 +666,7 @@ def _host(bundle: Bundle, plan: Plan, options: CaptionerOptions) -> HostSchedule
     cores = devices.cpu_cores()
     if len(plan.active_stages) != 1:
         return HostSchedule("threads", cores, reason="several CPU stages: every core to each")
-    cnn_ms, rnn_ms = measure_host(bundle, plan, options.window(bundle.window))
+    cnn_ms, rnn_ms = measure_host(bundle, plan, options.window(bundle.window), options.float_rnn)
     return host_schedule(cnn_ms, rnn_ms, cores)
 
 

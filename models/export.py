@@ -17,6 +17,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tensorflow.lite.python import schema_py_generated as tfl_schema
+from tensorflow.lite.tools import flatbuffer_utils
+
 from edgecap_compile.int8_export import configure_full_int8
 from models.architectures import ModelConfig, StepModels
 from models.bundle_meta import TF_NORM, InputNorm
@@ -25,6 +28,9 @@ SCHEMA_VERSION = 1
 # Normalisation the demo encoder's first layer expects: (pixel - 127.5) / 127.5.
 PIXEL_MEAN = TF_NORM.mean[0]
 PIXEL_STD = TF_NORM.std[0]
+# The int8-weight step models' file names (bundle.json ``rnn.int8``).
+INT8_STEP_FILES = {"encoder_step": "rnn_encoder_step_int8.tflite",
+                   "decoder_step": "rnn_decoder_step_int8.tflite"}
 
 
 def _convert(
@@ -76,16 +82,61 @@ def int8_encoder(cnn: keras.Model, size: int, calibration: np.ndarray) -> bytes:
         cnn, size, lambda converter: configure_full_int8(converter, representative))
 
 
-def step_models(rnn: keras.Model, config: ModelConfig) -> Dict[str, bytes]:
-    """Converts the trained RNN into float TFLite step models with explicit state.
+def int8_step(float_step: bytes) -> bytes:
+    """Rewrites a float step model with int8 fully-connected weights (TFLite's hybrid form).
+
+    Each FULLY_CONNECTED weight matrix becomes int8, symmetric, one scale per
+    tensor; activations stay float and the kernel quantizes them on the fly
+    (dynamic-range quantization). Per-tensor, not per-channel, scales keep
+    the op at version 3, older than the tflite_runtime 2.5 of Coral boards
+    (per-channel hybrid came later; not run here on 2.5 itself); the demo's
+    captions agree with the float step's on every held-out clip
+    (docs/bundle.md). The decoder's word embedding (GATHER) stays float: it
+    is a few KB. Rewriting the float model, rather than converting the Keras
+    one again, makes the int8 step of any shipped bundle, and keeps every
+    other op and the signature as they were.
+
+    Args:
+      float_step: A float step model's bytes (``step_models``).
 
     Returns:
-      ``{"encoder_step": bytes, "decoder_step": bytes}``.
+      The int8-weight model's bytes.
+    """
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(float_step))
+    fully_connected = tfl_schema.BuiltinOperator.FULLY_CONNECTED
+    rewritten = set()
+    for graph in model.subgraphs:
+        for op in graph.operators:
+            code = model.operatorCodes[op.opcodeIndex]
+            if max(code.builtinCode, code.deprecatedBuiltinCode) != fully_connected:
+                continue
+            tensor = graph.tensors[op.inputs[1]]
+            buffer = model.buffers[tensor.buffer]
+            if tensor.buffer in rewritten or tensor.type != tfl_schema.TensorType.FLOAT32 or buffer.data is None:
+                continue  # shared weights done once; a computed weight input stays float
+            weights = np.frombuffer(bytes(buffer.data), np.float32)
+            scale = max(float(np.abs(weights).max()), 1e-12) / 127.0
+            quantized = np.clip(np.round(weights / scale), -127, 127).astype(np.int8)
+            buffer.data = np.frombuffer(quantized.tobytes(), np.uint8)
+            tensor.type = tfl_schema.TensorType.INT8
+            tensor.quantization = tfl_schema.QuantizationParametersT()
+            tensor.quantization.scale = [scale]
+            tensor.quantization.zeroPoint = [0]
+            code.version = max(code.version, 3)  # float input, int8 weights: the hybrid kernel
+            rewritten.add(tensor.buffer)
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def step_models(rnn: keras.Model, config: ModelConfig) -> Dict[str, bytes]:
+    """Converts the trained RNN into TFLite step models with explicit state: float, and int8-weight.
+
+    Returns:
+      ``{"encoder_step", "decoder_step", "encoder_step_int8", "decoder_step_int8"}`` -> bytes.
     """
     steps = StepModels(rnn)
     f, hs = config.feature_size, config.hidden_size
     state = [tf.TensorSpec([1, hs], tf.float32, name="h"), tf.TensorSpec([1, hs], tf.float32, name="c")]
-    return {
+    floats = {
         "encoder_step": _convert(
             rnn, steps.encoder_step, [tf.TensorSpec([1, f], tf.float32, name="feature")] + state
         ),
@@ -93,6 +144,7 @@ def step_models(rnn: keras.Model, config: ModelConfig) -> Dict[str, bytes]:
             rnn, steps.decoder_step, [tf.TensorSpec([1], tf.int32, name="word")] + state
         ),
     }
+    return {**floats, **{f"{key}_int8": int8_step(data) for key, data in floats.items()}}
 
 
 def write_bundle(
@@ -115,7 +167,8 @@ def write_bundle(
       config: Model sizes.
       vocab: Tokens, id order.
       models: Bytes of ``encoder``, ``encoder_step``, ``decoder_step`` and, optionally,
-        ``reference_encoder``.
+        ``reference_encoder`` and the int8-weight ``encoder_step_int8`` and
+        ``decoder_step_int8`` (``int8_step``).
       sample_fps: Rate frames are sampled at.
       tokens: Special token ids (pad, bos, eos, unk).
       provenance: Recipe and seed the bundle came from.
@@ -131,6 +184,8 @@ def write_bundle(
         "reference_encoder": "encoder_float.tflite",
         "encoder_step": "rnn_encoder_step.tflite",
         "decoder_step": "rnn_decoder_step.tflite",
+        "encoder_step_int8": INT8_STEP_FILES["encoder_step"],
+        "decoder_step_int8": INT8_STEP_FILES["decoder_step"],
     }
     files = {key: name for key, name in files.items() if key in models}
     for key, filename in files.items():
@@ -145,6 +200,9 @@ def write_bundle(
             "encoder_step": files["encoder_step"],
             "decoder_step": files["decoder_step"],
             "hidden_size": config.hidden_size,
+            **({"int8": {"encoder_step": files["encoder_step_int8"],
+                         "decoder_step": files["decoder_step_int8"]}}
+               if "encoder_step_int8" in files else {}),
         },
         "vocab": "vocab.txt",
         "input": norm.as_input(config.input_size),

@@ -242,12 +242,12 @@ def test_the_host_rule(cnn_ms, rnn_ms, cores, kind, threads, worker, pipelined):
 
 def test_a_cpu_only_captioner_runs_the_host_rule_unless_told_otherwise(shipped_bundle, monkeypatch):
     monkeypatch.setattr(devices, "cpu_cores", lambda: 2)
-    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window: (2.0, 1.5))
+    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window, float_rnn: (2.0, 1.5))
     with EdgeCaptioner(shipped_bundle) as cap:  # auto on this host: the CPU plan
         assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("pipeline", {"cpu": "cpu:1"}, True)
         assert cap.choice.stages[0].threads == 1
         assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
-    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window: (0.2, 0.02))
+    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window, float_rnn: (0.2, 0.02))
     with EdgeCaptioner(shipped_bundle) as cap:
         assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("sequential", {"cpu": "cpu"}, False)
         assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1

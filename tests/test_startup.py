@@ -41,10 +41,21 @@ def opened(monkeypatch) -> Counter:
     return counts
 
 
+# Validation opens every model once, the run each model it runs once more: the int8-weight
+# RNN steps the demo ships (bundle.json rnn.int8) unless float_rnn.
+RUN_INT8 = {"rnn_encoder_step.tflite": 1, "rnn_decoder_step.tflite": 1,
+            "rnn_encoder_step_int8.tflite": 2, "rnn_decoder_step_int8.tflite": 2}
+
+
 def test_a_cpu_start_up_opens_each_model_twice(shipped_bundle: Path, opened: Counter) -> None:
     with EdgeCaptioner(shipped_bundle, num_threads=1):
         pass
-    assert opened == {"encoder.tflite": 2, "rnn_encoder_step.tflite": 2, "rnn_decoder_step.tflite": 2}
+    assert opened == {"encoder.tflite": 2, **RUN_INT8}
+    opened.clear()
+    with EdgeCaptioner(shipped_bundle, num_threads=1, float_rnn=True):
+        pass
+    assert opened == {"encoder.tflite": 2, "rnn_encoder_step.tflite": 2, "rnn_decoder_step.tflite": 2,
+                      "rnn_encoder_step_int8.tflite": 1, "rnn_decoder_step_int8.tflite": 1}
 
 
 def test_the_host_rule_opens_the_encoder_and_its_rnn_step_once_more_to_time_them(shipped_bundle: Path,
@@ -52,7 +63,7 @@ def test_the_host_rule_opens_the_encoder_and_its_rnn_step_once_more_to_time_them
     # Nothing set on a CPU-only run: the planner times the CNN and the RNN step on this CPU.
     with EdgeCaptioner(shipped_bundle) as cap:
         assert cap.choice.host is not None
-    assert opened == {"encoder.tflite": 3, "rnn_encoder_step.tflite": 3, "rnn_decoder_step.tflite": 2}
+    assert opened == {"encoder.tflite": 3, **RUN_INT8, "rnn_encoder_step_int8.tflite": 3}
 
 
 def test_a_board_start_up_opens_no_model_for_planning(shipped_bundle: Path, opened: Counter,
@@ -62,7 +73,7 @@ def test_a_board_start_up_opens_no_model_for_planning(shipped_bundle: Path, open
         segments = [s.segment.name for s in cap.plan.active_stages]
     # Validation opens the encoder once; planning reads it with the schema bindings,
     # not an interpreter; each segment is opened once, in its worker.
-    expected = Counter({"encoder.tflite": 1, "rnn_encoder_step.tflite": 2, "rnn_decoder_step.tflite": 2})
+    expected = Counter({"encoder.tflite": 1, **RUN_INT8})
     expected.update(segments)
     assert opened == expected
 

@@ -49,6 +49,14 @@ def test_tiny_training_run_writes_a_complete_int8_bundle(tmp_path):
     assert logits.shape == (1, len(vocab))
     step = make_cpu_interpreter(out / meta["rnn"]["encoder_step"]).get_signature_list()
     assert sorted(step["serving_default"]["inputs"]) == ["c", "feature", "h"]
+    # The int8-weight steps beside them: the bundle validates with them (same inputs and outputs).
+    from edgecap.bundle import load_bundle
+
+    int8 = load_bundle(out).int8_steps
+    assert int8 is not None and int8.encoder_step.name == meta["rnn"]["int8"]["encoder_step"]
+    weights = [d for d in make_cpu_interpreter(int8.decoder_step).get_tensor_details()
+               if len(d["shape"]) == 2 and d["shape"][0] > 1 and d["dtype"] == np.int8]
+    assert weights  # the fully-connected weights
 
 
 def test_same_data_seed_and_arguments_give_the_same_model_files(tmp_path):
@@ -67,6 +75,6 @@ def test_same_data_seed_and_arguments_give_the_same_model_files(tmp_path):
         ]))
     # bundle.json differs only in the provenance's wall times.
     models = sorted(p.name for p in outs[0].glob("*.tflite"))
-    assert len(models) == 4
+    assert len(models) == 6  # encoder, its float reference, two float RNN steps and their int8 twins
     for name in models:
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
