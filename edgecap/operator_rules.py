@@ -46,6 +46,7 @@ class Table(msgspec.Struct, forbid_unknown_fields=True):
 
     about: str
     max_tensor_bytes: int
+    zero_point_ranges: Dict[str, Tuple[int, int]]
     operators: Dict[str, Rule]
 
 
@@ -145,4 +146,24 @@ def check_tensor(shape: Sequence[int], itemsize: Optional[int]) -> Optional[str]
     limit = max_tensor_bytes()
     if itemsize is not None and math.prod(shape) * itemsize > limit:
         return f"shape {list(shape)} needs {math.prod(shape) * itemsize} bytes, over the {limit}-byte bound"
+    return None
+
+
+def check_zero_points(dtype: str, zero_points: Sequence[int]) -> Optional[str]:
+    """Checks a quantized tensor's zero points against its type's range (a kernel indexes tables by them).
+
+    Args:
+      dtype: The tensor's numpy dtype name.
+      zero_points: Its quantization's zero points.
+
+    Returns:
+      What is wrong, or None.
+    """
+    bounds = load_table().zero_point_ranges.get(dtype)
+    if bounds is None:
+        return None
+    low, high = bounds
+    for z in zero_points:
+        if not low <= z <= high:
+            return f"{z} is outside {dtype}'s range {low}..{high}"
     return None

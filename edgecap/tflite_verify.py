@@ -364,6 +364,11 @@ def _verify_tensor(w: _Walker, t: _Table, buffer_sizes: List[int]) -> TensorInfo
                                      (_QUANT_ZERO_POINT, 8, "quantization.zero_point")):
                 w.vector(quant, slot, elem, kind)
             w.subtable(quant, _QUANT_DETAILS, "quantization.details")
+            start, n = w.vector(quant, _QUANT_ZERO_POINT, 8, "quantization.zero_point")
+            problem = operator_rules.check_zero_points(_DTYPES.get(dtype, ""),
+                                                       _array("q", n)(w.data, start) if n else ())
+            if problem:
+                raise _Invalid(f"quantization.zero_point: {problem}")
         sparse = w.subtable(t, _TENSOR_SPARSITY, "sparsity")
         w.ints(t, _TENSOR_SHAPE_SIGNATURE, "shape_signature")
         w.tables(t, _TENSOR_VARIANTS, "variant_tensors")

@@ -146,3 +146,18 @@ def test_the_table_names_each_operator_by_the_schemas_code() -> None:
 
 def test_custom_and_unlisted_operators_pass_the_table() -> None:
     assert operator_rules.check_operator(schema.BuiltinOperator.CUSTOM, [-1], [-1], []) is None
+
+
+def test_a_zero_point_outside_its_types_range_is_refused() -> None:
+    # The fuzzer's find: Coral's LSTM with an int8 zero point of 128 segfaults the interpreter.
+    data = bytearray((REAL / "keras_lstm_mnist_ptq.tflite").read_bytes())
+    model = schema.Model.GetRootAsModel(data, 0)
+    tensors = model.Subgraphs(0)
+    for i in range(tensors.TensorsLength()):
+        t = tensors.Tensors(i)
+        q = t.Quantization()
+        if t.Type() == schema.TensorType.INT8 and q is not None and q.ZeroPointLength():
+            start = q._tab.Vector(q._tab.Offset(10))  # QuantizationParameters.zero_point
+            data[start:start + 8] = (128).to_bytes(8, "little", signed=True)
+            break
+    assert "quantization.zero_point: 128 is outside int8's range -128..127" in _refused(bytes(data))
