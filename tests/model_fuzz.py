@@ -25,6 +25,7 @@ import copy
 import json
 import os
 import random
+import signal
 import struct
 import subprocess
 import sys
@@ -293,11 +294,15 @@ def worker(bases: List[Path], seed: int, start: int, end: int, workdir: Path) ->
     """Runs mutants ``start..end-1``, one JSON line each on stdout, flushed before the next."""
     loaded = [Base.read(p) for p in bases]
     path = workdir / "mutant.tflite"
+    # The suite's stand-in for a native crash: die as a segfault would, at this mutant.
+    die_at = int(os.environ.get("EDGECAP_MODEL_FUZZ_DIE_AT", "-1"))
     for i in range(start, end):
         base, data, what = mutant(loaded, seed, i)
         path.write_bytes(data)
         sys.stdout.write(json.dumps({"i": i, "begin": True}) + "\n")
         sys.stdout.flush()
+        if i == die_at:
+            os.kill(os.getpid(), signal.SIGSEGV)
         outcome, check, msg = classify(path)
         sys.stdout.write(json.dumps({"i": i, "base": base.path.name, "mutation": what, "outcome": outcome,
                                      "check": check, "message": msg}) + "\n")
@@ -386,8 +391,15 @@ def run(bases: List[Path], mutants: int, seed: int, *, keep: Optional[Path] = No
                 continue
             loaded = [Base.read(p) for p in bases]
             base, data, what = mutant(loaded, seed, current)
+            if hung:
+                died = "hung"
+            elif code < 0:
+                names = {int(s): s.name for s in signal.Signals}
+                died = f"worker killed by {names.get(-code, f'signal {-code}')}"
+            else:
+                died = f"worker exited {code}: {err[-300:]}"
             record = {"i": current, "base": base.path.name, "mutation": what, "outcome": "crashed",
-                      "check": "", "message": "hung" if hung else f"worker exited {code}: {err[-300:]}"}
+                      "check": "", "message": died}
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
                 (keep / f"crash-{current}.tflite").write_bytes(data)
