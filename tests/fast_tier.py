@@ -124,4 +124,7 @@ FAST_TESTS: Dict[str, List[str]] = {
     "test_trace.py": ["test_slices_from_many_threads_are_all_kept_under_the_budget"],
     "test_window_state.py": ["test_back_to_back_windows_caption_their_own_clip",
                              "test_a_second_stream_starts_from_no_open_window"],
+    # The child's first invoke refusing a real crash (1.4 s: it starts the checker process).
+    "test_trial_invoke.py": ["test_a_model_that_crashes_the_interpreter_is_refused_in_one_line"],
+    "test_real_models.py": ["test_several_uint8_inputs_and_outputs_chain_bit_exact"],
 }
