@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
-from edgecap import edgetpu_runtime, files, interpreter
+from edgecap import edgetpu_runtime, files, interpreter, trial_invoke
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, EdgecapError, PlanError, RunCancelled
 from edgecap.modelfile import TensorSpec
@@ -196,6 +196,8 @@ def open_stage(
         fix = "re-run `edgecap compile` to rewrite the plan's segments"
         data = files.read_bytes(opened, what="segment", fix=fix, kind="model", error=PlanError)
         verify_tflite(data, str(opened), error=PlanError, fix=fix)
+        if spec.kind != "tpu":  # a segment the verifier passes may still crash a kernel: a child runs it first
+            trial_invoke.check(data, opened, error=PlanError, fix=fix)
     if timing_only and paced:
         return SegmentRunner(stage, None, pace_ms)
     if spec.kind == "tpu":

@@ -80,3 +80,19 @@ def test_a_killed_checker_is_started_again() -> None:
     trial_invoke._checker.proc.kill()
     trial_invoke._checker.proc.wait()
     assert trial_invoke.trial(DEMO / "rnn_decoder_step.tflite").kind == "ok"
+
+
+def test_a_plan_segment_that_crashes_the_interpreter_is_refused_before_it_opens(tmp_path: Path) -> None:
+    import dataclasses
+
+    from edgecap.errors import PlanError
+    from edgecap.plan import load_plan
+    from edgecap.stages import open_stage
+    from edgecap_compile import compile_model
+
+    compile_model(DEMO, "devboard-usb", tmp_path / "plan")
+    stage = next(s for s in load_plan(tmp_path / "plan").stages if s.segment is not None)
+    with pytest.raises(PlanError) as info:
+        open_stage(dataclasses.replace(stage, segment=CRASHES), "cpu")
+    msg = str(info.value)
+    assert "\n" not in msg and "crashed the TFLite interpreter" in msg and "re-run `edgecap compile`" in msg
