@@ -271,7 +271,7 @@ def _open_model(path: Path) -> Tuple[ModelFile, Any]:
         return open_model(path)
     except (ValueError, RuntimeError, MemoryError) as e:  # MemoryError: the kernel's std::bad_alloc
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BundleError(f"{path}: corrupt or truncated TFLite model ({first}): re-export it") from None
+        raise BundleError(f"{path}: the TFLite interpreter refused the model ({first}); re-export it") from None
 
 
 def _signature_io(path: Path, interp: Any, expected: Tuple[set, set]) -> Tuple[dict, dict]:

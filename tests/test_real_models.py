@@ -88,3 +88,27 @@ def test_every_real_coral_model_is_accepted_and_never_crashes(name: str, tmp_pat
     outcome = trial_invoke.check(data, path)
     # EdgeTPU-compiled files and custom ops cannot run on a CPU: an error, never a crash.
     assert outcome.kind == "ok" or (outcome.kind == "error" and "custom op" in outcome.detail), outcome
+
+
+def test_a_model_the_interpreter_refuses_is_named_so_not_corrupt(tmp_path: Path, capsys) -> None:
+    import shutil
+
+    from ai_edge_litert import schema_py_generated as schema
+
+    from edgecap.cli import main
+
+    data = bytearray(SPLIT.read_bytes())
+    model = schema.Model.GetRootAsModel(data, 0)
+    graph = model.Subgraphs(0)
+    codes = [model.OperatorCodes(graph.Operators(i).OpcodeIndex()) for i in range(graph.OperatorsLength())]
+    concat = next(graph.Operators(i) for i, c in enumerate(codes)
+                  if max(c.BuiltinCode(), c.DeprecatedBuiltinCode()) == schema.BuiltinOperator.CONCATENATION)
+    out = graph.Tensors(int(concat.OutputsAsNumpy()[0]))
+    data[out._tab.Pos + out._tab.Offset(6)] = schema.TensorType.COMPLEX128  # Tensor.type
+    bundle = tmp_path / "bundle"
+    shutil.copytree(REPO / "models" / "demo" / "bundle", bundle)
+    (bundle / "encoder.tflite").write_bytes(bytes(data))
+    assert main(["validate", str(bundle)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the TFLite interpreter refused the model (" in err, err
+    assert "CONCATENATION" in err and "corrupt" not in err
