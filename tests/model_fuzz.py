@@ -32,7 +32,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
@@ -81,7 +81,8 @@ def sites(data: bytes) -> List[_Site]:
         for slot, fmt in ((0, "<b"), (3, "<i")):
             pos = _scalar_pos(code, slot)
             if pos is not None:
-                out.append(_Site("opcode", pos, fmt, f"operator_codes[{c}].{'deprecated_' if slot == 0 else ''}builtin_code"))
+                field_name = "deprecated_builtin_code" if slot == 0 else "builtin_code"
+                out.append(_Site("opcode", pos, fmt, f"operator_codes[{c}].{field_name}"))
     for gi in range(m.SubgraphsLength()):
         g = m.Subgraphs(gi)
         for slot, kind in ((1, "inputs"), (2, "outputs")):
