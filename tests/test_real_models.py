@@ -112,3 +112,18 @@ def test_a_model_the_interpreter_refuses_is_named_so_not_corrupt(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "the TFLite interpreter refused the model (" in err, err
     assert "CONCATENATION" in err and "corrupt" not in err
+
+
+def test_the_chain_checks_inputs_take_each_tensors_own_type() -> None:
+    import numpy as np
+
+    from edgecap_compile.benchmark import random_input
+    from edgecap_compile.graph import Tensor
+
+    rng = np.random.default_rng(0)
+    for dtype in ("uint8", "int8", "int16", "float32", "bool"):
+        t = Tensor(0, "x", (1, 4, 4, 3), dtype, None, None, 48, False)
+        x = random_input(rng, t)
+        assert x.dtype == np.dtype(dtype) and x.shape == (1, 4, 4, 3)
+    wide = random_input(rng, Tensor(0, "x", (4096,), "uint8", None, None, 4096, False))
+    assert wide.min() < 16 and wide.max() > 240  # the whole range, not int8's half of it
