@@ -32,8 +32,8 @@ def test_a_mutant_is_a_function_of_seed_and_index() -> None:
 def test_a_worker_that_dies_is_a_crash_named_with_its_mutant(tmp_path: Path, monkeypatch) -> None:
     # A worker killed by a signal mid-mutant (what a native crash does) is counted, its mutant kept,
     # and the run goes on after it.
-    monkeypatch.setenv("EDGECAP_MODEL_FUZZ_DIE_AT", "2")
-    tally = model_fuzz.run(BASES[:1], 4, seed=1, keep=tmp_path / "crashes")
-    assert tally.mutants == 4 and len(tally.crashes) == 1 and tally.crashes[0]["i"] == 2
+    monkeypatch.setenv("EDGECAP_MODEL_FUZZ_DIE_AT", "1")
+    tally = model_fuzz.run(BASES[:1], 3, seed=1, keep=tmp_path / "crashes")
+    assert tally.mutants == 3 and len(tally.crashes) == 1 and tally.crashes[0]["i"] == 1
     assert "SIGSEGV" in tally.crashes[0]["message"]
-    assert (tmp_path / "crashes" / "crash-2.tflite").is_file()
+    assert (tmp_path / "crashes" / "crash-1.tflite").is_file()
