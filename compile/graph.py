@@ -30,6 +30,8 @@ _TYPE_NAMES = {
 _BUILTIN_NAMES = {
     value: name for name, value in vars(schema.BuiltinOperator).items() if name.isupper()
 }
+# What edgetpu_compiler's output runs in: a model holding it is compiled already.
+_EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 _INTEGER_ACTIVATIONS = {"int8", "uint8", "int16", "int32", "int64", "bool"}
 
 
@@ -159,6 +161,11 @@ def _shape(tensor: schema.TensorT) -> Tuple[int, ...]:
     return tuple(int(d) for d in (tensor.shape if tensor.shape is not None else ()))
 
 
+def _custom_code(code: schema.OperatorCodeT) -> str:
+    name = code.customCode
+    return name.decode(errors="replace") if isinstance(name, bytes) else (name or "")
+
+
 def _op_type(model: schema.ModelT, code_index: int) -> str:
     code = model.operatorCodes[code_index]
     builtin = flatbuffer_utils.get_builtin_code_from_operator_code(code)
@@ -233,6 +240,11 @@ def read_graph(
             f"{label} has {len(model.subgraphs or [])} subgraphs; edgecap compile takes "
             "single-subgraph models (export without control flow or extra signatures)"
         )
+    if any(_custom_code(c) == _EDGETPU_CUSTOM_OP for c in model.operatorCodes or []):
+        raise CompileError(
+            f"{label} is already compiled by edgetpu_compiler (edgetpu-custom-op); edgecap compile "
+            "splits a model before compiling it: pass the model edgetpu_compiler was given, or import "
+            "Coral's own segments with `edgecap plan import`")
     sub = model.subgraphs[0]
     tensors = [_tensor(model, i, t) for i, t in enumerate(sub.tensors or [])]
     inputs, outputs = tuple(sub.inputs or ()), tuple(sub.outputs or ())

@@ -108,7 +108,11 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             spec=parse_device(names[device.name] if device.is_tpu else device.name),
             segment=segment.path.resolve() if segment else None,
             ops=(start, end),
-            inputs=tuple(_tensor(graph, t) for t in (segment.inputs if segment else ())),
+            # What the segment reads, then what passes it by for later stages (forwarded).
+            inputs=tuple(_tensor(graph, t) for t in (
+                [*segment.inputs, *(t for t in graph.live_across(end)
+                                    if graph.producer[t] < start and t not in segment.inputs)]
+                if segment else ())),
             # Everything later stages read: the segment's outputs and the tensors it forwards.
             outputs=tuple(_tensor(graph, t) for t in (graph.live_across(end) if segment else ())),
             predicted_ms=round(ms, 6),

@@ -33,7 +33,8 @@ null stages. ``bench_startup`` measures ``edgecap caption`` in a child
 process: peak resident memory and time to the first caption.
 
 The command line (``edgecap bench``) is in ``edgecap.cli``; ``run_bench`` is
-what it calls. ``bench_isolation``, the cost of process isolation, is a
+what it calls (``edgecap bench --adapt``, a board that differs from its
+profile, is ``edgecap.truth_bench``). ``bench_isolation``, the cost of process isolation, is a
 developer's measurement: ``python tools/isolation_bench.py``.
 """
 

@@ -124,6 +124,10 @@ class Bundle:
     board name to the directories of the other plans compiled for it, near
     the best (``plans/<board>/candidates/<name>/plan.json``): a running board
     that measures its stages re-chooses among them, as it cannot compile.
+    ``edgetpu_encoder`` is an EdgeTPU-compiled twin of the encoder
+    (bundle.json ``edgetpu_encoder``), or None; ``encoder`` itself may be
+    compiled (a compiled-only bundle): ``cpu_encoder`` and
+    ``compiled_encoder`` say which the bundle has.
     """
 
     root: Path
@@ -146,6 +150,20 @@ class Bundle:
     plans: Dict[str, Path] = field(default_factory=dict)
     weights: str = "trained"
     candidates: Dict[str, Tuple[Path, ...]] = field(default_factory=dict)
+    edgetpu_encoder: Optional[Path] = None
+    edgetpu_encoder_model: Optional[ModelFile] = None
+
+    @property
+    def cpu_encoder(self) -> Optional[ModelFile]:
+        """The encoder a CPU runs, or None for a compiled-only bundle."""
+        return None if self.encoder_model.edgetpu else self.encoder_model
+
+    @property
+    def compiled_encoder(self) -> Optional[ModelFile]:
+        """The EdgeTPU-compiled encoder (``edgetpu_encoder``, or a compiled ``encoder``), or None."""
+        if self.edgetpu_encoder_model is not None:
+            return self.edgetpu_encoder_model
+        return self.encoder_model if self.encoder_model.edgetpu else None
 
     def detokenize(self, ids: List[int]) -> str:
         """Returns the sentence for token ids, dropping special tokens."""
@@ -206,6 +224,8 @@ class _BundleDoc(msgspec.Struct):
     tokens: _TokensDoc
     name: Optional[schema.Name] = None
     reference_encoder: Optional[schema.Name] = None
+    # The EdgeTPU-compiled twin of `encoder` (edgetpu_compiler's output).
+    edgetpu_encoder: Optional[schema.Name] = None
     # Only "trained" captions mean anything; paper-scale bundles built with
     # random weights exist to measure speed and exactness.
     weights: Literal["trained", "imagenet", "random"] = "trained"
@@ -274,6 +294,35 @@ def _open_model(path: Path) -> Tuple[ModelFile, Any]:
         raise BundleError(f"{path}: the TFLite interpreter refused the model ({first}); re-export it") from None
 
 
+def _open_step_model(path: Path, field: str) -> Tuple[ModelFile, Any]:
+    """Opens an RNN step model; they run on the CPU, so a compiled one is refused."""
+    model, interp = _open_model(path)
+    if model.edgetpu:
+        raise BundleError(f"{path}: field '{field}' names an EdgeTPU-compiled model, but the RNN step "
+                          "models run on the CPU: name the model as exported, before edgetpu_compiler")
+    return model, interp
+
+
+def _check_twin(json_path: Path, cpu: ModelFile, compiled: ModelFile) -> None:
+    """Checks that the compiled encoder takes and gives what the CPU encoder does."""
+    if not compiled.edgetpu:
+        raise BundleError(f"{compiled.path}: field 'edgetpu_encoder' of {json_path} names a model "
+                          "edgetpu_compiler did not compile (no edgetpu-custom-op): compile the "
+                          "encoder with edgetpu_compiler and name its _edgetpu.tflite output")
+    if cpu.edgetpu:
+        raise BundleError(f"{json_path}: fields 'encoder' and 'edgetpu_encoder' both name "
+                          "EdgeTPU-compiled models: name the CPU model (before edgetpu_compiler) in 'encoder'")
+    for kind, mine, theirs in (("input", cpu.inputs, compiled.inputs), ("output", cpu.outputs, compiled.outputs)):
+        a = [(t.shape, t.dtype, t.quantization) for t in mine]
+        b = [(t.shape, t.dtype, t.quantization) for t in theirs]
+        if a != b:
+            def says(ts: Any) -> str:
+                return ", ".join(f"{t.dtype}{list(t.shape)} scale {t.scale:g} zero point {t.zero_point}"
+                                 for t in ts)
+            raise BundleError(f"{compiled.path}: {kind} is {says(theirs)} but the encoder's is {says(mine)}: "
+                              "compile 'edgetpu_encoder' from the bundle's own encoder")
+
+
 def _signature_io(path: Path, interp: Any, expected: Tuple[set, set]) -> Tuple[dict, dict]:
     """Returns (inputs, outputs) details of a step model keyed by signature names."""
     sigs = interp.get_signature_list()
@@ -339,6 +388,7 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
 
     encoder = _file(json_path, "encoder", doc.encoder)
     reference = _file(json_path, "reference_encoder", doc.reference_encoder)
+    twin = _file(json_path, "edgetpu_encoder", doc.edgetpu_encoder)
     es_path = _file(json_path, "rnn.encoder_step", doc.rnn.encoder_step)
     ds_path = _file(json_path, "rnn.decoder_step", doc.rnn.decoder_step)
     vocab_path = _file(json_path, "vocab", doc.vocab)
@@ -360,6 +410,10 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
                           "give the start and the end of a caption different ids")
 
     enc, _ = _open_model(encoder)
+    twin_model = None
+    if twin is not None:
+        twin_model, _ = _open_model(twin)
+        _check_twin(json_path, enc, twin_model)
     if reference is not None:
         # Opened only when asked for (--reference-encoder), but checked now: a
         # bad file must fail here, not after a run has started.
@@ -382,13 +436,13 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         raise BundleError(f"{json_path}: field 'feature_size' is {feature_size} but {encoder.name} "
                           f"outputs {_size(enc_out.shape)} features: make them agree")
 
-    es_model, es_interp = _open_model(es_path)
+    es_model, es_interp = _open_step_model(es_path, "rnn.encoder_step")
     es_in, es_out = _signature_io(es_path, es_interp, _ENCODER_STEP_IO)
     if _size(es_in["feature"]["shape"]) != feature_size:
         raise BundleError(
             f"{es_path}: RNN input 'feature' has {_size(es_in['feature']['shape'])} values but "
             f"the encoder outputs {feature_size} (feature_size): retrain or re-export one of them")
-    ds_model, ds_interp = _open_model(ds_path)
+    ds_model, ds_interp = _open_step_model(ds_path, "rnn.decoder_step")
     ds_in, ds_out = _signature_io(ds_path, ds_interp, _DECODER_STEP_IO)
     for path_, io in ((es_path, es_in), (es_path, es_out), (ds_path, ds_in), (ds_path, ds_out)):
         for key in ("h", "c", "h_out", "c_out"):
@@ -422,4 +476,6 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         plans=_bundled_plans(root.resolve()),
         candidates=_bundled_candidates(root.resolve()),
         weights=doc.weights,
+        edgetpu_encoder=twin,
+        edgetpu_encoder_model=twin_model,
     )

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, Iterator, List, Mapp
 
 import numpy as np
 
-from edgecap import devices, faults, planner, stages
+from edgecap import devices, emulation, faults, planner, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
 from edgecap.events import Event, EventRule, EventTracker
 from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
@@ -134,7 +134,7 @@ class _CnnStage:
                 pace_ms=run.pace_ms, deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
         else:
             self._runner = stages.open_stage(run.stage, run.worker, num_threads=run.threads,
-                                             timing_only=not run.compute, pace_ms=run.pace_ms)
+                                             timing_only=not run.compute, pace_ms=run.pace_ms, bus=run.bus)
         self._device = str(run.worker)
         self._tpu = run.worker.kind in TPU_KINDS
         self._isolated = run.isolate
@@ -233,6 +233,8 @@ class _RnnStep:
         self._scale, self._zero_point = quantization
         self._pace_s = pace_ms / 1000.0
         self._pacer = stages.Pacer() if pace_ms else None
+        # The emulated board's CPU may run at another speed than profiled (edgecap.emulation).
+        self._cpu_truth = emulation.current().get("cpu") if pace_ms else None
         self._run: Optional[Run] = None
         self._streams: Dict[Optional[Hashable], _StreamWindows] = {}
 
@@ -264,7 +266,8 @@ class _RnnStep:
             if self._rnn is not None:
                 win.state = self._rnn.step(feature, win.state)
             if self._pacer is not None:
-                self._pacer.wait_until(ts + self._pace_s)
+                speed = 1.0 if self._cpu_truth is None else emulation.speed_now(self._cpu_truth, "cpu", ts)
+                self._pacer.wait_until(ts + self._pace_s / speed)
             win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
             win.stage_ms["preprocess"] += job.ms["preprocess"]
             win.stage_ms["cnn"] += job.ms["cnn"]
@@ -351,6 +354,8 @@ class EdgeCaptioner:
         pending = faults.current()
         if pending:
             pending.check(planner.board_tpus(choice))
+        if choice.emulated:
+            emulation.current()  # a malformed truth is refused here, not by a worker opening its stage
         model_in, model_out = choice.plan.inputs[0], choice.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
         self._output_quantization = model_out.quantization

@@ -41,6 +41,7 @@ BATCH = int_in(1, MAX_QUEUE)
 BEAM = int_in(1, MAX_BEAM)
 MAX_CLIPS = 1_000_000  # eval --limit
 MAX_BENCH_FRAMES = 1_000_000  # bench --frames: a run, not a soak (tools/soak.py)
+MAX_ADAPT_SECONDS = 3600.0  # bench --adapt --seconds: an hour per truth is past any table
 MAX_TPUS = 8  # compile --tpus: no board carries more EdgeTPUs
 MAX_SRAM = 1 << 30  # compile --sram, bytes per TPU: an EdgeTPU has 8 MiB
 RUNTIME_VERSIONS = (10, 99)  # compile --min-runtime-version: edgetpu_compiler -m knows 10 and up
@@ -184,10 +185,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from edgecap.bundle import load_bundle
 
+    from edgecap.compiled_encoder import describe
+
     b = load_bundle(args.bundle or default_bundle())
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
           f"{b.feature_size} features, vocabulary {len(b.vocab)}, window {b.window.frames} "
-          f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps")
+          f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps, {describe(b)}")
     return 0
 
 
@@ -341,6 +344,8 @@ def _add_history(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.adapt or args.truth is not None or args.truth_table:
+        return _cmd_bench_adapt(args)
     from edgecap import bench
 
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
@@ -369,6 +374,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    args.plot)
         if trace.is_file():
             plot_timeline(trace, timeline)
+    return 0
+
+
+def _cmd_bench_adapt(args: argparse.Namespace) -> int:
+    from edgecap import truth_bench
+    from edgecap.bundle import load_bundle
+
+    if not args.adapt:
+        raise EdgecapError("--truth and --truth-table are options of --adapt; add --adapt")
+    if (args.truth is None) == (not args.truth_table):
+        raise EdgecapError("--adapt runs one truth or the table: pass --truth SPEC or --truth-table")
+    if "," in args.board:
+        raise EdgecapError(f"--board {args.board}: --adapt emulates one board; name one, e.g. devboard-usb")
+    if args.json is not None:
+        check_output(args.json, "--json")
+    bundle = load_bundle(args.bundle or default_bundle())
+    truths = truth_bench.truth_table(args.board) if args.truth_table else [(args.truth, "")]
+    truth_bench.bench_adapt(bundle, truths, args.board, args.seconds, args.clips, args.json,
+                            table=args.truth_table)
     return 0
 
 
@@ -415,6 +439,15 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    "timeline (default: PLOT-timeline.png)")
     p.add_argument("--trace", type=Path,
                    help="write the Chrome trace of the pipelined board run here")
+    p.add_argument("--adapt", action="store_true",
+                   help="instead: stream on the emulated --board under a hidden truth and compare its fps "
+                        "with the best plan under the true costs (docs/emulation.md; modelled)")
+    p.add_argument("--truth", help="with --adapt: the board's truth, as EDGECAP_EMULATE takes it, "
+                                   "e.g. 'emu-tpu:0=speed:0.5' ('' is the profile)")
+    p.add_argument("--truth-table", action="store_true",
+                   help="with --adapt: run every truth of edgecap/data/truths.json for --board")
+    p.add_argument("--seconds", type=float_in(1.0, MAX_ADAPT_SECONDS), default=10.0,
+                   help="with --adapt: seconds each truth streams (default 10)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -517,6 +550,49 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd_compile)
 
 
+def _cmd_plan_import(args: argparse.Namespace) -> int:
+    from edgecap import coral_pipeline
+
+    check_output(args.out, "-o", directory=True)
+    board = _compiler("boards").load_board(args.board)
+    prices = [coral_pipeline.TpuPrice(t.invoke_overhead_ms, t.link_bytes_per_s, t.sram_bytes, t.link)
+              for t in board.tpus]
+    if not prices:
+        raise EdgecapError(f"--board {args.board}: the profile has no EdgeTPU to price the segments on; "
+                           "name a board with EdgeTPUs (devboard, devboard-usb, rpi4-2usb)")
+    compute = None
+    if args.source is not None:
+        work = _compiler("segment_work")
+
+        def compute(segments):
+            return work.compute_ms(args.source, board, [
+                ([(t.name, t.shape) for t in s.model.inputs], [(t.name, t.shape) for t in s.model.outputs],
+                 s.cpu_ops)
+                for s in segments], [s.path.name for s in segments])
+    plan = coral_pipeline.import_pipeline([Path(p) for p in args.segments], Path(args.out), board.name,
+                                          board.version, prices, compute)
+    print(f"wrote {plan.path}: {len(plan.active_stages)} compiled segment(s) of {plan.model_file} "
+          f"priced on {plan.board}")
+    print(coral_pipeline.describe(plan))
+    return 0
+
+
+def _add_plan(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="plan_command", metavar="COMMAND", required=True)
+    i = sub.add_parser(
+        "import", help="turn Coral's *_segment_K_of_N_edgetpu.tflite files into a plan",
+        description="Check that edgetpu_compiler --num_segments N output chains (tensor names, shapes, "
+                    "quantization) and write plan.json with the segments to OUT_DIR: segment K on tpu:K, "
+                    "tensors that skip a segment forwarded. Times are modelled (docs/plan.md).")
+    i.add_argument("segments", nargs="+", help="SEG_0 ... SEG_N-1, in order")
+    i.add_argument("-o", "--out", required=True, help="output folder")
+    i.add_argument("--board", default="rpi4-2usb",
+                   help="board profile whose EdgeTPU figures price the segments (default rpi4-2usb)")
+    i.add_argument("--source", help="the model the segments were compiled from: prices each segment's "
+                                    "operators (MACs) too; without it the times have no compute term")
+    i.set_defaults(func=_cmd_plan_import)
+
+
 def _add_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help="int8 .tflite models or bundle dirs to time")
     p.add_argument("--board", required=True, help="board profile the device belongs to")
@@ -548,8 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_window_args(p)
     p.set_defaults(func=_cmd_caption)
 
-    p = sub.add_parser("camera", help="caption a live camera, e.g. /dev/video0 or 0")
-    p.add_argument("source", help="camera device path or index")
+    p = sub.add_parser("camera", help="caption a live camera, e.g. /dev/video0, 0 or rtsp://host/stream")
+    p.add_argument("source", help="camera device path, index (0 to 9999) or network stream URL "
+                                  "(rtsp, rtmp, http, https, udp, tcp, srt)")
     _add_window_args(p)
     p.set_defaults(func=_cmd_caption)
 
@@ -599,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Split an int8 TFLite CNN (or a bundle's encoder) into EdgeTPU segments and "
                     "a CPU tail balanced for pipelined throughput; write the segments and "
                     "plan.json to OUT_DIR."))
+    _add_plan(sub.add_parser("plan", help="work with plans: import Coral's pipelined segments"))
     _add_calibrate(sub.add_parser(
         "calibrate", help="fit a board profile's cost model to measured segment timings",
         description="Time random segments of the given models on a device and fit its cost "

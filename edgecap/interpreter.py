@@ -167,6 +167,27 @@ def make_cpu_interpreter(
     return interp
 
 
+def describe_interpreter(model: bytes) -> Any:
+    """Creates an interpreter that is never allocated, to read a model's tensors and ops.
+
+    An EdgeTPU-compiled model cannot be allocated on the CPU (its
+    ``edgetpu-custom-op`` has no CPU kernel), but its boundary tensors, their
+    quantization and its operators can still be read.
+
+    Args:
+      model: The model's bytes, already verified (``tflite_verify``).
+
+    Returns:
+      An unallocated ``Interpreter``: never invoke it.
+
+    Raises:
+      ValueError: If the backend cannot parse the model.
+    """
+    tfl = _require_backend()
+    with _filtered_native_stderr():
+        return tfl.Interpreter(model_content=bytes(model))
+
+
 def load_delegate(library: str, options: Optional[dict] = None, backend: Optional[str] = None) -> Any:
     """Loads a TFLite external delegate (libedgetpu).
 

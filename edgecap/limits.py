@@ -18,3 +18,13 @@ MAX_BEAM = 64
 # The default width, greedy: on the models measured a wider beam did not caption
 # better (docs/beam-bench.json; docs/runtime.md, Beam search).
 DEFAULT_BEAM = 1
+# An emulated device's speed factor ($EDGECAP_EMULATE speed:F): past 100x either
+# way a pace is a typo (a 0.001 factor would make a 1 ms invoke take a second).
+MIN_EMULATED_SPEED = 0.01
+MAX_EMULATED_SPEED = 100.0
+# Seconds before an emulated device throttles (throttle:Ts): a day is past any run.
+MAX_THROTTLE_S = 86_400.0
+# Camera indices: OpenCV adds a backend's number to an index (CAP_V4L2 + 1 is
+# 201), and its largest backend numbers are below 3000; -1 ("any camera")
+# crashes inside OpenCV 5.
+MAX_CAMERA_INDEX = 9_999

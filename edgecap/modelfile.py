@@ -15,7 +15,7 @@ from typing import Any, Dict, Tuple, Type
 
 from edgecap import files, trial_invoke
 from edgecap.errors import BundleError, EdgecapError
-from edgecap.interpreter import make_cpu_interpreter
+from edgecap.interpreter import describe_interpreter, make_cpu_interpreter
 from edgecap.tflite_verify import verify_tflite
 
 
@@ -65,6 +65,8 @@ class ModelFile:
       ops: Operators of its main subgraph (delegate nodes not counted).
       inputs: Its input tensors.
       outputs: Its output tensors.
+      edgetpu: True when edgetpu_compiler compiled it: only an EdgeTPU runs it
+        (its ``edgetpu-custom-op`` has no CPU kernel).
     """
 
     path: Path
@@ -72,6 +74,7 @@ class ModelFile:
     ops: int
     inputs: Tuple[TensorSpec, ...]
     outputs: Tuple[TensorSpec, ...]
+    edgetpu: bool = False
 
 
 def open_model(path: "str | os.PathLike[str]",
@@ -84,6 +87,8 @@ def open_model(path: "str | os.PathLike[str]",
 
     Returns:
       ``(ModelFile, interpreter)``; the interpreter is for the caller's checks.
+      An EdgeTPU-compiled model's interpreter is read but not allocated (its
+      custom op has no CPU kernel; ``ModelFile.edgetpu`` says so): never invoke it.
 
     Raises:
       EdgecapError: ``error``, if the file cannot be read (missing, not a regular
@@ -95,10 +100,11 @@ def open_model(path: "str | os.PathLike[str]",
     data = files.read_bytes(path, what="model", fix="re-export it", kind="model", error=error)
     # Not every interpreter verifies what it parses (ai-edge-litert 1.4 and
     # tflite_runtime crash on a truncated file): refuse it first.
-    verify_tflite(data, str(path), error=error)
-    # What the verifier cannot see would crash this process: a child invokes it first.
-    trial_invoke.check(data, path, error=error)
-    interp = make_cpu_interpreter(data)
+    compiled = verify_tflite(data, str(path), error=error).edgetpu_compiled
+    if not compiled:  # a compiled model is only described here, never allocated on the CPU
+        # What the verifier cannot see would crash this process: a child invokes it first.
+        trial_invoke.check(data, path, error=error)
+    interp = describe_interpreter(data) if compiled else make_cpu_interpreter(data)
     # The model's own nodes come first; the delegates the backend applied are appended.
     ops = sum(1 for op in interp._get_ops_details() if op["op_name"] != "DELEGATE")
     model = ModelFile(
@@ -107,5 +113,6 @@ def open_model(path: "str | os.PathLike[str]",
         ops=ops,
         inputs=tuple(TensorSpec.from_details(d) for d in interp.get_input_details()),
         outputs=tuple(TensorSpec.from_details(d) for d in interp.get_output_details()),
+        edgetpu=compiled,
     )
     return model, interp

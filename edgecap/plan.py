@@ -436,6 +436,9 @@ def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
             model, _ = open_model(model, error=PlanError)
         except (ValueError, RuntimeError, OSError) as exc:
             raise PlanError(f"{model}: not a TFLite model ({exc}); check the bundle's encoder") from None
+    if model.edgetpu:
+        raise PlanError(f"{model.path}: EdgeTPU-compiled (edgetpu-custom-op), so it cannot run on the CPU: "
+                        "run it on an EdgeTPU, or use the model it was compiled from")
     stage = Stage(
         index=0,
         spec=DeviceSpec("cpu"),
@@ -662,7 +665,9 @@ def _check_tpus(stages: List[Stage], board: _BoardDoc, where: str) -> None:
     limit = MAX_TPUS if board.tpus is None else board.tpus
     for s in stages:
         floats = [t.name for t in (*s.inputs, *s.outputs) if t.dtype == "float32"]
-        if s.spec.kind != "cpu" and not s.empty and floats:
+        # A compiled segment may read or write floats through the ops edgetpu_compiler left on the CPU.
+        on_cpu = s.edgetpu is not None and s.edgetpu.compiled and s.edgetpu.cpu_ops
+        if s.spec.kind != "cpu" and not s.empty and floats and not on_cpu:
             raise PlanError(f"{where}: stages[{s.index}] on {s.device} has float32 tensor {floats[0]!r}: "
                             "an EdgeTPU runs only int8-quantized segments; compile a full-integer "
                             "(int8) model with `edgecap compile`")
@@ -698,10 +703,17 @@ def _check_order(stages: List[Stage], where: str) -> None:
 def _check_chain(stages: List[Stage], where: str) -> None:
     active = [s for s in stages if not s.empty]
     for prev, cur in zip(active, active[1:]):
-        available = {t.name for t in prev.outputs}
+        available = {t.name: t for t in prev.outputs}
         missing = [t.name for t in cur.inputs if t.name not in available]
         if missing:
             raise PlanError(
                 f"{where}: stages[{cur.index}] reads {', '.join(map(repr, missing))} which stages[{prev.index}] "
                 "does not output; boundary tensors must keep their names"
             )
+        for t in cur.inputs:
+            wrote = available[t.name]
+            if (t.shape, t.dtype, t.quantization) != (wrote.shape, wrote.dtype, wrote.quantization):
+                raise PlanError(
+                    f"{where}: stages[{cur.index}] reads {t.name!r} as {t.dtype}{list(t.shape)} scale {t.scale:g} "
+                    f"zero point {t.zero_point}, stages[{prev.index}] writes {wrote.dtype}{list(wrote.shape)} "
+                    f"scale {wrote.scale:g} zero point {wrote.zero_point}; {_FIX}")

@@ -30,14 +30,14 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap import devices, faults, isolation
+from edgecap import compiled_encoder, devices, faults, isolation
 from edgecap.bundle import Bundle, WindowSpec
 from edgecap.devices import DeviceSpec, Hardware, parse_device
 from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
 from edgecap.failover import load_recovery
 from edgecap.modelfile import open_model
 from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
-from edgecap.plan import Plan, Stage, check_segments, load_plan, single_cpu_plan
+from edgecap.plan import Bus, Plan, Stage, check_segments, load_plan, single_cpu_plan
 from edgecap.windows import windows_per_frame
 
 # Kinds of worker that are EdgeTPUs: a real one, or one emulated on the CPU.
@@ -70,6 +70,8 @@ class StageRun:
         hung (the watchdog's, and an isolated worker's kill); None: no watch.
       first_deadline_s: The first invoke's deadline (a delegate loads the
         segment's parameters then).
+      bus: The plan bus the stage's link shares (``cost.bus``), or None; an
+        emulated stage paces its link bytes on that bus's clock.
     """
 
     stage: Stage
@@ -80,6 +82,7 @@ class StageRun:
     isolate: bool = False
     deadline_s: Optional[float] = None
     first_deadline_s: Optional[float] = None
+    bus: Optional[Bus] = None
 
     @property
     def name(self) -> str:
@@ -285,10 +288,12 @@ def _pick_auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, ha
             return _settle(bundle, options, plan, how="auto", board=board,
                            reason=f"plan for {board}: {_tpus(plan)} on {hardware.describe()}", **settle)
     if not bundle.plans:
-        return _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
-                       reason=f"the bundle carries no compiled plan; whole encoder on the CPU "
+        whole = compiled_encoder.encoder_plan(bundle, attached)
+        on_tpu = compiled_encoder.on_tpu(whole)
+        return _settle(bundle, options, whole, how="auto",
+                       reason=f"the bundle carries no compiled plan; {compiled_encoder.where(whole)} "
                               f"({hardware.describe()})",
-                       fallback=None if not attached else "no-plan-for-board", **settle)
+                       fallback=None if not attached or on_tpu else "no-plan-for-board", **settle)
     missing = (f"{hardware.describe()}: "
                + ("; ".join(f"plan {b}: {w}" for b, w in skipped) or f"no plan for {target or 'this board'}"))
     if options.on_missing_tpu == "fail":
@@ -299,8 +304,9 @@ def _pick_auto(bundle: Bundle, options: CaptionerOptions, window: WindowSpec, ha
         board, plan = max(usable, key=lambda bp: _rank(bp[1]))
         return _settle(bundle, options, plan, how="auto", board=board, fallback=slug,
                        reason=f"{missing}; using plan {board} ({_tpus(plan)})", **settle)
-    return _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
-                   fallback=slug, reason=f"{missing}; whole encoder on the CPU", **settle)
+    whole = compiled_encoder.encoder_plan(bundle, attached)
+    return _settle(bundle, options, whole, how="auto", fallback=slug,
+                   reason=f"{missing}; {compiled_encoder.where(whole)}", **settle)
 
 
 def cpu_instead(bundle: Bundle, options: CaptionerOptions, start: Choice, error: EdgecapError) -> Optional[Choice]:
@@ -321,7 +327,7 @@ def cpu_instead(bundle: Bundle, options: CaptionerOptions, start: Choice, error:
     """
     if start.how != "auto" or not start.board or options.on_missing_tpu != "cpu":
         return None
-    choice = _settle(bundle, options, single_cpu_plan(bundle.encoder_model), how="auto",
+    choice = _settle(bundle, options, compiled_encoder.cpu_plan(bundle), how="auto",
                      reason=f"{error}; whole encoder on the CPU", fallback="tpu-open-failed",
                      attached=0, skipped=start.skipped)
     _log.warning("edgecap: %s", choice.reason)
@@ -369,7 +375,7 @@ def choose_after(bundle: Bundle, options: CaptionerOptions, start: Choice, faile
 
         try:
             planned = (plan_for_board(bundle, board, tpus=len(left), window=options.window(bundle.window))
-                       if left else single_cpu_plan(bundle.encoder_model))
+                       if left else compiled_encoder.cpu_plan(bundle))
             return _onto(bundle, options, planned, left, "compiler",
                          f"{lost} failed: re-partitioned for {board} on {len(left)} EdgeTPU(s)")
         except EdgecapError as exc:  # not installed, or the board refused
@@ -605,10 +611,12 @@ def _stage_run(stage: Stage, worker: DeviceSpec, plan: Plan, options: CaptionerO
         # injected abort or segfault must strike a worker process, not this one.
         isolate = (isolation.SUPPORTED and worker.kind == "tpu") or faults.current().crashes(str(worker))
     deadline, first = deadlines(stage, worker, options)
+    bus_name = stage.cost.bus if stage.cost is not None else None
+    bus = next((b for b in plan.buses if b.name == bus_name), None)
     return StageRun(stage=stage, worker=worker, threads=threads, pace_ms=pace_ms,
                     compute=not (options.timing_only and pace_ms is not None),
                     isolate=bool(isolate) and tpu,  # a CPU stage has no delegate to abort
-                    deadline_s=deadline, first_deadline_s=first)
+                    deadline_s=deadline, first_deadline_s=first, bus=bus)
 
 
 def _onto(bundle: Bundle, options: CaptionerOptions, plan: Plan, left: Sequence[DeviceSpec], how: str,

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import errno
+import logging
+import math
 import os
+import re
 import stat
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, List, Optional, Union
 
 import numpy as np
 
@@ -21,8 +24,12 @@ import numpy as np
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
 import cv2  # noqa: E402
 
+from edgecap import containers  # noqa: E402
 from edgecap.errors import SourceError  # noqa: E402
+from edgecap.limits import MAX_CAMERA_INDEX  # noqa: E402
 from edgecap.preprocess import as_bgr  # noqa: E402
+
+_log = logging.getLogger("edgecap")
 
 if "OPENCV_LOG_LEVEL" not in os.environ:
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
@@ -30,6 +37,24 @@ if "OPENCV_LOG_LEVEL" not in os.environ:
 # Reads tried after a failed one to tell a damaged stretch (the decoder resumes)
 # from the end of the stream.
 _RESYNC_READS = 8
+# Frames larger than this (long side, pixels) are scaled down as they are read:
+# the model sees a few hundred pixels, and an 8K frame held in a queue is 100 MB.
+MAX_FRAME_SIDE = 1920
+# Above 4K UHD a frame-threaded decoder holds a frame per thread: decode on one.
+_HUGE_PIXELS = 3840 * 2160
+# A container rate outside this is a missing or broken header, not a camera's.
+_MAX_FPS = 100_000.0
+# The rate assumed when neither the container nor the timestamps give one.
+_DEFAULT_FPS = 30.0
+# Frame intervals further apart than this ratio make a variable-rate clip.
+_VFR_RATIO = 1.5
+# A container's frame count past this is a placeholder (a piped AVI says 2**30).
+_MAX_FRAME_COUNT = 100_000_000
+# Network streams OpenCV's FFmpeg backend opens by URL.
+STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "tcp", "srt")
+_URL = re.compile(r"^(%s)://" % "|".join(STREAM_SCHEMES), re.IGNORECASE)
+# A network stream that does not answer within this is reported, not waited on.
+STREAM_TIMEOUT_MS = 10_000
 
 SourceLike = Union[str, int, "os.PathLike[str]", Iterable[np.ndarray]]
 
@@ -111,8 +136,42 @@ def _check_openable(path: Path) -> None:
                           f"{fix}") from None
 
 
+def _fit(image: np.ndarray) -> np.ndarray:
+    """Returns the image scaled down so its long side is at most ``MAX_FRAME_SIDE``."""
+    h, w = image.shape[:2]
+    if max(h, w) <= MAX_FRAME_SIDE:
+        return image
+    scale = MAX_FRAME_SIDE / max(h, w)
+    return cv2.resize(image, (max(1, round(w * scale)), max(1, round(h * scale))),
+                      interpolation=cv2.INTER_AREA)
+
+
+def _open_capture(source: str) -> Any:
+    """Opens a video file; frames past 4K UHD are decoded on one thread.
+
+    A frame-threaded decoder holds a frame per thread (an 8K frame is 50 MB
+    before conversion), so the file is opened on one thread first, which
+    learns the size at little cost, and reopened on all of them when its
+    frames are smaller.
+    """
+    cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
+    if cap.isOpened():
+        w, h = cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT)
+        if w * h > _HUGE_PIXELS:
+            return cap
+        cap.release()
+    return cv2.VideoCapture(source)
+
+
 class VideoFileSource(FrameSource):
-    """Every frame of a video file, in order."""
+    """Every frame of a video file, in order, each at its own timestamp.
+
+    Timestamps are the container's, frame by frame (variable-rate clips from
+    phones included), made to start at 0; ``fps`` is the container's nominal
+    rate, or one estimated from the timestamps when the header's is missing or
+    absurd. Frames larger than ``MAX_FRAME_SIDE`` are scaled down as read, and
+    rotation metadata is applied (OpenCV turns the frames upright).
+    """
 
     def __init__(self, path: Path):
         super().__init__()
@@ -124,44 +183,97 @@ class VideoFileSource(FrameSource):
         if not os.access(path, os.R_OK):  # else OpenCV would call it "not a video"
             raise SourceError(f"{path}: permission denied: make it readable (chmod a+r) or "
                               "run as a user who may read it")
-        self._cap = cv2.VideoCapture(str(path))
+        self._path = path
+        self._cap = _open_capture(str(path))
         ok, first = self._cap.read() if self._cap.isOpened() else (False, None)
         if not ok:
             self._cap.release()
             _check_openable(path)  # OpenCV says "not a video" for any open that fails
+            hurt = containers.damage(path)
+            if hurt is not None:
+                raise SourceError(f"{path}: {hurt.what}, and no frame can be read from it: "
+                                  "replace the file, or recover it (untrunc, with a good file "
+                                  "from the same camera)")
             raise SourceError(f"{path}: not a video OpenCV can decode: pass a video file "
                               "such as .mp4 or .avi")
         self._first: Optional[np.ndarray] = first
+        self._first_ms = self._position_ms()
         fps = self._cap.get(cv2.CAP_PROP_FPS)
-        # Some containers report 0 or absurd rates; timestamps then assume 30 fps.
-        self.fps = fps if 0 < fps < 1000 else 30.0
-        # The container's own count (0 when it has none): a read failing before it is damage.
-        self.frame_count = max(0, int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT)))
+        # Placeholders (0, a piped AVI's 2**30) count for nothing.
+        count = self._cap.get(cv2.CAP_PROP_FRAME_COUNT)
+        self.frame_count = int(count) if math.isfinite(count) and 0 < count < _MAX_FRAME_COUNT else 0
+        self.fps = fps if math.isfinite(fps) and 0 < fps <= _MAX_FPS else self._estimate_fps()
+        self.variable_rate = False
+
+    def _position_ms(self) -> Optional[float]:
+        ms = self._cap.get(cv2.CAP_PROP_POS_MSEC)
+        return ms if math.isfinite(ms) and ms >= 0 else None
+
+    def _estimate_fps(self) -> float:
+        # A second capture decodes a few frames, only for a file whose header has no usable rate.
+        probe = cv2.VideoCapture(str(self._path))
+        stamps: List[float] = []
+        try:
+            while len(stamps) < 16 and probe.grab():
+                ms = probe.get(cv2.CAP_PROP_POS_MSEC)
+                if math.isfinite(ms):
+                    stamps.append(ms)
+        finally:
+            probe.release()
+        steps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
+        return 1000.0 / float(np.median(steps)) if steps else _DEFAULT_FPS
 
     def __iter__(self) -> Iterator[Frame]:
         """Yields every frame, then raises ``SourceError`` if decoding stopped before the end.
 
         Raises:
           SourceError: If a read failed before the last frame the container
-            lists, or the decoder resumed after a failed read (a damaged
-            stretch): the frames before it have been yielded.
+            lists, the decoder resumed after a failed read (a damaged stretch),
+            or the container was cut off (``containers.damage``): the frames
+            before it have been yielded.
         """
         index, image = 0, self._first
         self._first = None
+        origin = self._first_ms or 0.0
+        t = previous = 0.0
+        shortest = longest = None
         while image is not None:
-            yield Frame(index, index / self.fps, image)
-            ok, image = self._cap.read()
-            image = image if ok else None
+            fitted = _fit(image)
+            yield Frame(index, t, fitted)
+            # A frame scaled down was copied: its full-size buffer takes the next read
+            # (an 8K frame is 100 MB); one passed on as read must not be overwritten.
+            ok, image = self._cap.read(image if fitted is not image else None)
             index += 1
+            if not ok:
+                break
+            ms = self._position_ms()
+            # A missing or backwards timestamp (a broken stream) steps on at the nominal rate.
+            stamped = None if ms is None else (ms - origin) / 1000.0
+            t = stamped if stamped is not None and stamped > previous else previous + 1.0 / self.fps
+            step, previous = t - previous, t
+            shortest = step if shortest is None else min(shortest, step)
+            longest = step if longest is None else max(longest, step)
+            if not self.variable_rate and longest > _VFR_RATIO * shortest:
+                self.variable_rate = True
+                _log.warning("edgecap: %s: variable frame rate (%.3g to %.3g fps so far): windows "
+                             "are timed by each frame's own timestamp", self.name, 1 / longest,
+                             1 / shortest)
         # Frames past the damage are not decoded: windows would silently span the gap.
-        at = f"frame {index} ({index / self.fps:.2f} s)"
+        at = f"frame {index} ({t + 1.0 / self.fps:.2f} s)"
         fix = ("windows before it are captioned, none after: re-encode or replace the file "
                "(ffmpeg -i IN -c:v libx264 OUT.mp4)")
         if any(self._cap.grab() for _ in range(_RESYNC_READS)):
             raise SourceError(f"{self.name}: damaged at {at}: decoding stopped there after "
                               f"{index} frames" + (f" of {self.frame_count}" if self.frame_count
                                                    else "") + f"; {fix}")
-        if index < self.frame_count:
+        hurt = containers.damage(self._path)
+        if hurt is not None and hurt.cut:
+            raise SourceError(f"{self.name}: {hurt.what}: the recording ends at {at}; {fix}")
+        if hurt is not None:
+            _log.warning("edgecap: %s: %s: its %d frames were read whole, but a recording cut "
+                         "off between two frames cannot be told from a finished one", self.name,
+                         hurt.what, index)
+        elif index < self.frame_count:
             raise SourceError(f"{self.name}: ended at {at}, but the file lists "
                               f"{self.frame_count} frames: it is truncated or damaged; {fix}")
 
@@ -177,6 +289,11 @@ class CameraSource(FrameSource):
     thread owns the capture and releases it when it ends, so ``close()`` never
     waits longer than ``CLOSE_TIMEOUT_S`` on a read that hangs (an unplugged
     V4L2 camera) and never releases the capture under a read.
+
+    A network stream URL (``is_stream_url``) is read the same way, through
+    OpenCV's FFmpeg backend with open and read timeouts (``STREAM_TIMEOUT_MS``);
+    its frames are scaled down like a file's, and its password never appears
+    in a message (``redact``).
     """
 
     live = True
@@ -184,13 +301,26 @@ class CameraSource(FrameSource):
 
     def __init__(self, device: Union[int, str]):
         super().__init__()
-        self.name = f"camera {device}"
-        if isinstance(device, str) and not os.path.exists(device):
+        url = isinstance(device, str) and is_stream_url(device)
+        self.name = redact(device) if url else f"camera {device}"
+        if isinstance(device, int):
+            check_camera_index(device)
+        elif not url and not os.path.exists(device):
             raise SourceError(f"{self.name}: no such device: check the path (ls /dev/video*) "
                               "and that the camera is plugged in")
-        self._cap = cv2.VideoCapture(device)
+        if url:
+            # Without the timeouts a host that does not answer blocks the open for minutes.
+            self._cap = cv2.VideoCapture(device, cv2.CAP_FFMPEG, [
+                cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, STREAM_TIMEOUT_MS,
+                cv2.CAP_PROP_READ_TIMEOUT_MSEC, STREAM_TIMEOUT_MS])
+        else:
+            self._cap = cv2.VideoCapture(device)
         if not self._cap.isOpened():
             self._cap.release()
+            if url:
+                raise SourceError(f"{self.name}: cannot open the stream within "
+                                  f"{STREAM_TIMEOUT_MS // 1000} s: check the address, the port "
+                                  "and that the stream is up (ffprobe URL)")
             # On Linux, V4L2 opens index N (below 100: higher ones name a backend) as /dev/videoN.
             if (isinstance(device, int) and 0 <= device < 100 and sys.platform.startswith("linux")
                     and not os.path.exists(f"/dev/video{device}")):
@@ -198,6 +328,8 @@ class CameraSource(FrameSource):
                                   "ls /dev/video* and that the camera is plugged in")
             raise SourceError(f"{self.name}: cannot be opened: check that it is a camera and "
                               "that no other process holds it")
+        # A stream's frames can be any size; a camera's are what it was set to.
+        self._fit = _fit if url else None
         self._cond = threading.Condition()
         self._latest: Optional[Frame] = None
         self._ended = False
@@ -220,7 +352,8 @@ class CameraSource(FrameSource):
                 with self._cond:
                     if self._latest is not None:
                         self.dropped += 1
-                    self._latest = Frame(index, now - self._t0, image)
+                    self._latest = Frame(index, now - self._t0,
+                                         image if self._fit is None else self._fit(image))
                     self._cond.notify()
                 index += 1
         except cv2.error as exc:
@@ -248,6 +381,28 @@ class CameraSource(FrameSource):
         self._thread.join(timeout=self.CLOSE_TIMEOUT_S)
 
 
+def is_stream_url(text: str) -> bool:
+    """True for a network stream URL OpenCV's FFmpeg backend opens (``rtsp://``, ``http://``, ...)."""
+    return bool(_URL.match(text))
+
+
+def redact(url: str) -> str:
+    """Returns a URL with its password (``user:secret@``) replaced, for messages and logs."""
+    return re.sub(r"^([a-z]+://[^/@:]*):[^/@]*@", r"\1:***@", url, flags=re.IGNORECASE)
+
+
+def check_camera_index(index: int) -> None:
+    """Refuses a camera index OpenCV must not see.
+
+    Raises:
+      SourceError: If ``index`` is negative (OpenCV's "any camera", which
+        crashes inside OpenCV 5) or past ``limits.MAX_CAMERA_INDEX``.
+    """
+    if not 0 <= index <= MAX_CAMERA_INDEX:
+        raise SourceError(f"camera {index}: not a camera index (0 to {MAX_CAMERA_INDEX}): pass "
+                          "the camera's number, e.g. 0 for /dev/video0, or its device path")
+
+
 def is_camera_path(text: str) -> bool:
     """True for a camera device: a /dev/video path or any character device."""
     if text.startswith("/dev/video"):
@@ -263,7 +418,9 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
 
     Args:
       source: A video file path; a camera as a device path (``/dev/video0``) or
-        index (``0``, or ``"0"`` when no file of that name exists); or frames:
+        index (``0``, or ``"0"`` when no file of that name exists); a network
+        stream URL (``rtsp://``, ``http://`` ...: ``STREAM_SCHEMES``), read as
+        a camera; or frames:
         a ``[T,H,W,C]`` array or an iterable of uint8 images (BGR, gray or
         BGRA, any size; see ``preprocess.as_bgr``).
       fps: Rate of in-memory frames (ignored for files and cameras).
@@ -283,8 +440,10 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
         return CameraSource(source)
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
+        if isinstance(source, str) and is_stream_url(text):  # a Path would fold its "//"
+            return CameraSource(text)
         # A video file named like a number ("2024") is that file, not camera 2024.
-        if text.isdigit() and not os.path.isfile(text):
+        if text.lstrip("-").isdigit() and not os.path.isfile(text):
             return CameraSource(int(text))
         if is_camera_path(text):
             return CameraSource(text)

@@ -7,7 +7,8 @@ run the stage, which then owns its interpreter. Which devices exist is ``edgecap
 An emulated EdgeTPU (``emu-tpu:N``) runs its segment on the CPU (outputs
 exact) and paces every invoke to the stage's ``predicted_ms``, so a pipeline
 behaves as on the board; in timing-only mode it computes nothing and outputs
-zeros.
+zeros. Under a truth (``$EDGECAP_EMULATE``, ``edgecap.emulation``) or behind
+a shared bus it paces to what the truth makes of the stage's cost parts.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
-from edgecap import edgetpu_runtime, files, interpreter, trial_invoke
+from edgecap import edgetpu_runtime, emulation, files, interpreter, trial_invoke
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, EdgecapError, PlanError, RunCancelled
 from edgecap.modelfile import TensorSpec
-from edgecap.plan import Stage
+from edgecap.plan import Bus, Stage
 from edgecap.tflite_verify import verify_tflite
 from edgecap.scheduler import sleep_until
 
@@ -51,19 +52,22 @@ class SegmentRunner:
 
     isolated = False
 
-    def __init__(self, stage: Stage, io: Optional[interpreter.TensorIO], pace_ms: Optional[float] = None) -> None:
+    def __init__(self, stage: Stage, io: Optional[interpreter.TensorIO], pace_ms: Optional[float] = None,
+                 pace: Optional[emulation.Pace] = None) -> None:
         """Wraps a stage's segment.
 
         Args:
           stage: The plan stage.
           io: Its allocated interpreter's tensors by name; None outputs zeros (timing only).
           pace_ms: Pace every call to this many milliseconds; None runs unpaced.
+          pace: Pace every call to the truth's price of it instead (``emulation.pace``).
         """
         self._io = io
         self._names = [t.name for t in stage.outputs]
         self._zeros = {t.name: np.zeros(t.shape, dtype=t.dtype) for t in stage.outputs} if io is None else {}
         self._pace_s = None if pace_ms is None else pace_ms / 1000.0
-        self._pacer = None if pace_ms is None else Pacer()
+        self._pace = pace
+        self._pacer = None if pace_ms is None and pace is None else Pacer()
         self._closed = False
         self._label = f"stage {stage.index}"
 
@@ -73,7 +77,9 @@ class SegmentRunner:
         start = time.perf_counter()
         out = self._zeros if self._io is None else self._io(tensors)
         result = {name: out[name] if name in out else tensors[name] for name in self._names}
-        if self._pacer is not None:
+        if self._pace is not None:
+            self._pacer.wait_until(self._pace.deadline(start))
+        elif self._pacer is not None:
             self._pacer.wait_until(start + self._pace_s)
         return result
 
@@ -153,6 +159,7 @@ def open_stage(
     num_threads: int = 1,
     timing_only: bool = False,
     pace_ms: Optional[float] = None,
+    bus: Optional[Bus] = None,
 ) -> SegmentRunner:
     """Opens a plan stage on a device, in-process; call it in the thread that will run it.
 
@@ -166,13 +173,18 @@ def open_stage(
       timing_only: A paced stage computes nothing and outputs zeros.
       pace_ms: Pace every invoke to this many ms. On ``emu-tpu:N`` the
         default is the stage's ``predicted_ms``: an emulated EdgeTPU is its
-        segment run on the CPU at the board's predicted pace.
+        segment run on the CPU at the board's predicted pace. A paced
+        ``emu-tpu:N`` or ``cpu`` stage follows ``$EDGECAP_EMULATE``'s truth
+        (``edgecap.emulation``) where it names the device.
+      bus: The plan bus (``Plan.buses``) the stage's ``cost.bus`` names: an
+        emulated stage's link bytes take time on its shared clock.
 
     Returns:
       The ``SegmentRunner``: the tensors it reads in, its ``outputs`` out.
 
     Raises:
-      ConfigError: If an emulated device is to run a stage with no ``predicted_ms``.
+      ConfigError: If an emulated device is to run a stage with no ``predicted_ms``,
+        or ``$EDGECAP_EMULATE`` is malformed.
       PlanError: If the segment file is corrupt or does not match the stage, or a real
         EdgeTPU is to run a segment edgetpu_compiler did not compile.
       EdgecapError: If no EdgeTPU runtime or device can be opened.
@@ -189,17 +201,22 @@ def open_stage(
             )
         pace_ms = stage.predicted_ms
     paced = pace_ms is not None
+    truth_pace = emulation.pace(stage, spec, pace_ms, bus) if paced else None
     opened = stage.compiled_segment if spec.kind == "tpu" else stage.segment
     if opened is not None and not (timing_only and paced):
         # Not every interpreter verifies what it parses (ai-edge-litert 1.4,
         # tflite_runtime, libedgetpu's): a corrupt segment would crash it.
         fix = "re-run `edgecap compile` to rewrite the plan's segments"
         data = files.read_bytes(opened, what="segment", fix=fix, kind="model", error=PlanError)
-        verify_tflite(data, str(opened), error=PlanError, fix=fix)
+        if verify_tflite(data, str(opened), error=PlanError, fix=fix).edgetpu_compiled and spec.kind != "tpu":
+            raise PlanError(
+                f"stage {stage.index} on {spec}: {opened.name} is EdgeTPU-compiled (its edgetpu-custom-op "
+                "cannot run on a CPU): an emulated run of it is timing-only (paced to predicted_ms, "
+                "outputs zeros); run timing-only, or on a real EdgeTPU")
         if spec.kind != "tpu":  # a segment the verifier passes may still crash a kernel: a child runs it first
             trial_invoke.check(data, opened, error=PlanError, fix=fix)
     if timing_only and paced:
-        return SegmentRunner(stage, None, pace_ms)
+        return SegmentRunner(stage, None, pace_ms, truth_pace)
     if spec.kind == "tpu":
         if stage.compiled_segment is None:
             # libedgetpu would run an uncompiled segment's every op on the CPU, silently.
@@ -208,7 +225,8 @@ def open_stage(
                 "edgetpu_compiler; install it and re-run `edgecap compile`, or run on emu-tpu:N"
             )
         return SegmentRunner(stage, _open_edgetpu(spec, stage), pace_ms)
-    return SegmentRunner(stage, _bind(interpreter.make_cpu_interpreter(stage.segment, num_threads), stage), pace_ms)
+    return SegmentRunner(stage, _bind(interpreter.make_cpu_interpreter(stage.segment, num_threads), stage), pace_ms,
+                         truth_pace)
 
 
 def load_edgetpu_delegate(spec: DeviceSpec, model: "str | Path | None" = None,

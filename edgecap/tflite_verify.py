@@ -22,6 +22,8 @@ from edgecap import operator_rules
 from edgecap.errors import BundleError, EdgecapError
 
 IDENTIFIER = b"TFL3"
+# The custom op edgetpu_compiler puts in a compiled model: only libedgetpu's delegate runs it.
+EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 
 # Model, SubGraph, Tensor, ... field slots, as numbered in tensorflow/lite/schema/schema.fbs.
 _MODEL_OPCODES, _MODEL_SUBGRAPHS, _MODEL_DESCRIPTION, _MODEL_BUFFERS = 1, 2, 3, 4
@@ -63,10 +65,16 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """The main subgraph's boundary, as the flatbuffer declares it."""
+    """The main subgraph's boundary, as the flatbuffer declares it, and its custom op codes."""
 
     inputs: Tuple[TensorInfo, ...]
     outputs: Tuple[TensorInfo, ...]
+    custom_ops: Tuple[str, ...] = ()
+
+    @property
+    def edgetpu_compiled(self) -> bool:
+        """True when edgetpu_compiler compiled the model: it runs only through libedgetpu."""
+        return EDGETPU_CUSTOM_OP in self.custom_ops
 
 
 class _Corrupt(Exception):
@@ -231,8 +239,11 @@ def _verify(w: _Walker) -> ModelInfo:
     model = w.table(w.offset(0, "root offset"), "model")
     codes = w.tables(model, _MODEL_OPCODES, "operator_codes")
     builtins = []
+    custom = []
     for i, code in enumerate(codes):
-        w.string(code, _OPCODE_CUSTOM, f"operator_codes[{i}].custom_code")
+        name = w.string(code, _OPCODE_CUSTOM, f"operator_codes[{i}].custom_code")
+        if name:
+            custom.append(name)
         # As the schema's readers: the larger of the old int8 field and the new int32 one.
         builtins.append(max(w.scalar(code, _OPCODE_DEPRECATED_BUILTIN, "<b", 0, f"operator_codes[{i}]"),
                             w.scalar(code, _OPCODE_BUILTIN, "<i", 0, f"operator_codes[{i}]")))
@@ -275,7 +286,7 @@ def _verify(w: _Walker) -> ModelInfo:
     # Newer layouts' external buffer tables: checked as tables only.
     w.tables(model, _MODEL_EXTERNAL_GROUPS, "external_buffer_groups")
     w.tables(model, _MODEL_EXTERNAL_BUFFERS, "external_buffers")
-    return main  # type: ignore[return-value]  # there is a subgraph (checked above)
+    return ModelInfo(main.inputs, main.outputs, tuple(custom))  # type: ignore[union-attr]  # a subgraph exists
 
 
 def _buffer_size(w: _Walker, b: _Table) -> int:

@@ -61,6 +61,12 @@ FAST_TESTS: Dict[str, List[str]] = {
                         "test_the_host_rules_reason_gives_both_schedules_times",
                         "test_a_plan_must_be_the_bundles_encoders"],
     "test_bad_input_cli.py": ["test_compile_out_folder_in_a_bad_place"],
+    # The truth's grammar, one paced slowdown, the bus, the oracle (about a second in all).
+    "test_emulation.py": ["test_the_issues_example_parses_device_by_device",
+                          "test_a_malformed_truth_is_one_line_naming_the_part_and_the_grammar",
+                          "test_a_stage_slowed_to_half_speed_takes_twice_as_long",
+                          "test_two_stages_on_one_bus_together_move_no_more_than_its_rate"],
+    "test_truth_bench.py": ["test_the_oracle_moves_work_off_a_slowed_tpu", "test_fps_timeline_and_seconds_to_95"],
     # The history's main paths in well under a second each (no CLI children, no kill -9 trials).
     "test_history.py": ["test_events_are_written_once_per_batch_and_found_newest_first",
                         "test_the_query_is_quoted_words_of_the_text_column",
@@ -71,6 +77,10 @@ FAST_TESTS: Dict[str, List[str]] = {
                         "test_bad_history_keys_are_one_line_errors_naming_the_key"],
     "test_bad_media.py": ["test_a_clip_damaged_in_the_middle_says_where_it_stopped",
                           "test_an_intact_clip_ends_without_an_error"],
+    # Videos as they come: timestamps, a cut-off file, indices OpenCV must not see.
+    "test_video_sources.py": ["test_a_variable_rate_clip_is_timed_by_each_frames_own_timestamp",
+                              "test_a_cut_off_avi_gives_its_frames_then_one_line",
+                              "test_camera_indices_opencv_must_not_see_are_refused_first"],
     "test_bad_plan.py": ["test_a_tpu_index_the_board_lacks", "test_a_segment_symlinked_out_of_the_directory"],
     "test_bench.py": ["test_null_stage_overhead_is_measured", "test_bound_charges_the_rnn_step_once_per_open_window",
                       "test_board_name_plans_on_the_fly_with_emulated_tpus", "test_unknown_board_is_a_one_line_error"],
@@ -124,6 +134,12 @@ FAST_TESTS: Dict[str, List[str]] = {
     "test_trace.py": ["test_slices_from_many_threads_are_all_kept_under_the_budget"],
     "test_window_state.py": ["test_back_to_back_windows_caption_their_own_clip",
                              "test_a_second_stream_starts_from_no_open_window"],
+    # Compiled encoders and Coral's imported pipelines, in process (well under a second in all).
+    "test_compiled_encoder.py": ["test_a_compiled_only_bundle_loads_where_it_was_refused_as_corrupt",
+                                 "test_with_a_tpu_the_compiled_encoder_runs_on_it_and_without_one_the_cpu_twin",
+                                 "test_a_compiled_only_bundle_on_a_cpu_only_host_is_refused_in_one_line"],
+    "test_coral_pipeline.py": ["test_a_three_segment_pipeline_becomes_a_plan_with_the_skipping_tensor_forwarded",
+                               "test_an_imported_plan_runs_emulated_timing_only_and_says_so_otherwise"],
     # The child's first invoke refusing a real crash (1.4 s: it starts the checker process).
     "test_trial_invoke.py": ["test_a_model_that_crashes_the_interpreter_is_refused_in_one_line"],
     "test_real_models.py": ["test_several_uint8_inputs_and_outputs_chain_bit_exact"],

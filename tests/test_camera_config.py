@@ -83,5 +83,7 @@ def test_what_counts_as_a_device(tmp_path, monkeypatch):
     assert is_device_source("/dev/video0") and is_device_source("0")
     assert is_device_source("/dev/v4l/by-path/platform-xhci-usb-0:1:1.0-video-index0")
     assert not is_device_source("clip.mp4") and not is_device_source(str(tmp_path))
+    # A network stream may be down when the service starts, as a camera may be unplugged.
+    assert is_device_source("rtsp://cam.local/live") and is_device_source("http://10.0.0.2/video.mjpg")
     (tmp_path / "2024").write_bytes(b"")
     assert not is_device_source("2024")  # a file named like an index is that file

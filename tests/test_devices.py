@@ -349,7 +349,7 @@ def _edited_stage(tmp_path: Path, edit, index: int = 0):
     path.write_text(json.dumps(doc))
     # load_plan refuses such a plan itself (tests/test_bad_plan.py); open_stage's own
     # check, which covers plans built in memory, is what these tests are about.
-    with mock.patch("edgecap.plan._check_files"):
+    with mock.patch("edgecap.plan._check_files"), mock.patch("edgecap.plan._check_chain"):
         return load_plan(path).stages[index]
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 import cv2
 
 from edgecap.errors import EdgecapError
-from edgecap.sources import (CameraSource, Frame, FrameSource, is_camera_path, open_source,
+from edgecap.sources import (CameraSource, Frame, FrameSource, is_camera_path, is_stream_url, open_source,
                              sample)
 
 STARTING, ONLINE, OFFLINE = "starting", "online", "offline"
@@ -133,8 +133,8 @@ def is_device_source(text: str) -> bool:
     """True if a camera source names a device rather than a video file.
 
     A device (``/dev/video0``, a udev link under ``/dev/v4l/``, an index) may
-    be unplugged when the service starts and plugged in later: the feed waits
-    for it. A file has no such excuse, so ``check_file_source`` checks it at
+    be unplugged when the service starts and plugged in later, and a network
+    stream (``rtsp://...``) may be down: the feed waits for it. A file has no such excuse, so ``check_file_source`` checks it at
     start.
 
     Args:
@@ -147,7 +147,7 @@ def is_device_source(text: str) -> bool:
     # A video file named like a number ("2024") is that file, not camera 2024.
     if text.isdigit():
         return not os.path.isfile(text)
-    return text.startswith("/dev/") or is_camera_path(text)
+    return text.startswith("/dev/") or is_camera_path(text) or is_stream_url(text)
 
 
 def check_file_source(text: str) -> None:
@@ -177,7 +177,7 @@ def open_camera(spec: CameraSpec) -> FrameSource:
       SourceError: If the camera or file cannot be opened.
     """
     text = spec.source
-    if not is_device_source(text):
+    if not is_device_source(text) or is_stream_url(text):
         return open_source(text)
     return TunedCameraSource(int(text) if text.isdigit() else text, capture_properties(spec))
 
