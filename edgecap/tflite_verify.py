@@ -339,7 +339,9 @@ def _verify_operator(w: _Walker, op: _Table, builtins: List[int],
     for slot, kind in ((_OP_INPUTS, "inputs"), (_OP_OUTPUTS, "outputs"), (_OP_INTERMEDIATES, "intermediates")):
         indices = w.ints(op, slot, kind)
         for index in indices:
-            if index != -1:  # -1: an optional tensor left out (the operator rules say where)
+            # -1: an optional input left out (the operator rules say where); an intermediate is
+            # never optional (an LSTM reads each one it lists).
+            if index != -1 or slot == _OP_INTERMEDIATES:
                 _in_range(index, n_tensors, kind, "tensors")
         io.append(indices)
     problem = operator_rules.check_operator(builtins[opcode], io[0], io[1], tensor_types)

@@ -183,3 +183,14 @@ def test_a_custom_name_beside_a_listed_builtin_code_is_checked_as_that_builtin()
     code = schema.Model.GetRootAsModel(data, 0).OperatorCodes(0)
     data[code._tab.Pos + code._tab.Offset(4)] = schema.BuiltinOperator.FULLY_CONNECTED
     assert "operators[0].FULLY_CONNECTED has 5 outputs; its kernel takes 1 to 2" in _refused(bytes(data))
+
+
+def test_an_intermediate_left_out_is_refused() -> None:
+    # The fuzzer's find: an LSTM intermediate set to -1 read garbage, crashing TFLite only sometimes
+    # (so a child's first invoke could pass it).
+    data = bytearray((REAL / "keras_lstm_mnist_ptq.tflite").read_bytes())
+    op = _first(bytes(data), schema.BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM)
+    pos = op._tab.Vector(op._tab.Offset(20)) + 4 * 4  # Operator.intermediates[4]
+    data[pos:pos + 4] = (-1).to_bytes(4, "little", signed=True)
+    with pytest.raises(BundleError, match=r"operators\[1\]\.intermediates: index -1 out of range"):
+        verify_tflite(bytes(data), "m.tflite")
