@@ -118,3 +118,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path) -> None:
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.strip() == (f"python tools/real_files.py: error: --mirror {tmp_path / 'none'}: no such "
                                   "directory; pass a clone or bare mirror of google-coral/test_data")
+
+
+MIRROR = Path("/work/.mirror/google-coral+test_data/repo")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="google-coral/test_data mirror not present")
+def test_coral_deeplab_compiled_imports_with_its_int64_argmax_output(tmp_path) -> None:
+    # Found by tools/real_files.py: `plan import` died in a msgspec traceback on this file.
+    from edgecap.plan import load_plan
+
+    model = tmp_path / "deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite"
+    model.write_bytes(subprocess.run(["git", "-C", str(MIRROR), "show", f"HEAD:{model.name}"], check=True,
+                                     capture_output=True, timeout=60).stdout)
+    run = subprocess.run([sys.executable, "-c", real_files._EDGECAP, "plan", "import", str(model),
+                          "--board", "devboard", "-o", str(tmp_path / "plan")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    plan = load_plan(tmp_path / "plan")
+    assert [(t.name, t.dtype) for t in plan.outputs] == [("ArgMax", "int64")]
