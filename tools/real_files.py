@@ -524,7 +524,9 @@ def markdown(files: Sequence[RealFile], sets: Sequence[Dict[str, Any]], counts: 
         "(edgecap.modelfile.open_model, as `validate` and the captioner open a bundle's model), `invoke` "
         "(a CPU model allocated and invoked once, zeros in), `compile` (`edgecap compile MODEL --board "
         f"{about['board']} -o OUT`), `plan import` (`edgecap plan import`, with `--source` where the model "
-        "it was compiled from is here). Plan figures are modelled (the cost model), not measured.",
+        "it was compiled from is here). Plan figures are modelled (the cost model), not measured. `compile` "
+        "refusing an EdgeTPU-compiled file or segment is the expected answer (it splits a model before "
+        "compiling it); every other refusal is listed for review under Reasons.",
         "",
         "## Tally",
         "",
@@ -547,11 +549,11 @@ def markdown(files: Sequence[RealFile], sets: Sequence[Dict[str, Any]], counts: 
                      f"file(s): {r['reason']}" + (f" — {', '.join(r['files'])}" if r["count"] <= 6 else ""))
     lines += [
         "", f"## Files ({len(run)} run)", "",
-        "| file | KiB | kind | inputs | outputs | encoder-shaped | " + " | ".join(STEPS) + " |",
+        "| file | bytes | kind | inputs | outputs | encoder-shaped | " + " | ".join(STEPS) + " |",
         "|---|---:|---|---|---|---|" + "---|" * len(STEPS),
     ]
     for f in run:
-        lines.append(f"| `{f.name}` | {f.size / 1024:.0f} | {f.kind} | {_io(f.inputs)} | {_io(f.outputs)} | "
+        lines.append(f"| `{f.name}` | {f.size:,} | {f.kind} | {_io(f.inputs)} | {_io(f.outputs)} | "
                      f"{'yes' if f.encoder_shaped else 'no'} | "
                      + " | ".join(_cell(f.steps.get(s), refs, s, f) for s in STEPS) + " |")
     if sets:
