@@ -56,7 +56,7 @@ from edgecap_compile.boards import load_board
 from edgecap_compile.compiler import compile_model, rnn_step_ms
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.errors import CompileError
-from edgecap_compile.graph import read_graph
+from edgecap_compile.graph import Tensor, read_graph
 from edgecap_compile.keras_zoo import ARCHITECTURES, cache_dir, model_path
 from edgecap_compile.partitioner import (Partition, balanced_tpu_split, equal_param_split,
                                          exhaustive, partition, whole_on_one_tpu)
@@ -99,9 +99,21 @@ def _run(model: str, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     return {d["name"]: interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()}
 
 
+def random_input(rng: np.random.Generator, tensor: Tensor) -> np.ndarray:
+    """Returns a random value of a model input's own type and shape (any integer of its
+    range, standard normal floats, random booleans)."""
+    dtype = np.dtype(tensor.dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=tensor.shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, int(info.max) + 1, size=tensor.shape, dtype=dtype)
+    return rng.standard_normal(size=tensor.shape).astype(dtype)
+
+
 def chain_matches(model: Path, plan_dir: Path, inputs: int = 3) -> bool:
-    """Runs a compiled plan's segments in order, tensors passed by name, on random int8
-    inputs, and compares the model outputs with the whole model's and every boundary
+    """Runs a compiled plan's segments in order, tensors passed by name, on random
+    inputs (each model input its own type: Coral's are uint8), and compares the model outputs with the whole model's and every boundary
     tensor with the whole graph's run in one interpreter (with random weights a
     softmax output can be the same for every input, so the outputs alone prove little)."""
     plan = json.loads(files.read_regular(plan_dir / "plan.json", "json")[0])
@@ -110,11 +122,9 @@ def chain_matches(model: Path, plan_dir: Path, inputs: int = 3) -> bool:
     boundaries = sorted({index[t["name"]] for s in plan["stages"] for t in s["outputs"]
                          if graph.producer[index[t["name"]]] >= 0})
     reference = build_segment(graph, 0, len(graph.ops), extra_outputs=boundaries)
-    graph_input = graph.tensors[graph.inputs[0]]
     rng = np.random.default_rng(0)
     for _ in range(inputs):
-        feeds = {graph_input.name: rng.integers(-128, 128, size=graph_input.shape,
-                                                dtype=np.int8)}
+        feeds = {graph.tensors[i].name: random_input(rng, graph.tensors[i]) for i in graph.inputs}
         expected = {**_run(str(model), feeds), **_run(reference, feeds)}
         env = dict(feeds)
         for stage in plan["stages"]:

@@ -47,7 +47,8 @@ class Tensor:
       scale: Quantization scale (the first one for per-channel tensors), or None.
       zero_point: Quantization zero point, or None.
       nbytes: Size in bytes.
-      constant: Whether the model stores its value (a parameter).
+      constant: Whether the model stores its value (a parameter) or the tensor is a
+        variable (state its op keeps; it stays in the op's segment).
     """
 
     index: int
@@ -181,14 +182,17 @@ def _tensor(model: schema.ModelT, index: int, tensor: schema.TensorT) -> Tensor:
         itemsize = 4  # Exotic types (resource, variant, int4): a word is a safe guess.
     shape = _shape(tensor)
     buffer = model.buffers[tensor.buffer] if tensor.buffer else None
-    constant = buffer is not None and buffer.data is not None and len(buffer.data) > 0
+    stored = buffer is not None and buffer.data is not None and len(buffer.data) > 0
+    # A variable (an LSTM's state) is kept by its op between invokes: it travels
+    # with the op's segment like a parameter, never across a cut.
+    constant = stored or bool(tensor.isVariable)
     quant = tensor.quantization
     scale = zero_point = None
     if quant is not None and quant.scale is not None and len(quant.scale):
         scale = float(quant.scale[0])
         zero_point = int(quant.zeroPoint[0]) if quant.zeroPoint is not None else 0
     name = tensor.name.decode("utf-8", "replace") if tensor.name else f"tensor_{index}"
-    nbytes = len(buffer.data) if constant else int(np.prod(shape, dtype=np.int64)) * itemsize
+    nbytes = len(buffer.data) if stored else int(np.prod(shape, dtype=np.int64)) * itemsize
     return Tensor(index, name, shape, dtype, scale, zero_point, nbytes, constant)
 
 
@@ -244,8 +248,10 @@ def read_graph(
     sub = model.subgraphs[0]
     tensors = [_tensor(model, i, t) for i, t in enumerate(sub.tensors or [])]
     inputs, outputs = tuple(sub.inputs or ()), tuple(sub.outputs or ())
+    # An LSTM's quantization intermediates carry only scales (shape [0] or []), never data.
+    intermediates = {int(i) for op in sub.operators or [] for i in (op.intermediates or ())}
     for t in tensors:
-        if not t.constant and any(d < 1 for d in t.shape) and t.shape:
+        if not t.constant and t.index not in intermediates and any(d < 1 for d in t.shape) and t.shape:
             raise CompileError(
                 f"{label}: tensor '{t.name}' has dynamic shape {list(t.shape)}; "
                 "export with a fixed input shape and batch size 1"
@@ -259,7 +265,7 @@ def read_graph(
                     "and output, representative dataset)"
                 )
         for t in tensors:
-            if not t.constant and t.dtype not in _INTEGER_ACTIVATIONS:
+            if not t.constant and t.index not in intermediates and t.dtype not in _INTEGER_ACTIVATIONS:
                 raise CompileError(
                     f"{label}: activation '{t.name}' is {t.dtype}; the EdgeTPU needs "
                     "full-integer quantization (every op int8)"

@@ -289,9 +289,9 @@ def _open_model(path: Path) -> Tuple[ModelFile, Any]:
     """
     try:
         return open_model(path)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, MemoryError) as e:  # MemoryError: the kernel's std::bad_alloc
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BundleError(f"{path}: corrupt or truncated TFLite model ({first}): re-export it") from None
+        raise BundleError(f"{path}: the TFLite interpreter refused the model ({first}); re-export it") from None
 
 
 def _open_step_model(path: Path, field: str) -> Tuple[ModelFile, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Tuple, Type
 
-from edgecap import files
+from edgecap import files, trial_invoke
 from edgecap.errors import BundleError, EdgecapError
 from edgecap.interpreter import describe_interpreter, make_cpu_interpreter
 from edgecap.tflite_verify import verify_tflite
@@ -92,14 +92,18 @@ def open_model(path: "str | os.PathLike[str]",
 
     Raises:
       EdgecapError: ``error``, if the file cannot be read (missing, not a regular
-        file, over ``edgecap.files``' bound, permission denied) or is not a whole,
-        consistent TFLite flatbuffer.
+        file, over ``edgecap.files``' bound, permission denied), is not a whole,
+        consistent TFLite flatbuffer, or crashes its first invoke in a child
+        process (``edgecap.trial_invoke``).
       ValueError, RuntimeError: If the interpreter rejects it.
     """
     data = files.read_bytes(path, what="model", fix="re-export it", kind="model", error=error)
     # Not every interpreter verifies what it parses (ai-edge-litert 1.4 and
     # tflite_runtime crash on a truncated file): refuse it first.
     compiled = verify_tflite(data, str(path), error=error).edgetpu_compiled
+    if not compiled:  # a compiled model is only described here, never allocated on the CPU
+        # What the verifier cannot see would crash this process: a child invokes it first.
+        trial_invoke.check(data, path, error=error)
     interp = describe_interpreter(data) if compiled else make_cpu_interpreter(data)
     # The model's own nodes come first; the delegates the backend applied are appended.
     ops = sum(1 for op in interp._get_ops_details() if op["op_name"] != "DELEGATE")

@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
-from edgecap import edgetpu_runtime, emulation, files, interpreter
+from edgecap import edgetpu_runtime, emulation, files, interpreter, trial_invoke
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, EdgecapError, PlanError, RunCancelled
 from edgecap.modelfile import TensorSpec
@@ -213,6 +213,8 @@ def open_stage(
                 f"stage {stage.index} on {spec}: {opened.name} is EdgeTPU-compiled (its edgetpu-custom-op "
                 "cannot run on a CPU): an emulated run of it is timing-only (paced to predicted_ms, "
                 "outputs zeros); run timing-only, or on a real EdgeTPU")
+        if spec.kind != "tpu":  # a segment the verifier passes may still crash a kernel: a child runs it first
+            trial_invoke.check(data, opened, error=PlanError, fix=fix)
     if timing_only and paced:
         return SegmentRunner(stage, None, pace_ms, truth_pace)
     if spec.kind == "tpu":

@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple, Type
 
+from edgecap import operator_rules
 from edgecap.errors import BundleError, EdgecapError
 
 IDENTIFIER = b"TFL3"
@@ -34,7 +35,7 @@ _TENSOR_SPARSITY, _TENSOR_SHAPE_SIGNATURE, _TENSOR_VARIANTS, _TENSOR_EXTERNAL = 
 _OP_OPCODE, _OP_INPUTS, _OP_OUTPUTS, _OP_OPTIONS_TYPE, _OP_OPTIONS = 0, 1, 2, 3, 4
 _OP_CUSTOM_OPTIONS, _OP_MUTATING, _OP_INTERMEDIATES = 5, 7, 8
 _OP_LARGE_OFFSET, _OP_LARGE_SIZE, _OP_OPTIONS2_TYPE, _OP_OPTIONS2 = 9, 10, 11, 12
-_OPCODE_CUSTOM = 1
+_OPCODE_DEPRECATED_BUILTIN, _OPCODE_CUSTOM, _OPCODE_BUILTIN = 0, 1, 3
 _BUFFER_DATA, _BUFFER_OFFSET, _BUFFER_SIZE = 0, 1, 2
 _QUANT_MIN, _QUANT_MAX, _QUANT_SCALE, _QUANT_ZERO_POINT, _QUANT_DETAILS = 0, 1, 2, 3, 5
 _METADATA_NAME, _METADATA_BUFFER = 0, 1
@@ -79,11 +80,19 @@ class ModelInfo:
 class _Corrupt(Exception):
     """What is wrong, without the file name (added once, at the top)."""
 
+    kind = "corrupt or truncated TFLite model"
+
+
+class _Invalid(_Corrupt):
+    """A whole flatbuffer whose operators or tensors no kernel would take (``edgecap.operator_rules``)."""
+
+    kind = "TFLite model its kernels cannot run"
+
 
 _U32 = struct.Struct("<I").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _U16X2 = struct.Struct("<HH").unpack_from
-_SCALARS = {fmt: struct.Struct(fmt) for fmt in ("<B", "<b", "<I", "<Q")}
+_SCALARS = {fmt: struct.Struct(fmt) for fmt in ("<B", "<b", "<I", "<i", "<Q")}
 
 
 @functools.lru_cache(maxsize=256)
@@ -223,17 +232,21 @@ def verify_tflite(data: bytes, where: str, *, error: Type[EdgecapError] = Bundle
     try:
         return _verify(_Walker(bytes(data)))
     except _Corrupt as exc:
-        raise error(f"{where}: corrupt or truncated TFLite model ({exc}); {fix}") from None
+        raise error(f"{where}: {exc.kind} ({exc}); {fix}") from None
 
 
 def _verify(w: _Walker) -> ModelInfo:
     model = w.table(w.offset(0, "root offset"), "model")
     codes = w.tables(model, _MODEL_OPCODES, "operator_codes")
+    builtins = []
     custom = []
     for i, code in enumerate(codes):
         name = w.string(code, _OPCODE_CUSTOM, f"operator_codes[{i}].custom_code")
         if name:
             custom.append(name)
+        # As the schema's readers: the larger of the old int8 field and the new int32 one.
+        builtins.append(max(w.scalar(code, _OPCODE_DEPRECATED_BUILTIN, "<b", 0, f"operator_codes[{i}]"),
+                            w.scalar(code, _OPCODE_BUILTIN, "<i", 0, f"operator_codes[{i}]")))
     w.string(model, _MODEL_DESCRIPTION, "description")
     buffer_sizes = []
     for i, b in enumerate(w.tables(model, _MODEL_BUFFERS, "buffers")):
@@ -248,12 +261,12 @@ def _verify(w: _Walker) -> ModelInfo:
     main: Optional[ModelInfo] = None
     for i, g in enumerate(subgraphs):
         try:
-            n, info = _verify_subgraph(w, g, len(codes), buffer_sizes)
+            n, info = _verify_subgraph(w, g, builtins, buffer_sizes)
             n_tensors.append(n)
             if main is None:
                 main = info
         except _Corrupt as exc:
-            raise _Corrupt(f"subgraphs[{i}].{exc}") from None
+            raise type(exc)(f"subgraphs[{i}].{exc}") from None
     for b in w.ints(model, _MODEL_METADATA_BUFFER, "metadata_buffer"):
         _in_range(b, len(buffer_sizes), "metadata_buffer", "buffers")
     for i, meta in enumerate(w.tables(model, _MODEL_METADATA, "metadata")):
@@ -289,7 +302,7 @@ def _buffer_size(w: _Walker, b: _Table) -> int:
     return length
 
 
-def _verify_subgraph(w: _Walker, g: _Table, n_codes: int,
+def _verify_subgraph(w: _Walker, g: _Table, builtins: List[int],
                      buffer_sizes: List[int]) -> Tuple[int, ModelInfo]:
     tensors = w.tables(g, _SUBGRAPH_TENSORS, "tensors")
     n = len(tensors)
@@ -298,7 +311,7 @@ def _verify_subgraph(w: _Walker, g: _Table, n_codes: int,
         try:
             infos.append(_verify_tensor(w, t, buffer_sizes))
         except _Corrupt as exc:
-            raise _Corrupt(f"tensors[{i}]{exc}") from None
+            raise type(exc)(f"tensors[{i}]{exc}") from None
     boundary = []
     for slot, kind in ((_SUBGRAPH_INPUTS, "inputs"), (_SUBGRAPH_OUTPUTS, "outputs")):
         indices = w.ints(g, slot, kind)
@@ -306,20 +319,30 @@ def _verify_subgraph(w: _Walker, g: _Table, n_codes: int,
             _in_range(index, n, kind, "tensors")
         boundary.append(tuple(infos[i] for i in indices))
     w.string(g, _SUBGRAPH_NAME, "name")
+    tensor_types = [(t.shape, t.dtype) for t in infos]
     for i, op in enumerate(w.tables(g, _SUBGRAPH_OPERATORS, "operators")):
         try:
-            _verify_operator(w, op, n_codes, n)
+            _verify_operator(w, op, builtins, tensor_types)
         except _Corrupt as exc:
-            raise _Corrupt(f"operators[{i}].{exc}") from None
+            raise type(exc)(f"operators[{i}].{exc}") from None
     return n, ModelInfo(boundary[0], boundary[1])
 
 
-def _verify_operator(w: _Walker, op: _Table, n_codes: int, n_tensors: int) -> None:
-    _in_range(w.scalar(op, _OP_OPCODE, "<I", 0, "opcode_index"), n_codes, "opcode_index", "operator_codes")
+def _verify_operator(w: _Walker, op: _Table, builtins: List[int],
+                     tensor_types: List[Tuple[Tuple[int, ...], str]]) -> None:
+    n_tensors = len(tensor_types)
+    opcode = w.scalar(op, _OP_OPCODE, "<I", 0, "opcode_index")
+    _in_range(opcode, len(builtins), "opcode_index", "operator_codes")
+    io = []
     for slot, kind in ((_OP_INPUTS, "inputs"), (_OP_OUTPUTS, "outputs"), (_OP_INTERMEDIATES, "intermediates")):
-        for index in w.ints(op, slot, kind):
-            if index != -1:  # -1: an optional tensor left out
+        indices = w.ints(op, slot, kind)
+        for index in indices:
+            if index != -1:  # -1: an optional tensor left out (the operator rules say where)
                 _in_range(index, n_tensors, kind, "tensors")
+        io.append(indices)
+    problem = operator_rules.check_operator(builtins[opcode], io[0], io[1], tensor_types)
+    if problem:
+        raise _Invalid(problem)
     for type_slot, slot, name in ((_OP_OPTIONS_TYPE, _OP_OPTIONS, "builtin_options"),
                                   (_OP_OPTIONS2_TYPE, _OP_OPTIONS2, "builtin_options_2")):
         if w.scalar(op, type_slot, "<B", 0, f"{name}_type"):
@@ -342,7 +365,9 @@ def _verify_tensor(w: _Walker, t: _Table, buffer_sizes: List[int]) -> TensorInfo
         shape = w.ints(t, _TENSOR_SHAPE, "shape")
         dtype = w.scalar(t, _TENSOR_TYPE, "<b", 0, "type")
         buffer = w.scalar(t, _TENSOR_BUFFER, "<I", 0, "buffer")
-        _in_range(buffer, len(buffer_sizes), "buffer", "buffers")
+        # Buffer 0 is the schema's empty sentinel: a model with no buffers at all may name it.
+        if buffer or buffer_sizes:
+            _in_range(buffer, len(buffer_sizes), "buffer", "buffers")
         quant = w.subtable(t, _TENSOR_QUANT, "quantization")
         if quant is not None:
             for slot, elem, kind in ((_QUANT_MIN, 4, "quantization.min"), (_QUANT_MAX, 4, "quantization.max"),
@@ -350,12 +375,20 @@ def _verify_tensor(w: _Walker, t: _Table, buffer_sizes: List[int]) -> TensorInfo
                                      (_QUANT_ZERO_POINT, 8, "quantization.zero_point")):
                 w.vector(quant, slot, elem, kind)
             w.subtable(quant, _QUANT_DETAILS, "quantization.details")
+            start, n = w.vector(quant, _QUANT_ZERO_POINT, 8, "quantization.zero_point")
+            problem = operator_rules.check_zero_points(_DTYPES.get(dtype, ""),
+                                                       _array("q", n)(w.data, start) if n else ())
+            if problem:
+                raise _Invalid(f"quantization.zero_point: {problem}")
         sparse = w.subtable(t, _TENSOR_SPARSITY, "sparsity")
         w.ints(t, _TENSOR_SHAPE_SIGNATURE, "shape_signature")
         w.tables(t, _TENSOR_VARIANTS, "variant_tensors")
         w.subtable(t, _TENSOR_EXTERNAL, "external_buffer")
-        have = buffer_sizes[buffer]
+        have = buffer_sizes[buffer] if buffer_sizes else 0
         itemsize = _ITEMSIZE.get(dtype)
+        problem = operator_rules.check_tensor(shape, itemsize)
+        if problem:
+            raise _Invalid(f"shape: {problem}")
         # A sparse tensor's data is its compressed form; only dense constants have a fixed size.
         if have and sparse is None and itemsize is not None and all(d >= 0 for d in shape):
             want = math.prod(shape) * itemsize
@@ -363,7 +396,7 @@ def _verify_tensor(w: _Walker, t: _Table, buffer_sizes: List[int]) -> TensorInfo
                 raise _Corrupt(f"buffer: buffer {buffer} holds {have} bytes, the tensor's shape "
                                f"{list(shape)} needs {want}")
     except _Corrupt as exc:
-        raise _Corrupt(f" ({name}).{exc}" if name else f".{exc}") from None
+        raise type(exc)(f" ({name}).{exc}" if name else f".{exc}") from None
     return TensorInfo(name or "", tuple(shape), _DTYPES.get(dtype, f"type{dtype}"))
 
 

@@ -140,4 +140,7 @@ FAST_TESTS: Dict[str, List[str]] = {
                                  "test_a_compiled_only_bundle_on_a_cpu_only_host_is_refused_in_one_line"],
     "test_coral_pipeline.py": ["test_a_three_segment_pipeline_becomes_a_plan_with_the_skipping_tensor_forwarded",
                                "test_an_imported_plan_runs_emulated_timing_only_and_says_so_otherwise"],
+    # The child's first invoke refusing a real crash (1.4 s: it starts the checker process).
+    "test_trial_invoke.py": ["test_a_model_that_crashes_the_interpreter_is_refused_in_one_line"],
+    "test_real_models.py": ["test_several_uint8_inputs_and_outputs_chain_bit_exact"],
 }
