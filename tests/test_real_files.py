@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,18 @@ def test_a_native_crash_a_hang_a_refusal_and_a_traceback_are_each_recorded(tmp_p
                             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
                             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)", timeout=3)
     assert hung.status == "timeout" and "3 s" in hung.detail
-    grandchild = int(pid_file.read_text())
-    assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
+    grandchild = Path(f"/proc/{pid_file.read_text()}/stat")
+
+    def alive() -> bool:
+        try:
+            return grandchild.read_text().split()[2] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10  # SIGKILL is delivered, not awaited: give the kernel a moment
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive()
 
     refused = _child(tmp_path, f"import sys; print('edgecap: warning', file=sys.stderr); "
                                f"print('edgecap: error: {tmp_path}/m.tflite: bad; re-export it', file=sys.stderr); "
@@ -85,9 +96,14 @@ def test_coral_files_run_through_every_step_that_applies(tmp_path) -> None:
     for name in ("split_concat.tflite", "split_concat_edgetpu.tflite"):
         shutil.copy(CORAL / name, repo / "tools" / name)
     _commit_all(repo)
+    data = tmp_path / "data"
+    shutil.copytree(CORAL, data / "coral")  # README naming the source, and copies of the same two files
+    (data / "own").mkdir()
+    shutil.copy(CORAL / "split_concat.tflite", data / "own" / "made_here.tflite")  # no README: not listed
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
 
-    assert real_files.main(["--mirror", str(repo), "--json", str(out_json), "--md", str(out_md)]) == 0
+    assert real_files.main(["--mirror", str(repo), "--tests-data", str(data), "--json", str(out_json),
+                            "--md", str(out_md)]) == 0
 
     report = json.loads(out_json.read_text())
     files = {f["path"]: f for f in report["files"]}
@@ -95,7 +111,7 @@ def test_coral_files_run_through_every_step_that_applies(tmp_path) -> None:
     # tests/data/coral holds copies of the same two files: listed, not run twice.
     assert {files[f"coral/{n}"]["same_as"] for n in ("split_concat.tflite", "split_concat_edgetpu.tflite")} == {
         "tools/split_concat.tflite", "tools/split_concat_edgetpu.tflite"}
-    assert not any(p.startswith("compile/") for p in files)  # edgecap's own fixtures: no README naming a source
+    assert not any(p.startswith("own/") for p in files)
     assert cpu["kind"] == "CPU" and compiled["kind"] == "EdgeTPU-compiled"
     assert (len(cpu["inputs"]), len(cpu["outputs"])) == (3, 5)  # as Coral's README says
     assert {t["dtype"] for t in cpu["inputs"]} == {"uint8"}

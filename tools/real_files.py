@@ -178,7 +178,7 @@ def tests_data_files(root: Path, known: Dict[str, str]) -> List[RealFile]:
     """Lists the ``.tflite`` files of every folder under ``root`` whose README names a source.
 
     Args:
-      root: tests/data.
+      root: tests/data, or another folder laid out alike.
       known: SHA-256 -> name of the files already listed: a copy is marked ``same_as``.
 
     Returns:
@@ -190,7 +190,8 @@ def tests_data_files(root: Path, known: Dict[str, str]) -> List[RealFile]:
             continue
         for model in sorted(readme.parent.glob("*.tflite")):
             data = model.read_bytes()
-            f = RealFile("tests/data", str(model.relative_to(root)), size=len(data),
+            origin = "tests/data" if root == TESTS_DATA else str(root)
+            f = RealFile(origin, str(model.relative_to(root)), size=len(data),
                          sha256=hashlib.sha256(data).hexdigest(), local=model)
             f.same_as = known.get(f.sha256, "")
             files.append(f)
@@ -583,7 +584,8 @@ def _about(args: argparse.Namespace, mirror_commit: str) -> Dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         rev = ""
     backends = ", ".join(f"{k} {v}" for k, v in available_backends().items() if v)
-    command = [PROG] + ([f"--mirror {args.mirror}"] if args.mirror else []) + [
+    command = [PROG] + ([f"--mirror {args.mirror}"] if args.mirror else []) + (
+        [f"--tests-data {args.tests_data}"] if args.tests_data != TESTS_DATA else []) + [
         f"--board {args.board}", f"--timeout {args.timeout:g}"] + (
         [f"--json {args.json}"] if args.json else []) + ([f"--md {args.md}"] if args.md else [])
     return {"command": " ".join(command), "when": datetime.datetime.now(datetime.timezone.utc).strftime(
@@ -603,6 +605,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--mirror", type=Path,
                         help=f"a clone or bare mirror of {CORAL} (without it: tests/data only)")
+    parser.add_argument("--tests-data", type=Path, default=TESTS_DATA,
+                        help="folder whose subfolders with a README naming a source hold third-party "
+                             "models (default: this checkout's tests/data)")
     parser.add_argument("--board", default="devboard", help="board profile for compile and plan import")
     parser.add_argument("--timeout", type=float_in(1.0, MAX_TIMEOUT_S), default=300.0,
                         help="seconds each step may take before its child is killed (default 300)")
@@ -616,13 +621,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for path, what in ((args.json, "--json"), (args.md, "--md")):
             if path is not None:
                 check_output(path, what)
+        if not args.tests_data.is_dir():
+            raise ConfigError(f"--tests-data {args.tests_data}: no such directory; pass a folder of "
+                              "model folders, each with a README naming its source")
         if args.mirror is not None and not args.mirror.is_dir():
             raise ConfigError(f"--mirror {args.mirror}: no such directory; pass a clone or bare mirror "
                               f"of {CORAL}")
         with tempfile.TemporaryDirectory(prefix="edgecap-real-files-") as tmp:
             work = Path(tmp)
             commit, files = mirror_files(args.mirror, work) if args.mirror else ("", [])
-            files += tests_data_files(TESTS_DATA, {f.sha256: f.name for f in files if f.sha256})
+            files += tests_data_files(args.tests_data, {f.sha256: f.name for f in files if f.sha256})
             if args.limit is not None:
                 keep = {id(f) for f in [f for f in files if not f.available and not f.same_as][:args.limit]}
                 files = [f for f in files if id(f) in keep]
