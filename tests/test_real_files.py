@@ -35,6 +35,7 @@ def test_a_native_crash_a_hang_a_refusal_and_a_traceback_are_each_recorded(tmp_p
                             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
                             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)", timeout=3)
     assert hung.status == "timeout" and "3 s" in hung.detail
+    assert hung.seconds < 30  # not held until the grandchild's sleep ends (it keeps the pipes open)
     grandchild = Path(f"/proc/{pid_file.read_text()}/stat")
 
     def alive() -> bool:
