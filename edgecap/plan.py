@@ -668,11 +668,13 @@ def _check_segment_io(info: ModelInfo, stage: Stage, here: str, fix: str) -> Non
 def _check_tpus(stages: List[Stage], board: _BoardDoc, where: str) -> None:
     limit = MAX_TPUS if board.tpus is None else board.tpus
     for s in stages:
-        floats = [t for t in (*s.inputs, *s.outputs) if t.dtype in ("float32", "int64")]
-        # A compiled segment may read or write floats through the ops edgetpu_compiler left on the CPU.
+        off_tpu = [t for t in (*s.inputs, *s.outputs) if t.dtype in ("float32", "int64")]
+        # A compiled segment may read or write floats (or ARG_MAX's int64) through the ops
+        # edgetpu_compiler left on the CPU.
         on_cpu = s.edgetpu is not None and s.edgetpu.compiled and s.edgetpu.cpu_ops
-        if s.spec.kind != "cpu" and not s.empty and floats and not on_cpu:
-            raise PlanError(f"{where}: stages[{s.index}] on {s.device} has {floats[0].dtype} tensor {floats[0].name!r}: "
+        if s.spec.kind != "cpu" and not s.empty and off_tpu and not on_cpu:
+            t = off_tpu[0]
+            raise PlanError(f"{where}: stages[{s.index}] on {s.device} has {t.dtype} tensor {t.name!r}: "
                             "an EdgeTPU runs only int8-quantized segments; compile a full-integer "
                             "(int8) model with `edgecap compile`")
         index = s.spec.index
