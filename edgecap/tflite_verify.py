@@ -36,6 +36,7 @@ _OP_OPCODE, _OP_INPUTS, _OP_OUTPUTS, _OP_OPTIONS_TYPE, _OP_OPTIONS = 0, 1, 2, 3,
 _OP_CUSTOM_OPTIONS, _OP_MUTATING, _OP_INTERMEDIATES = 5, 7, 8
 _OP_LARGE_OFFSET, _OP_LARGE_SIZE, _OP_OPTIONS2_TYPE, _OP_OPTIONS2 = 9, 10, 11, 12
 _OPCODE_DEPRECATED_BUILTIN, _OPCODE_CUSTOM, _OPCODE_BUILTIN = 0, 1, 3
+_BUILTIN_CUSTOM = 32  # BuiltinOperator.CUSTOM
 _BUFFER_DATA, _BUFFER_OFFSET, _BUFFER_SIZE = 0, 1, 2
 _QUANT_MIN, _QUANT_MAX, _QUANT_SCALE, _QUANT_ZERO_POINT, _QUANT_DETAILS = 0, 1, 2, 3, 5
 _METADATA_NAME, _METADATA_BUFFER = 0, 1
@@ -242,11 +243,12 @@ def _verify(w: _Walker) -> ModelInfo:
     custom = []
     for i, code in enumerate(codes):
         name = w.string(code, _OPCODE_CUSTOM, f"operator_codes[{i}].custom_code")
-        if name:
-            custom.append(name)
         # As the schema's readers: the larger of the old int8 field and the new int32 one.
         builtins.append(max(w.scalar(code, _OPCODE_DEPRECATED_BUILTIN, "<b", 0, f"operator_codes[{i}]"),
                             w.scalar(code, _OPCODE_BUILTIN, "<i", 0, f"operator_codes[{i}]")))
+        # TFLite reads custom_code only for a CUSTOM code: a name beside a builtin code is not a custom op.
+        if name and builtins[-1] == _BUILTIN_CUSTOM:
+            custom.append(name)
     w.string(model, _MODEL_DESCRIPTION, "description")
     buffer_sizes = []
     for i, b in enumerate(w.tables(model, _MODEL_BUFFERS, "buffers")):
@@ -337,7 +339,9 @@ def _verify_operator(w: _Walker, op: _Table, builtins: List[int],
     for slot, kind in ((_OP_INPUTS, "inputs"), (_OP_OUTPUTS, "outputs"), (_OP_INTERMEDIATES, "intermediates")):
         indices = w.ints(op, slot, kind)
         for index in indices:
-            if index != -1:  # -1: an optional tensor left out (the operator rules say where)
+            # -1: an optional input left out (the operator rules say where); an intermediate is
+            # never optional (an LSTM reads each one it lists).
+            if index != -1 or slot == _OP_INTERMEDIATES:
                 _in_range(index, n_tensors, kind, "tensors")
         io.append(indices)
     problem = operator_rules.check_operator(builtins[opcode], io[0], io[1], tensor_types)

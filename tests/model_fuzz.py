@@ -253,8 +253,8 @@ def mutant(bases: List[Base], seed: int, index: int) -> Tuple[Base, bytes, str]:
 def classify(path: Path) -> Tuple[str, str, str]:
     """Opens a model as ``load_bundle`` does and invokes it once; returns ``(outcome, check, message)``.
 
-    ``outcome`` is ``refused`` (by ``check``, with its one-line message), ``ran``
-    or ``finding`` (anything else: an exception that is not edgecap's, a message
+    ``outcome`` is ``refused`` (by ``check``, with its one-line message), ``ran``,
+    ``described`` (an EdgeTPU-compiled model: opened, never run on a CPU) or ``finding`` (anything else: an exception that is not edgecap's, a message
     of more than one line). A native crash never returns: it kills this process.
     """
     from edgecap import bundle, trial_invoke
@@ -262,9 +262,10 @@ def classify(path: Path) -> Tuple[str, str, str]:
     from edgecap.tflite_verify import verify_tflite
 
     data = path.read_bytes()
+    info: List[Any] = []
     steps: List[Tuple[str, Callable[[], Any]]] = [
-        ("verifier", lambda: verify_tflite(data, str(path))),
-        ("child invoke", lambda: trial_invoke.check(data, path)),
+        ("verifier", lambda: info.append(verify_tflite(data, str(path)))),
+        ("child invoke", lambda: None if info[0].edgetpu_compiled else trial_invoke.check(data, path)),
         ("interpreter", lambda: bundle._open_model(path)),
     ]
     opened: Any = None
@@ -280,6 +281,10 @@ def classify(path: Path) -> Tuple[str, str, str]:
             return "refused", check, msg
         except Exception as exc:  # noqa: BLE001 - what the fuzz looks for
             return "finding", check, f"{type(exc).__name__}: {str(exc)[:300]}"
+    if info[0].edgetpu_compiled:
+        # open_model only describes a compiled model (its interpreter is never allocated or
+        # invoked on a CPU); only libedgetpu's delegate runs it, on a real EdgeTPU.
+        return "described", "", ""
     _, interp = opened
     try:
         for d in interp.get_input_details():

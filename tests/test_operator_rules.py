@@ -161,3 +161,36 @@ def test_a_zero_point_outside_its_types_range_is_refused() -> None:
             data[start:start + 8] = (128).to_bytes(8, "little", signed=True)
             break
     assert "quantization.zero_point: 128 is outside int8's range -128..127" in _refused(bytes(data))
+
+
+def test_a_custom_name_beside_a_builtin_code_is_not_a_custom_op() -> None:
+    # TFLite reads custom_code only for the CUSTOM code: an edgetpu-custom-op name beside a builtin
+    # code is that builtin, which the CPU would run, so the model is not "compiled" (left un-invoked).
+    data = bytearray((REPO / "tests" / "data" / "coral" / "split_concat_edgetpu.tflite").read_bytes())
+    assert verify_tflite(bytes(data), "m.tflite").edgetpu_compiled
+    code = schema.Model.GetRootAsModel(data, 0).OperatorCodes(0)
+    unlisted = schema.BuiltinOperator.HASHTABLE_LOOKUP  # a builtin the operator table does not check
+    for slot in (4, 10):  # deprecated_builtin_code, builtin_code
+        o = code._tab.Offset(slot)
+        if o:
+            data[code._tab.Pos + o] = unlisted
+    info = verify_tflite(bytes(data), "m.tflite")
+    assert not info.edgetpu_compiled and info.custom_ops == ()
+
+
+def test_a_custom_name_beside_a_listed_builtin_code_is_checked_as_that_builtin() -> None:
+    data = bytearray((REPO / "tests" / "data" / "coral" / "split_concat_edgetpu.tflite").read_bytes())
+    code = schema.Model.GetRootAsModel(data, 0).OperatorCodes(0)
+    data[code._tab.Pos + code._tab.Offset(4)] = schema.BuiltinOperator.FULLY_CONNECTED
+    assert "operators[0].FULLY_CONNECTED has 5 outputs; its kernel takes 1 to 2" in _refused(bytes(data))
+
+
+def test_an_intermediate_left_out_is_refused() -> None:
+    # The fuzzer's find: an LSTM intermediate set to -1 read garbage, crashing TFLite only sometimes
+    # (so a child's first invoke could pass it).
+    data = bytearray((REAL / "keras_lstm_mnist_ptq.tflite").read_bytes())
+    op = _first(bytes(data), schema.BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM)
+    pos = op._tab.Vector(op._tab.Offset(20)) + 4 * 4  # Operator.intermediates[4]
+    data[pos:pos + 4] = (-1).to_bytes(4, "little", signed=True)
+    with pytest.raises(BundleError, match=r"operators\[1\]\.intermediates: index -1 out of range"):
+        verify_tflite(bytes(data), "m.tflite")
