@@ -15,7 +15,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, get_args
 
 import msgspec
 
@@ -44,7 +44,8 @@ MAX_TPUS = 64
 # ---------------------------------------------------------------------------
 # The file format (docs/plan.md).
 
-_Dtype = Literal["int8", "uint8", "int16", "int32", "float32"]
+# int64: TFLite's ARG_MAX writes it (Coral's compiled DeepLab models end in one, left on the CPU).
+_Dtype = Literal["int8", "uint8", "int16", "int32", "int64", "float32"]
 _Scale = Annotated[float, msgspec.Meta(ge=0.0, le=1e30)]
 _ZeroPoint = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 _Macs = Annotated[int, msgspec.Meta(ge=0, le=10**16)]
@@ -456,7 +457,10 @@ def _tensor(doc: _TensorDoc) -> TensorSpec:
     return TensorSpec(doc.name, tuple(doc.shape), doc.dtype, doc.scale or 0.0, doc.zero_point or 0)
 
 
-def _tensor_doc(t: TensorSpec) -> _TensorDoc:
+def _tensor_doc(t: TensorSpec, where: str) -> _TensorDoc:
+    if t.dtype not in get_args(_Dtype):
+        raise PlanError(f"{where}: tensor {t.name!r} is {t.dtype}; plan.json carries "
+                        f"{', '.join(get_args(_Dtype))} tensors: cut the model where its tensors have one of them")
     return msgspec.convert(t.to_json(), _TensorDoc)
 
 
@@ -553,8 +557,8 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
         compiled = None if s.compiled_segment is None else _fingerprint(s.compiled_segment)
         stages.append(_StageDoc(
             index=s.index, device=s.device, segment=name(s.segment), ops=s.ops,
-            inputs=tuple(_tensor_doc(t) for t in s.inputs),
-            outputs=tuple(_tensor_doc(t) for t in s.outputs),
+            inputs=tuple(_tensor_doc(t, f"stage {s.index}") for t in s.inputs),
+            outputs=tuple(_tensor_doc(t, f"stage {s.index}") for t in s.outputs),
             param_bytes=_ParamBytesDoc(s.param_bytes.on_chip, s.param_bytes.streamed),
             macs=s.macs, predicted_ms=s.predicted_ms,
             edgetpu=None if e is None else _EdgeTpuDoc(
@@ -664,11 +668,13 @@ def _check_segment_io(info: ModelInfo, stage: Stage, here: str, fix: str) -> Non
 def _check_tpus(stages: List[Stage], board: _BoardDoc, where: str) -> None:
     limit = MAX_TPUS if board.tpus is None else board.tpus
     for s in stages:
-        floats = [t.name for t in (*s.inputs, *s.outputs) if t.dtype == "float32"]
-        # A compiled segment may read or write floats through the ops edgetpu_compiler left on the CPU.
+        off_tpu = [t for t in (*s.inputs, *s.outputs) if t.dtype in ("float32", "int64")]
+        # A compiled segment may read or write floats (or ARG_MAX's int64) through the ops
+        # edgetpu_compiler left on the CPU.
         on_cpu = s.edgetpu is not None and s.edgetpu.compiled and s.edgetpu.cpu_ops
-        if s.spec.kind != "cpu" and not s.empty and floats and not on_cpu:
-            raise PlanError(f"{where}: stages[{s.index}] on {s.device} has float32 tensor {floats[0]!r}: "
+        if s.spec.kind != "cpu" and not s.empty and off_tpu and not on_cpu:
+            t = off_tpu[0]
+            raise PlanError(f"{where}: stages[{s.index}] on {s.device} has {t.dtype} tensor {t.name!r}: "
                             "an EdgeTPU runs only int8-quantized segments; compile a full-integer "
                             "(int8) model with `edgecap compile`")
         index = s.spec.index

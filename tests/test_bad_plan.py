@@ -120,9 +120,10 @@ def test_segments_swapped_in_an_older_plan(plan_dir: Path) -> None:
                        r"does not match plan.json")
 
 
-def test_float_tensors_on_a_tpu_stage(plan_dir: Path) -> None:
-    _edit(plan_dir, lambda d: d["stages"][0]["inputs"][0].update(dtype="float32", scale=None, zero_point=None))
-    _refused(plan_dir, r"stages\[0\] on tpu:0 has float32 tensor .*: an EdgeTPU runs only int8")
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_float_tensors_on_a_tpu_stage(plan_dir: Path, dtype: str) -> None:
+    _edit(plan_dir, lambda d: d["stages"][0]["inputs"][0].update(dtype=dtype, scale=None, zero_point=None))
+    _refused(plan_dir, rf"stages\[0\] on tpu:0 has {dtype} tensor .*: an EdgeTPU runs only int8")
 
 
 @pytest.mark.parametrize("value, match", [

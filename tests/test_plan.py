@@ -176,3 +176,19 @@ def test_the_writer_refuses_what_the_reader_would(plan_dir: Path, change, field)
     with pytest.raises(PlanError, match=f"field '{field}'"):
         write_plan_file(dataclasses.replace(load_plan(plan_dir), **change), plan_dir)
     assert (plan_dir / "plan.json").read_text() == before  # nothing written
+
+
+def test_the_writer_names_a_tensor_type_plan_json_cannot_carry(plan_dir: Path) -> None:
+    # `edgecap plan import` of a compiled model whose last op writes a type the
+    # format lacked died in a traceback (tools/real_files.py, Coral's DeepLab: int64).
+    import dataclasses
+
+    from edgecap.plan import write_plan as write_plan_file
+
+    plan = load_plan(plan_dir)
+    last = plan.stages[-1]
+    odd = dataclasses.replace(last.outputs[0], dtype="bool", scale=0.0, zero_point=0)
+    changed = dataclasses.replace(plan, stages=(*plan.stages[:-1], dataclasses.replace(last, outputs=(odd,))))
+    with pytest.raises(PlanError, match=f"stage {last.index}: tensor '{odd.name}' is bool; plan.json carries "
+                                        "int8, uint8, int16, int32, int64, float32 tensors"):
+        write_plan_file(changed, plan_dir)
