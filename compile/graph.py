@@ -19,6 +19,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
 from edgecap import files
+from edgecap.tflite_verify import verify_tflite
 from edgecap_compile.errors import CompileError
 from edgecap_compile.op_work import OpShapes, op_work
 
@@ -207,6 +208,24 @@ def _load(source: Union[str, os.PathLike, bytes]) -> Tuple[bytes, str]:
     return data, path.stem
 
 
+def _unreadable(data: bytes, label: str, exc: Exception) -> str:
+    """The line for a model ai-edge-litert's schema reader cannot read: the verifier's reason first.
+
+    The reader raises whatever a buffer trips (an IndexError on a model with no
+    buffers, which TFLite itself loads), so the verifier, which names what is
+    wrong, speaks first; a file it accepts is named for what it holds that
+    edgecap compile cannot split.
+    """
+    info = verify_tflite(bytes(data), label, error=CompileError,
+                         fix="pass the model's source, or re-export it")
+    custom = [op for op in info.custom_ops if op]
+    if custom:
+        return (f"{label} has custom operators ({', '.join(sorted(set(custom)))}) that edgecap "
+                "compile cannot read, price or split; compile a model of builtin operators")
+    return (f"{label} is a TFLite model the compiler's schema reader (ai-edge-litert "
+            f"flatbuffer_utils) cannot read ({type(exc).__name__}: {exc}); re-export it")
+
+
 def read_graph(
     source: Union[str, os.PathLike, bytes], require_integer: bool = True,
     first_subgraph_only: bool = False,
@@ -234,7 +253,7 @@ def read_graph(
     try:
         model = flatbuffer_utils.read_model_from_bytearray(bytearray(data))
     except Exception as e:  # The generated reader raises whatever a corrupt buffer trips.
-        raise CompileError(f"{label} is not a readable TFLite model: {e}") from None
+        raise CompileError(_unreadable(data, label, e)) from None
     if not model.subgraphs or (len(model.subgraphs) > 1 and not first_subgraph_only):
         raise CompileError(
             f"{label} has {len(model.subgraphs or [])} subgraphs; edgecap compile takes "

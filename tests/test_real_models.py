@@ -18,6 +18,7 @@ from edgecap.tflite_verify import verify_tflite
 pytest.importorskip("ai_edge_litert.schema_py_generated")
 from edgecap_compile import compile_model  # noqa: E402
 from edgecap_compile.benchmark import chain_matches  # noqa: E402
+from edgecap_compile.errors import CompileError  # noqa: E402
 from edgecap_compile.graph import read_graph  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,3 +128,12 @@ def test_the_chain_checks_inputs_take_each_tensors_own_type() -> None:
         assert x.dtype == np.dtype(dtype) and x.shape == (1, 4, 4, 3)
     wide = random_input(rng, Tensor(0, "x", (4096,), "uint8", None, None, 4096, False))
     assert wide.min() < 16 and wide.max() > 240  # the whole range, not int8's half of it
+
+
+def test_compile_names_the_custom_op_where_the_schema_reader_trips() -> None:
+    # The schema reader raised a bare IndexError on this model with no buffers
+    # ("index 0 is out of bounds"); the real reason is its unresolvable custom op.
+    with pytest.raises(CompileError, match=r"has custom operators \(fake-op-double\) that edgecap compile "
+                                           r"cannot read, price or split") as caught:
+        read_graph(REAL / "model_invoking_error.tflite")
+    assert "out of bounds" not in str(caught.value)
