@@ -194,18 +194,29 @@ def test_opening_failures_come_back_as_the_same_one_line_error(plan, tmp_path, m
 def test_stopping_a_pipeline_ends_a_long_isolated_invoke_and_its_worker(plan, capfd) -> None:
     stage = dataclasses.replace(plan.active_stages[0], predicted_ms=60_000.0)
     opened = []
+    is_open = threading.Event()
+    closed_at = []
 
     def open_() -> object:
         opened.append(open_isolated(stage, "emu-tpu:0", timing_only=True))
+        is_open.set()
         return opened[-1]
+
+    def close_mid_invoke() -> None:
+        # Timed from the stage's open, not from here: late in a suite, starting the
+        # worker process (a fork of a large pytest) can take longer than the delay.
+        is_open.wait(60.0)
+        time.sleep(0.3)
+        closed_at.append(time.perf_counter())
+        pipe.close()
 
     pipe = Pipeline([Step("stage", "emu-tpu:0", open_)])
     frames = [_frame(plan, 0)] * 3
-    threading.Timer(0.3, pipe.close).start()
-    t0 = time.perf_counter()
+    run = pipe.run(frames)
+    threading.Thread(target=close_mid_invoke, daemon=True).start()
     with pytest.raises(EdgecapError, match="cancelled|closed|stopped"):
-        list(pipe.run(frames))
-    assert time.perf_counter() - t0 < 2.0
+        list(run)
+    assert closed_at and time.perf_counter() - closed_at[0] < 2.0
     for thread in threading.enumerate():
         if thread.name.startswith("edgecap-"):
             thread.join(2.0)  # it notices the stop within _RECHECK_S
