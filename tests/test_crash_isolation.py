@@ -20,8 +20,8 @@ import pytest
 from edgecap import isolation
 from edgecap.captioner import EdgeCaptioner
 
-pytestmark = [pytest.mark.fast,
-              pytest.mark.skipif(not isolation.SUPPORTED, reason="process isolation is POSIX only")]
+# Not in the fast tier (2 s; test_isolation's in-process checks are): the full suite runs it.
+pytestmark = pytest.mark.skipif(not isolation.SUPPORTED, reason="process isolation is POSIX only")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "models" / "demo" / "sample.mp4"

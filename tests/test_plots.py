@@ -11,7 +11,7 @@ pytest.importorskip("matplotlib")
 
 from edgecap.plots import plot_bench  # noqa: E402
 
-pytestmark = pytest.mark.fast
+# Not in the fast tier: matplotlib's first figure takes over 2 s (the full suite runs it).
 
 REPO = Path(__file__).resolve().parent.parent
 
