@@ -21,13 +21,12 @@ from typing import Annotated, Dict, List, Optional, Sequence, Tuple, Union
 import msgspec
 import numpy as np
 
-import edgecap
 from edgecap import schema
+from edgecap.links import LinkKind, link_kinds
 from edgecap.plan import Bus
 from edgecap_compile.errors import CompileError
 
 BOARDS_DIR = Path(__file__).parent / "boards"
-LINKS_FILE = Path(edgecap.__file__).parent / "data" / "links.json"
 
 # The cost model's one formula is ``ms = features . coefficients``. Each row
 # pairs a work feature of an op range with the Device field that prices it: a
@@ -174,52 +173,6 @@ class Board:
 def board_names() -> List[str]:
     """Returns the names of the shipped board profiles."""
     return sorted(p.stem for p in BOARDS_DIR.glob("*.json"))
-
-
-class _LinkFile(msgspec.Struct, forbid_unknown_fields=True):
-    line_bytes_per_s: schema.Rate
-    usable_bytes_per_s: schema.Rate
-    source: str
-
-
-class _LinksFile(msgspec.Struct, forbid_unknown_fields=True):
-    version: schema.Positive
-    links: Dict[str, _LinkFile]
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class LinkKind:
-    """A kind of host link an EdgeTPU sits behind (``edgecap/data/links.json``).
-
-    Attributes:
-      name: ``pcie``, ``pcie3``, ``usb3`` or ``usb2``.
-      line_bytes_per_s: Physical line rate, one direction: no link rate may exceed it.
-      usable_bytes_per_s: The rate a profile without a fit of its own uses.
-      source: Where both figures come from.
-    """
-
-    name: str
-    line_bytes_per_s: float
-    usable_bytes_per_s: float
-    source: str
-
-
-def link_kinds(path: Path = LINKS_FILE) -> Dict[str, LinkKind]:
-    """Returns the link kinds by name.
-
-    Raises:
-      CompileError: If the file is missing or malformed, or a usable rate exceeds its line rate.
-    """
-    doc = schema.read_file(path, _LinksFile, error=CompileError, what="link table",
-                           fix="fix edgecap/data/links.json")
-    for name, k in doc.links.items():
-        if k.usable_bytes_per_s > k.line_bytes_per_s:
-            raise CompileError(f"{path}: links.{name}.usable_bytes_per_s {k.usable_bytes_per_s:g} "
-                               f"exceeds line_bytes_per_s {k.line_bytes_per_s:g}; a link cannot "
-                               "carry more than its line rate")
-    return {name: LinkKind(name, k.line_bytes_per_s, k.usable_bytes_per_s, k.source)
-            for name, k in doc.links.items()}
 
 
 class _CpuFile(msgspec.Struct, forbid_unknown_fields=True):

@@ -21,15 +21,13 @@ scenario up by ``MIN_GAIN`` or more is not worth its bytes and ends the list.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-import edgecap
 from edgecap.candidates import CPU, Correction, price
+from edgecap.links import link_kinds
 from edgecap.plan import EdgeTpuReport, Plan
 from edgecap_compile.boards import PRICES, Board, Device
 from edgecap_compile.cost_model import CostModel
@@ -52,7 +50,6 @@ SLOW_LINK = "usb2"
 DOWNTRAINED = 0.5
 # A candidate that shortens no scenario's period by this much is not worth its bytes.
 MIN_GAIN = 0.02
-_LINKS = Path(edgecap.__file__).parent / "data" / "links.json"
 _LINK = [feature for feature, _ in PRICES].index("link_bytes")
 
 
@@ -95,7 +92,7 @@ class Candidate:
 
 def slow_link_rate() -> float:
     """Returns the usable rate of ``SLOW_LINK`` from edgecap/data/links.json, in bytes per second."""
-    return float(json.loads(_LINKS.read_text())["links"][SLOW_LINK]["usable_bytes_per_s"])
+    return link_kinds()[SLOW_LINK].usable_bytes_per_s
 
 
 def scenarios(board: Board) -> List[Scenario]:

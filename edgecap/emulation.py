@@ -38,19 +38,15 @@ import os
 import re
 import threading
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
-import msgspec
-
-from edgecap import schema
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError
+from edgecap.links import link_kinds
 from edgecap.limits import MAX_EMULATED_SPEED, MAX_THROTTLE_S, MIN_EMULATED_SPEED
 from edgecap.plan import Bus, Plan, Stage
 
 ENV = "EDGECAP_EMULATE"
-LINKS = Path(__file__).parent / "data" / "links.json"
 GRAMMAR = ("write DEVICE=KEY:VALUE entries separated by ';', DEVICE one of cpu, emu-tpu:N, pci:N, "
            "usb:N, tpu:N and KEY:VALUE one of speed:F, link:KIND, throttle:Ts, "
            "e.g. emu-tpu:1=speed:0.5;emu-tpu:0=link:usb2;emu-tpu:0=throttle:60s")
@@ -61,27 +57,13 @@ _SETTING = re.compile(r"^(speed|link|throttle):(.+)$")
 _SECONDS = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)s?$")
 
 
-class _LinkDoc(msgspec.Struct, forbid_unknown_fields=True):
-    line_bytes_per_s: schema.Rate
-    usable_bytes_per_s: schema.Rate
-    source: str
-
-
-class _LinksDoc(msgspec.Struct, forbid_unknown_fields=True):
-    version: schema.Positive
-    links: Dict[schema.Name, _LinkDoc]
-    description: str = ""
-
-
-@functools.lru_cache(maxsize=1)
 def link_rates() -> Dict[str, float]:
-    """The usable rate of each link kind, bytes per second (``edgecap/data/links.json``).
+    """The usable rate of each link kind, bytes per second (``edgecap.links``).
 
     Raises:
       ConfigError: If the file is missing or malformed.
     """
-    doc = schema.read_file(LINKS, _LinksDoc, what="link kinds", fix="reinstall edgecap", error=ConfigError)
-    return {kind: link.usable_bytes_per_s for kind, link in doc.links.items()}
+    return {name: kind.usable_bytes_per_s for name, kind in link_kinds().items()}
 
 
 @dataclass(frozen=True)
