@@ -259,18 +259,24 @@ def test_a_device_that_stays_off_gets_its_correction_refitted_and_saved(start, t
     assert len(recorder.calls) == 1
 
 
+def _one_refit(board: str, start, slow: Dict[str, float]) -> Dict[str, Correction]:
+    """Runs an adapter on ``start`` with workers ``slow`` times their paced time; returns its one refit."""
+    recorder = _Recorder()
+    adapter = Adapter(board, {}, recorder, True, None, _fast_policy())
+    adapter.started(start)
+    _feed(adapter, start, 0.4, slow)
+    _wait(adapter, recorder, 1)
+    adapter.close()
+    (corrections,) = recorder.calls
+    return corrections
+
+
 def test_the_cpus_rnn_steps_are_its_time_when_it_runs_no_cnn_stage(bundle):
     # Coral's default, the whole CNN on pci:0: the CPU runs the RNN steps only.
     plan = plan_for_board(bundle, "devboard-usb", whole_on_tpu=True)
     start = choose(bundle, CaptionerOptions(plan=plan, emulate=True, timing_only=True))
     assert "cpu" not in start.workers
-    recorder = _Recorder()
-    adapter = Adapter("devboard-usb", {}, recorder, True, None, _fast_policy())
-    adapter.started(start)
-    _feed(adapter, start, 0.4, {"cpu": 3.0})
-    _wait(adapter, recorder, 1)
-    adapter.close()
-    (corrections,) = recorder.calls
+    corrections = _one_refit("devboard-usb", start, {"cpu": 3.0})
     assert corrections["cpu"].compute_scale == pytest.approx(3.0, rel=0.02)
     # ... and a plan's period counts them.
     assert adapt.period_ms(start.plan, {"cpu": Correction(10.0)}) == pytest.approx(10 * start.plan.rnn_frame_ms)
@@ -282,13 +288,7 @@ def test_an_older_plan_without_cost_parts_is_corrected_by_its_time_alone(shipped
     path = write_plan(shipped_bundle / "encoder.tflite", [20], ["tpu:0", "cpu"], tmp_path, [4.0, 2.0])
     older = choose(bundle, CaptionerOptions(plan=path, emulate=True, timing_only=True))
     assert all(s.stage.cost is None for s in older.stages)
-    recorder = _Recorder()
-    adapter = Adapter("test", {}, recorder, True, None, _fast_policy())
-    adapter.started(older)
-    _feed(adapter, older, 0.4, {"emu-tpu:0": 2.0})
-    _wait(adapter, recorder, 1)
-    adapter.close()
-    (corrections,) = recorder.calls
+    corrections = _one_refit("test", older, {"emu-tpu:0": 2.0})
     assert set(corrections) == {"tpu:0"} and corrections["tpu:0"].link_bytes_per_s is None
     assert corrections["tpu:0"].compute_scale == pytest.approx(2.0, rel=0.02)
 
