@@ -114,6 +114,16 @@ def pipeline_threads() -> list:
 
 
 @pytest.fixture
+def no_faults():
+    """Runs a test with no fault plan injected, before or after it (``edgecap.faults``)."""
+    from edgecap import faults
+
+    faults.inject("")
+    yield
+    faults.inject("")
+
+
+@pytest.fixture
 def no_leaked_threads():
     """Fails a test that leaves edgecap threads behind (use with pytest.mark.usefixtures)."""
     yield

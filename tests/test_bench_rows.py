@@ -19,11 +19,7 @@ def plan_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg"))
 
 
-@pytest.fixture(autouse=True)
-def no_faults():
-    faults.inject("")
-    yield
-    faults.inject("")
+pytestmark = pytest.mark.usefixtures("no_faults")
 
 
 @pytest.fixture(scope="module")

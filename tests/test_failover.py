@@ -20,11 +20,7 @@ from edgecap.sources import Frame, open_source
 FRAMES = 160  # 20 windows of the demo bundle
 
 
-@pytest.fixture(autouse=True)
-def no_faults():
-    faults.inject("")
-    yield
-    faults.inject("")
+pytestmark = pytest.mark.usefixtures("no_faults")
 
 
 @pytest.fixture(scope="module")
