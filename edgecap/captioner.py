@@ -143,9 +143,6 @@ class _CnnStage:
         self._device = str(run.worker)
         self._tpu = run.worker.kind in TPU_KINDS
         self._isolated = run.isolate
-        # A paced (emulated) stage isolated in a worker process paces there and reports no
-        # paced time: its wall time here is this host's load and the IPC, not the board's.
-        self._board_timed = not (run.isolate and (run.worker.kind == "emu-tpu" or run.pace_ms is not None))
         self._released = released
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
@@ -156,9 +153,8 @@ class _CnnStage:
         ms = (time.perf_counter() - t0) * 1e3
         job.ms["cnn"] += ms
         job.device_ms[self._device] = ms
-        paced = getattr(self._runner, "paced_ms", None)  # an isolated runner reports none
-        if self._board_timed:
-            job.board_ms[self._device] = ms if paced is None else paced
+        paced = getattr(self._runner, "paced_ms", None)  # the board's time of a paced stage, isolated or not
+        job.board_ms[self._device] = ms if paced is None else paced
         return job
 
     def _invoke(self, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:

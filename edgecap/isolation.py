@@ -359,9 +359,13 @@ class IsolatedSegment:
         then) to its stage being open.
       pid: The child's process id.
       spare: Whether the child was a spare, started before this stage opened.
+      paced_ms: A paced stage's last invoke as its pace in the child made it
+        (``SegmentRunner.paced_ms``), None for an unpaced one: the time seen
+        here adds this host's load and the hand-over.
     """
 
     isolated = True
+    paced_ms: Optional[float] = None
 
     def __init__(self, stage: Stage, spec: DeviceSpec, *, deadline_s: float, num_threads: int = 1,
                  timing_only: bool = False, pace_ms: Optional[float] = None,
@@ -467,6 +471,7 @@ class IsolatedSegment:
         reply = self._wait(self._seq, deadline, limit)
         if reply[0] == "raised":
             raise _rebuild(reply[2], self.device)
+        self.paced_ms = reply[2]
         return {name: tensors[name] if passing else worker.outputs[name].copy()
                 for name, passing in self._names}
 
@@ -600,5 +605,5 @@ def _serve(conn: Connection) -> None:
         except BaseException as exc:  # the parent raises it
             reply: tuple = ("raised", seq, _describe(exc))
         else:
-            reply = ("done", seq)
+            reply = ("done", seq, runner.paced_ms)
         conn.send(reply)
