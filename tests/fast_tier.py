@@ -30,6 +30,10 @@ FAST_FILES: FrozenSet[str] = frozenset({
 })
 
 FAST_TESTS: Dict[str, List[str]] = {
+    # Replay after a failover: the resume point and one failover mid-window; the sweep
+    # over every frame of a window (8 runs, 3 s) is in the full suite.
+    "test_replay.py": ["test_the_resume_point_is_the_earliest_window_not_yet_captioned",
+                       "test_overlapping_windows_survive_a_failover_too"],
     # The partitioner but its brute forces over every order and cut (4 s) and over
     # the benchmark boards (18 cases, 7 s): random small cases stay here.
     "test_compile_partitioner.py": [

@@ -21,8 +21,6 @@ from edgecap.captioner import EdgeCaptioner
 # The one import of the private resume point.
 from edgecap.supervisor import _resume_point
 
-pytestmark = pytest.mark.fast
-
 
 def _expected(consumed: int, frames: int, stride: int, live: bool) -> Tuple[int, int, int]:
     """The resume point by counting windows: ``(next sample, first window to open, windows lost)``."""
