@@ -281,6 +281,30 @@ class VideoFileSource(FrameSource):
         self._cap.release()
 
 
+def _open_on_a_thread(*args: Any) -> Any:
+    """Opens a capture on a thread of its own and waits for it there.
+
+    A camera's or a stream's open blocks inside OpenCV (a stream that does not
+    answer, up to ``STREAM_TIMEOUT_MS``), where no signal handler runs: waiting
+    in ``join`` instead lets Ctrl-C and SIGTERM stop the command at once. An
+    open left behind that way ends by its own timeout, on a daemon thread.
+    """
+    result: List[Any] = []
+
+    def open_() -> None:
+        try:
+            result.append(cv2.VideoCapture(*args))
+        except BaseException as exc:  # raised here, in the caller's thread, as before
+            result.append(exc)
+
+    thread = threading.Thread(target=open_, name="edgecap-camera-open", daemon=True)
+    thread.start()
+    thread.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
 class CameraSource(FrameSource):
     """A camera read by its own thread, which keeps only the newest frame.
 
@@ -310,11 +334,11 @@ class CameraSource(FrameSource):
                               "and that the camera is plugged in")
         if url:
             # Without the timeouts a host that does not answer blocks the open for minutes.
-            self._cap = cv2.VideoCapture(device, cv2.CAP_FFMPEG, [
+            self._cap = _open_on_a_thread(device, cv2.CAP_FFMPEG, [
                 cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, STREAM_TIMEOUT_MS,
                 cv2.CAP_PROP_READ_TIMEOUT_MSEC, STREAM_TIMEOUT_MS])
         else:
-            self._cap = cv2.VideoCapture(device)
+            self._cap = _open_on_a_thread(device)
         if not self._cap.isOpened():
             self._cap.release()
             if url:

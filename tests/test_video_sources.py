@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import http.server
 import logging
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import Iterator, List
 
@@ -164,3 +166,38 @@ def test_an_http_stream_is_read_as_a_live_source(http_clip: str) -> None:
         assert first.image.shape == (128, 128, 3)
     finally:
         src.close()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_signal_stops_a_stream_open_that_blocks_inside_opencv(monkeypatch) -> None:
+    # A stream that accepts the connection and never answers holds OpenCV's open for
+    # its whole timeout; no Python signal handler runs inside it, so edgecap waits elsewhere.
+    release = threading.Event()
+
+    def blocking_open(*args, **kwargs):
+        # Blocks as OpenCV's C code does: no signal reaches the thread it blocks.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        try:
+            release.wait(3.0)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+        raise AssertionError("the open was not abandoned")
+
+    def on_alarm(signum, frame):
+        raise _Interrupted()
+
+    monkeypatch.setattr(sources.cv2, "VideoCapture", blocking_open)
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(_Interrupted):
+            open_source("rtsp://127.0.0.1:9/live")
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        release.set()
