@@ -258,8 +258,8 @@ def test_the_unit_bounds_files_tasks_and_memory():
     most = next(m.max_length for m in cameras.__metadata__ if getattr(m, "max_length", None))
     assert 2 * most + 64 <= tasks <= 1024
     # The page's connection cap plus the descriptors it keeps for cameras and files
-    # (edgecap/service/http.py, where it has them) fit under the limit.
-    http = pytest.importorskip("edgecap.service.http")
+    # (edgecap/service/http/server.py, where it has them) fit under the limit.
+    http = pytest.importorskip("edgecap.service.http.server")
     need = getattr(http, "MAX_CONNECTIONS", 0) + getattr(http, "FD_RESERVE", 0)
     assert max(need, 256) <= nofile <= 65536
     # Above the ~200-230 MB a paper-sized model takes per process (docs/headline.md),

@@ -13,8 +13,10 @@ import pytest
 
 from edgecap.captioner import Caption
 from edgecap.errors import ConfigError
-from edgecap.service import http as service_http
-from edgecap.service.http import StatusServer, is_loopback
+from edgecap.service.config import is_loopback
+from edgecap.service.http import StatusServer
+from edgecap.service.http import server as http_server
+from edgecap.service.http import sessions as http_sessions
 from edgecap.service.state import ServiceState
 
 TOKEN = "s3cret-token-for-tests-0123"
@@ -159,6 +161,25 @@ def test_off_loopback_without_a_token_refuses_to_start(state: ServiceState) -> N
     assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("board.local")
 
 
+@pytest.mark.parametrize("address", ["LOCALHOST", "[::1]"])
+def test_what_the_config_calls_loopback_the_server_serves_without_a_token(tmp_path, state, address) -> None:
+    # There were two is_loopback: the config's took any case and brackets, the server's
+    # neither, so `address = "LOCALHOST"` (host names ignore case) or "[::1]" passed the
+    # config's check and then failed to start "without a login". One rule now.
+    from edgecap.service.config import load_config
+
+    config = tmp_path / "edgecap.toml"
+    config.write_text(f'[http]\naddress = "{address}"\nport = 0\n[[cameras]]\nname = "front"\nsource = "0"\n')
+    http = load_config(config).http
+    assert http.token == "" and is_loopback(address)
+    with StatusServer(state, None, address=http.address, port=0) as srv:
+        assert srv.loopback
+        family = socket.AF_INET6 if "::" in address else socket.AF_INET
+        with socket.create_connection(("::1" if family == socket.AF_INET6 else "127.0.0.1", srv.port), 5) as sock:
+            sock.sendall(f"GET /api/stats HTTP/1.1\r\nHost: {address}:{srv.port}\r\n\r\n".encode())
+            assert sock.recv(64).startswith(b"HTTP/1.0 200")
+
+
 def test_with_a_token_every_route_needs_it_but_a_bare_healthz(guarded: StatusServer) -> None:
     for path in ("/api/stats", "/api/captions", "/api/frame/front.jpg", "/metrics"):
         status, headers, body = request(guarded, path)
@@ -182,13 +203,13 @@ def test_with_a_token_every_route_needs_it_but_a_bare_healthz(guarded: StatusSer
 
 def test_tokens_are_compared_in_constant_time(guarded: StatusServer, monkeypatch) -> None:
     calls = []
-    real = service_http.hmac.compare_digest
+    real = http_sessions.hmac.compare_digest
 
     def spy(a, b):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(service_http.hmac, "compare_digest", spy)
+    monkeypatch.setattr(http_sessions.hmac, "compare_digest", spy)
     request(guarded, "/api/stats", headers={"Authorization": "Bearer wrong"})
     assert calls == [(b"wrong", TOKEN.encode())]
 
@@ -219,7 +240,7 @@ def test_login_sets_an_httponly_strict_cookie_that_is_not_the_token(guarded: Sta
     cookie = headers["set-cookie"]
     attrs = [a.strip() for a in cookie.split(";")]
     assert "HttpOnly" in attrs and "SameSite=Strict" in attrs and "Path=/" in attrs
-    assert f"Max-Age={service_http.SESSION_MAX_AGE_S}" in attrs
+    assert f"Max-Age={http_sessions.SESSION_MAX_AGE_S}" in attrs
     name, value = attrs[0].split("=", 1)
     assert name == "edgecap_session" and TOKEN not in value and len(value) >= 43
 
@@ -259,26 +280,26 @@ def test_logout_ends_the_session_and_clears_the_cookie(guarded: StatusServer) ->
 def test_sessions_expire(guarded: StatusServer, monkeypatch) -> None:
     cookie = session_cookie(login(guarded)[1])
     now = time.monotonic()
-    monkeypatch.setattr(guarded.sessions, "clock", lambda: now + service_http.SESSION_MAX_AGE_S + 1)
+    monkeypatch.setattr(guarded.sessions, "clock", lambda: now + http_sessions.SESSION_MAX_AGE_S + 1)
     assert request(guarded, "/api/stats", headers={"Cookie": cookie})[0] == 401
 
 
 def test_failed_logins_are_warned_and_limited_per_address(guarded: StatusServer, caplog) -> None:
     caplog.set_level("WARNING", logger="edgecap.service.http")
-    for _ in range(service_http.LOGIN_ATTEMPTS):
+    for _ in range(http_sessions.LOGIN_ATTEMPTS):
         assert login(guarded, "wrong-guess-123")[0] == 401
     assert "failed login from 127.0.0.1" in caplog.text and "wrong-guess-123" not in caplog.text
     assert "refusing logins from 127.0.0.1" in caplog.text
     # Now even the right token is not checked until the window has passed.
     status, headers, body = login(guarded)
     assert status == 429 and b"Too many failed logins" in body and "set-cookie" not in headers
-    assert 0 < int(headers["retry-after"]) <= service_http.LOGIN_WINDOW_S
-    assert headers["content-security-policy"] == service_http._CSP
+    assert 0 < int(headers["retry-after"]) <= http_sessions.LOGIN_WINDOW_S
+    assert headers["content-security-policy"] == http_server._CSP
     # Bearer guesses count too, and are refused alike.
     status, headers, body = request(guarded, "/api/stats", headers={"Authorization": f"Bearer {TOKEN}"})
     assert status == 429 and "retry-after" in headers and b"guitar" not in body
     # The window passes: the address may try again.
-    later = time.monotonic() + service_http.LOGIN_WINDOW_S + 1
+    later = time.monotonic() + http_sessions.LOGIN_WINDOW_S + 1
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(guarded.attempts, "clock", lambda: later)
         assert login(guarded)[0] == 303
@@ -286,7 +307,7 @@ def test_failed_logins_are_warned_and_limited_per_address(guarded: StatusServer,
 
 def test_wrong_bearer_tokens_are_warned_and_limited(guarded: StatusServer, caplog) -> None:
     caplog.set_level("WARNING", logger="edgecap.service.http")
-    for _ in range(service_http.LOGIN_ATTEMPTS):
+    for _ in range(http_sessions.LOGIN_ATTEMPTS):
         assert request(guarded, "/api/stats", headers={"Authorization": "Bearer guess-0123456789"})[0] == 401
     assert "wrong bearer token from 127.0.0.1" in caplog.text and "guess-0123456789" not in caplog.text
     assert request(guarded, "/api/stats", headers={"Authorization": f"Bearer {TOKEN}"})[0] == 429

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
-from edgecap.service import http as service_http
+from edgecap.service.http import server as http_server
 from edgecap.service.http import StatusServer
 from edgecap.service.metrics import Metrics
 from edgecap.service.state import ServiceState
@@ -149,23 +149,23 @@ def test_past_the_cap_the_oldest_unfinished_connection_makes_room(state: Service
 
 
 def test_the_cap_leaves_descriptors_for_the_cameras(monkeypatch) -> None:
-    monkeypatch.setattr(service_http.resource, "getrlimit", lambda _: (600, 524288))
-    assert service_http.connection_cap() == 600 - service_http.FD_RESERVE
-    monkeypatch.setattr(service_http.resource, "getrlimit", lambda _: (65536, 65536))
-    assert service_http.connection_cap() == service_http.MAX_CONNECTIONS
-    monkeypatch.setattr(service_http.resource, "getrlimit", lambda _: (100, 100))
-    assert service_http.connection_cap() == 8
+    monkeypatch.setattr(http_server.resource, "getrlimit", lambda _: (600, 524288))
+    assert http_server.connection_cap() == 600 - http_server.FD_RESERVE
+    monkeypatch.setattr(http_server.resource, "getrlimit", lambda _: (65536, 65536))
+    assert http_server.connection_cap() == http_server.MAX_CONNECTIONS
+    monkeypatch.setattr(http_server.resource, "getrlimit", lambda _: (100, 100))
+    assert http_server.connection_cap() == 8
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 def test_the_listen_backlog_holds_a_crowd_of_scrapers(server: StatusServer) -> None:
     out = subprocess.run(["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out[0] == "LISTEN" and int(out[2]) == service_http.BACKLOG >= 128  # Send-Q: the backlog
+    assert out[0] == "LISTEN" and int(out[2]) == http_server.BACKLOG >= 128  # Send-Q: the backlog
 
 
 def test_a_head_over_the_limit_is_refused_with_the_security_headers(server: StatusServer) -> None:
-    status, headers, _ = raw(server, b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (service_http.HEAD_MAX + 10))
+    status, headers, _ = raw(server, b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (http_server.HEAD_MAX + 10))
     assert status.startswith("HTTP/1.0 431") and headers["x-content-type-options"] == "nosniff"
     assert server.dropped["head_too_large"] == 1
 
@@ -184,7 +184,7 @@ def test_every_error_carries_the_security_headers(server: StatusServer, request_
     _, page_headers, _ = raw(server, b"GET / HTTP/1.1\r\n\r\n")
     status, headers, body = raw(server, request_bytes)
     assert status.split()[1] == str(code), status
-    for name, value in service_http.SECURITY_HEADERS:
+    for name, value in http_server.SECURITY_HEADERS:
         assert headers[name.lower()] == page_headers[name.lower()] == value, name
     assert headers["content-type"] == "application/json" and b"<html" not in body.lower()
 

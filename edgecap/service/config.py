@@ -713,7 +713,16 @@ def _check_sources(path: Path, text: str, config: ServiceConfig, applied: Sequen
 
 
 def is_loopback(address: str) -> bool:
-    """True if ``address`` binds only this machine (127.0.0.0/8, ::1, localhost)."""
+    """Says whether an address reaches only this machine: the config's ``http.address`` and a request's Host.
+
+    Args:
+      address: An IP address, bracketed or not (``::1``, ``[::1]``), or a
+        host name; ``localhost`` in any case (host names are not case-sensitive).
+
+    Returns:
+      True for 127.0.0.0/8, ::1 and localhost; False for anything else, a host
+      name or "" included (it may resolve anywhere, so it counts as exposed).
+    """
     if address.lower() == "localhost":
         return True
     try:
