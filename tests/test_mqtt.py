@@ -725,7 +725,7 @@ def tls_config(port: int, prefix: str, pki: Path, client_cert: bool = False, **k
 
 
 def warnings_of(caplog, text: str) -> List[str]:
-    return [r.getMessage() for r in caplog.records if text in r.getMessage() and r.name == "edgecap.service.sinks"]
+    return [r.getMessage() for r in caplog.records if text in r.getMessage() and r.name == "edgecap.service.sinks.mqtt"]
 
 
 def assert_never_connects(sink: MqttSink, caplog, text: str, seconds: float = 1.0) -> str:

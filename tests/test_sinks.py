@@ -318,11 +318,11 @@ def test_a_full_disk_fails_the_jsonl_sink_alone(caplog):
 def test_jsonl_rotates_only_when_a_line_would_pass_max_bytes(tmp_path, monkeypatch):
     import types
 
-    from edgecap.service import sinks
+    from edgecap.service.sinks import base
 
     # A still wall clock: every record is then exactly as long as the one measured.
-    monkeypatch.setattr(sinks, "time", types.SimpleNamespace(time=lambda: 1_700_000_000.125,
-                                                             monotonic=sinks.time.monotonic))
+    monkeypatch.setattr(base, "time", types.SimpleNamespace(time=lambda: 1_700_000_000.125,
+                                                            monotonic=base.time.monotonic))
     line = len((json.dumps(caption_record("front", make_caption(0)), ensure_ascii=False) + "\n").encode())
 
     def files_after(max_bytes: int, lines: int) -> dict:

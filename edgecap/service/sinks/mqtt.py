@@ -1,10 +1,7 @@
-"""Where captions go: stdout (the journal under systemd), a JSON-lines file, an MQTT broker.
+"""The MQTT sink: captions, events, availability and stats on a broker, through paho-mqtt.
 
-Every sink has the same three calls — ``caption``, ``stats`` and ``close`` —
-and ``SinkSet`` fans them out so that one failing sink never stops the others.
-A sink that cannot start because of the config (an unwritable file) fails at
-``open_sinks``, before the service starts; a broker that is down is never
-fatal: the MQTT sink keeps a bounded buffer and reconnects with backoff.
+A broker that is down is never fatal: the sink keeps a bounded buffer and
+reconnects with backoff.
 
 MQTT topics, under ``topic_prefix``:
 
@@ -36,7 +33,6 @@ import collections
 import hashlib
 import json
 import logging
-import os
 import re
 import socket
 import ssl
@@ -44,53 +40,18 @@ import sys
 import threading
 import time
 import unicodedata
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Deque, Dict, Iterable, List, NoReturn, Optional, Sequence, Set, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterable, List, NoReturn, Optional, Set, Tuple
 
 from edgecap import __version__
 from edgecap.errors import ConfigError
+from edgecap.service.sinks.base import Sink, caption_record, event_record
 
-if TYPE_CHECKING:  # the captioner pulls in the interpreters; sinks only need to_dict()
+if TYPE_CHECKING:
     from edgecap.captioner import Caption
     from edgecap.events import Change, Event
-    from edgecap.service.config import MqttSinkConfig, ServiceConfig
+    from edgecap.service.config import MqttSinkConfig
 
 log = logging.getLogger(__name__)
-
-# syslog priorities that journald reads from a "<N>" line prefix (sd-daemon(3)).
-PRIORITIES = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
-
-
-def caption_record(camera: str, caption: "Caption") -> Dict[str, Any]:
-    """The JSON object a sink writes for one caption.
-
-    Args:
-      camera: The camera's name.
-      caption: The caption.
-
-    Returns:
-      ``camera``, the caption's fields (``Caption.to_dict()``) and ``time``,
-      the wall-clock time it was emitted (Unix seconds).
-    """
-    record: Dict[str, Any] = {"camera": camera}
-    record.update(caption.to_dict())
-    record["time"] = round(time.time(), 3)
-    return record
-
-
-def event_record(event: "Event", change: "Change") -> Dict[str, Any]:
-    """The JSON object the MQTT sink publishes, and the JSON-lines sink writes, for an event's change.
-
-    Args:
-      event: The event.
-      change: What happened to it (``opened`` or ``closed``).
-
-    Returns:
-      The event's fields (``Event.to_dict()``, no thumbnail bytes) and ``change``.
-    """
-    record = event.to_dict()
-    record["change"] = change
-    return record
 
 
 def topic_level(name: str) -> str:
@@ -179,224 +140,6 @@ def discovery_configs(discovery_prefix: str, topic_prefix: str, node: str,
              "image_topic": f"{event_topic}/thumbnail", "content_type": "image/jpeg", **common}
     return [(f"{discovery_prefix}/sensor/{node}/{object_id}_caption/config", sensor),
             (f"{discovery_prefix}/image/{node}/{object_id}_thumbnail/config", image)]
-
-
-def is_journal(stream: Any) -> bool:
-    """True if ``stream`` is connected to the systemd journal.
-
-    systemd sets ``JOURNAL_STREAM=DEV:INODE`` for a service whose stdout or
-    stderr is the journal; the stream is the journal only when its file
-    matches (a redirect in between makes it a plain file again).
-
-    Args:
-      stream: A file object (stdout, stderr).
-
-    Returns:
-      Whether lines written to it should carry ``<N>`` priority prefixes.
-    """
-    expected = os.environ.get("JOURNAL_STREAM", "")
-    if not expected:
-        return False
-    try:
-        st = os.fstat(stream.fileno())
-    except (AttributeError, OSError, ValueError):
-        return False
-    return expected == f"{st.st_dev}:{st.st_ino}"
-
-
-class JournalFormatter(logging.Formatter):
-    """A logging formatter that prefixes each line with its journald priority (``<4>`` for warnings).
-
-    Install it on the service's log handler when ``is_journal(handler.stream)``
-    so that ``journalctl -p warning`` finds the service's warnings.
-    """
-
-    def format(self, record: logging.LogRecord) -> str:
-        """Returns the formatted record, every line prefixed with ``<N>``."""
-        prefix = f"<{_priority(record.levelno)}>"
-        return "\n".join(prefix + line for line in super().format(record).splitlines() or [""])
-
-
-def _priority(level: int) -> int:
-    """The syslog priority of a logging level (levels between take the next more severe)."""
-    for threshold in sorted(PRIORITIES, reverse=True):
-        if level >= threshold:
-            return PRIORITIES[threshold]
-    return PRIORITIES[logging.DEBUG]
-
-
-class Sink:
-    """One destination for captions. Each sink owns its resources.
-
-    Attributes:
-      name: Short name for logs and counters.
-    """
-
-    name = "sink"
-
-    def caption(self, camera: str, caption: "Caption") -> None:
-        """Delivers one caption of ``camera``."""
-
-    def event(self, camera: str, event: "Event", change: "Change") -> None:
-        """Delivers a change of one of ``camera``'s events (opened, extended, closed)."""
-
-    def stats(self, snapshot: Dict[str, Any]) -> None:
-        """Delivers the service's stats (a JSON-ready dict), called every few seconds."""
-
-    def counters(self) -> Dict[str, Any]:
-        """Returns what the sink has done (written, dropped, ...), JSON-ready."""
-        return {}
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Flushes and releases everything within ``timeout`` seconds; never raises."""
-
-
-class StdoutSink(Sink):
-    """One line per caption on stdout; with journald priority ``<6>`` when stdout is the journal."""
-
-    name = "stdout"
-
-    def __init__(self, stream: Optional[TextIO] = None) -> None:
-        """Writes to ``stream``.
-
-        Args:
-          stream: Where to write (default: ``sys.stdout``).
-        """
-        self._stream = sys.stdout if stream is None else stream
-        self._prefix = f"<{PRIORITIES[logging.INFO]}>" if is_journal(self._stream) else ""
-        self._written = 0
-
-    def caption(self, camera: str, caption: "Caption") -> None:
-        """Writes ``camera [start - end] text`` and flushes, so the journal has it at once."""
-        text = " ".join(caption.text.split())  # one caption, one line
-        self._stream.write(f"{self._prefix}{camera} [{caption.start_time:7.2f}s - "
-                           f"{caption.end_time:7.2f}s] {text}\n")
-        self._stream.flush()
-        self._written += 1
-
-    def counters(self) -> Dict[str, Any]:
-        """Returns ``{"written": lines}``."""
-        return {"written": self._written}
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Flushes the stream (it is not ours to close)."""
-        try:
-            self._stream.flush()
-        except (OSError, ValueError):
-            pass
-
-
-class JsonlSink(Sink):
-    """Captions as JSON lines in a file, rotated by size like logrotate's ``size``.
-
-    ``path`` grows until the next line would pass ``max_bytes``; then ``path.1``
-    becomes ``path.2`` and so on (``backups`` kept), ``path`` becomes ``path.1``
-    and a new ``path`` starts. Each line is flushed to the OS (not fsynced: a
-    power cut may lose the last lines, a crash of the service does not).
-
-    One ``caption_record`` line per caption and, with ``events`` (``[sinks.jsonl]
-    events = true``), one ``event_record`` line when an event opens and when it
-    closes (not per window: the caption lines are those); an event line is told
-    apart by its ``change`` key.
-    """
-
-    name = "jsonl"
-
-    def __init__(self, path: "str | os.PathLike[str]", max_bytes: int = 10_000_000, backups: int = 3,
-                 events: bool = False) -> None:
-        """Opens (or creates, mode 0640) the file for appending.
-
-        Args:
-          path: The file.
-          max_bytes: Size past which the file is rotated.
-          backups: Rotated files kept.
-          events: Also write events as they open and close.
-
-        Raises:
-          ConfigError: If the file cannot be opened for writing (missing
-            directory, permissions, a directory in its place).
-        """
-        self._path = Path(path)
-        self._max_bytes = max_bytes
-        self._backups = backups
-        self._events = events
-        self._written = 0
-        self._rotations = 0
-        self._closed = False
-        try:
-            self._file: Optional[TextIO] = self._open()
-        except OSError as exc:
-            raise ConfigError(f"sinks.jsonl.path: cannot write {self._path} ({exc.strerror or exc}); "
-                              f"create its directory, writable by the service's user, "
-                              f"or change sinks.jsonl.path") from None
-        self._size = self._file.tell()
-
-    def _open(self, truncate: bool = False) -> TextIO:
-        # Captions say what the camera saw: not for every user's eyes (0640).
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(self._path, flags | (os.O_TRUNC if truncate else 0), 0o640)
-        return os.fdopen(fd, "a", encoding="utf-8")
-
-    def caption(self, camera: str, caption: "Caption") -> None:
-        """Appends one JSON line, rotating first if it would pass ``max_bytes``.
-
-        Raises:
-          OSError: The disk is full or the file went away (``SinkSet`` counts it).
-        """
-        self._write(caption_record(camera, caption))
-
-    def event(self, camera: str, event: "Event", change: "Change") -> None:
-        """Appends the event's line when it opens or closes, if the sink writes events.
-
-        Raises:
-          OSError: As ``caption``.
-        """
-        if self._events and change != "extended":
-            self._write(event_record(event, change))
-
-    def _write(self, record: Dict[str, Any]) -> None:
-        if self._closed:
-            return
-        line = json.dumps(record, ensure_ascii=False) + "\n"
-        size = len(line.encode("utf-8"))
-        # No file: the last rotation failed half-way; try it again.
-        if self._file is None or (self._size and self._size + size > self._max_bytes):
-            self._rotate()
-        assert self._file is not None
-        self._file.write(line)
-        self._file.flush()
-        self._size += size
-        self._written += 1
-
-    def _rotate(self) -> None:
-        """Shifts path.N-1 -> path.N ... path -> path.1 and starts an empty path."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._backups > 0:
-            for n in range(self._backups - 1, 0, -1):
-                older = self._path.with_name(f"{self._path.name}.{n}")
-                if older.exists():
-                    os.replace(older, self._path.with_name(f"{self._path.name}.{n + 1}"))
-            if self._path.exists():
-                os.replace(self._path, self._path.with_name(f"{self._path.name}.1"))
-        self._file = self._open(truncate=True)
-        self._size = 0
-        self._rotations += 1
-
-    def counters(self) -> Dict[str, Any]:
-        """Returns ``{"written": lines, "rotations": n}``."""
-        return {"written": self._written, "rotations": self._rotations}
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Flushes and closes the file; later captions are ignored."""
-        self._closed = True
-        file, self._file = self._file, None
-        if file is not None:
-            try:
-                file.close()
-            except OSError as exc:
-                log.warning("closing %s: %s", self._path, exc)
 
 
 def tls_context(config: "MqttSinkConfig") -> ssl.SSLContext:
@@ -765,98 +508,3 @@ def _connect_failure(cause: Optional[BaseException], tls: bool) -> str:
     if isinstance(cause, OSError):
         return f"not reachable ({_ssl_reason(cause)})"
     return "not reachable"
-
-
-class SinkSet(Sink):
-    """Fans calls out to several sinks; a sink that raises is logged once, counted, and skipped.
-
-    Thread-safe: calls are serialized, so cameras may deliver from their own threads.
-    """
-
-    name = "sinks"
-
-    def __init__(self, sinks: List[Sink]) -> None:
-        """Takes ownership of ``sinks`` (``close`` closes them)."""
-        self.sinks = list(sinks)
-        self._failures: Dict[str, int] = {sink.name: 0 for sink in self.sinks}
-        self._lock = threading.Lock()
-
-    def caption(self, camera: str, caption: "Caption") -> None:
-        """Delivers the caption to every sink."""
-        with self._lock:
-            for sink in self.sinks:
-                try:
-                    sink.caption(camera, caption)
-                except Exception as exc:
-                    self._failed(sink, "caption", exc)
-
-    def event(self, camera: str, event: "Event", change: "Change") -> None:
-        """Delivers the event's change to every sink."""
-        with self._lock:
-            for sink in self.sinks:
-                try:
-                    sink.event(camera, event, change)
-                except Exception as exc:
-                    self._failed(sink, "event", exc)
-
-    def stats(self, snapshot: Dict[str, Any]) -> None:
-        """Delivers the stats snapshot to every sink."""
-        with self._lock:
-            for sink in self.sinks:
-                try:
-                    sink.stats(snapshot)
-                except Exception as exc:
-                    self._failed(sink, "stats", exc)
-
-    def _failed(self, sink: Sink, what: str, exc: BaseException) -> None:
-        self._failures[sink.name] = self._failures.get(sink.name, 0) + 1
-        if self._failures[sink.name] == 1:
-            log.warning("%s sink failed (%s): %s: %s; the other sinks go on, further failures are counted",
-                        sink.name, what, type(exc).__name__, exc)
-
-    def counters(self) -> Dict[str, Any]:
-        """Returns each sink's counters plus ``failures`` (calls that raised), by sink name."""
-        with self._lock:
-            return {sink.name: {**sink.counters(), "failures": self._failures.get(sink.name, 0)}
-                    for sink in self.sinks}
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Closes every sink within ``timeout`` seconds overall."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            sinks, self.sinks = self.sinks, []
-        for sink in sinks:
-            try:
-                sink.close(max(0.0, deadline - time.monotonic()))
-            except Exception as exc:
-                log.warning("%s sink: close failed: %s", sink.name, exc)
-
-
-def open_sinks(config: "ServiceConfig", stdout: Optional[TextIO] = None, extra: Sequence[Sink] = ()) -> SinkSet:
-    """Opens the sinks the config enables.
-
-    Args:
-      config: The service config (its ``sinks`` tables).
-      stdout: Stream for the stdout sink (default ``sys.stdout``).
-      extra: Sinks the caller opened (the history), put last; closed here if another cannot start.
-
-    Returns:
-      The sinks, as one ``SinkSet``.
-
-    Raises:
-      ConfigError: If a sink cannot start (an unwritable JSON-lines path, MQTT
-        TLS files that do not load); an unreachable broker is not an error.
-    """
-    sinks: List[Sink] = []
-    jsonl = config.sinks.jsonl
-    try:
-        if jsonl.path:
-            sinks.append(JsonlSink(jsonl.path, jsonl.max_bytes, jsonl.backups, jsonl.events))
-        if config.sinks.stdout.enabled:
-            sinks.append(StdoutSink(stdout))
-        if config.sinks.mqtt.host:  # raises, if at all, before its thread starts
-            sinks.append(MqttSink(config.sinks.mqtt, cameras=[camera.name for camera in config.cameras]))
-    except ConfigError:
-        SinkSet(sinks + list(extra)).close()  # the file already opened
-        raise
-    return SinkSet(sinks + list(extra))
