@@ -473,6 +473,36 @@ def test_locate_finds_the_line_of_a_key(key, line):
     assert locate(LOCATOR_DOC, key) == line
 
 
+SPLIT_DOC = """\
+[a]
+x = 1
+[b]
+y = 2
+[a.c]
+z = 3
+cams = [ {name = "f", fps = 0},
+  {name = "g", fps = 1} ]
+"""
+
+
+@pytest.mark.parametrize("key, line", [
+    (("a", "x"), 2),  # a table written in two parts: the key is in the first ...
+    (("a", "c", "z"), 6),  # ... or in the second
+    (("a", "c"), 5),
+    (("b", "missing"), 3),
+    (("a", "c", "cams", 0, "fps"), 7),  # a value in an inline table in an array: its own line
+    (("a", "c", "cams", 1, "fps"), 8),
+])
+def test_locate_reads_tables_written_in_parts_and_arrays(key, line):
+    # The hand-made line finder this replaced put every item of an array on the array's first line.
+    assert locate(SPLIT_DOC, key) == line
+
+
+def test_a_bad_value_in_a_table_written_in_parts_names_its_line(tmp_path):
+    path = write(tmp_path, MINIMAL + '[http]\nport = 80\n[sinks.stdout]\nenabled = true\n[http.x]\ny = 1\n')
+    assert error_of(path).startswith(f"{path}:8: http.x: unknown key; ")
+
+
 @pytest.mark.parametrize("token, problem", [
     ("aaaaaaaaaaaaaaaa", "is too easy to guess (16 characters, 1 different: about 0 bits where 72 are needed)"),
     ("abcdefghijklmnop", "is too easy to guess (16 characters, 16 different: about 64 bits where 72 are needed)"),

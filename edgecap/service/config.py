@@ -374,8 +374,10 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
 def locate(text: str, key: Sequence[Union[str, int]]) -> Optional[int]:
     """Finds the line of a TOML document that sets ``key`` (or its closest enclosing table).
 
-    A small reader of TOML's line structure: table headers, arrays of tables and
-    (dotted) keys; it is only asked where a document that parsed went wrong.
+    tomlkit reads the document keeping its layout and renders it back byte for
+    byte; the item at ``key`` is found in its tree and its line read off that
+    rendering with a mark put before the item. Asked only where a document that
+    tomllib read went wrong.
 
     Args:
       text: The TOML document.
@@ -385,80 +387,81 @@ def locate(text: str, key: Sequence[Union[str, int]]) -> Optional[int]:
       The 1-based line that sets the key, else the line of its nearest
       enclosing table or key, else None.
     """
-    target = tuple(key)
-    best: Optional[Tuple[int, int]] = None  # (length of the matched prefix, line)
-    table: Key = ()
-    arrays: Dict[Key, int] = {}  # array-of-tables path -> current index
-    in_string = False
-    for number, line in enumerate(text.splitlines(), 1):
-        if in_string:  # inside a multi-line string: no keys or headers here
-            in_string = not _toggles_multiline(line)
-            continue
-        found: Optional[Key] = None
-        header = _HEADER.match(line)
-        if header:
-            parts = _dotted(header.group("key"))
-            full = _in_arrays(parts, arrays)
-            if header.group("open") == "[[":
-                arrays[parts] = arrays.get(parts, -1) + 1
-                full = full + (arrays[parts],)
-            table = full
-            found = full
-        else:
-            assignment = _KEY.match(line)
-            if assignment:
-                found = table + _dotted(assignment.group("key"))
-                in_string = _toggles_multiline(line[assignment.end():])
-        if found is None:
-            continue
-        # The key itself (or a dotted key or header inside it), else its closest enclosing table.
-        score = len(target) if found[:len(target)] == target else (
-            len(found) if found == target[:len(found)] else 0)
-        if score and (best is None or score > best[0]):
-            best = (score, number)
-    return best[1] if best else None
+    try:
+        import tomlkit  # here, not at the top: only a bad file pays for it
+
+        doc = tomlkit.parse(text)
+    except Exception:  # no tomlkit, or one that reads the file otherwise than tomllib: no line, same message
+        return None
+    for item in reversed(_items(doc, tuple(key))):
+        line = _line_of(doc, item)
+        if line is not None:
+            return line
+    return None
+
+
+_MARK = "\x00"  # in no TOML document: tomllib refuses control characters
+
+
+def _items(node: Any, key: Key) -> List[Any]:
+    """tomlkit's items along ``key``, as deep as the document goes (a table written in parts: each part)."""
+    if not key:
+        return []
+    best: List[Any] = []
+    for child in _children(node, key[0]):
+        path = [child] + _items(child, key[1:])
+        if len(path) > len(best):
+            best = path
+    return best
+
+
+def _children(node: Any, part: Union[str, int]) -> List[Any]:
+    """The items of ``node`` at ``part``: an index of an array (of tables), else every entry of that name."""
+    from tomlkit.container import Container
+    from tomlkit.items import AoT, Array
+
+    if isinstance(part, int):
+        return [node[part]] if isinstance(node, (AoT, Array)) and 0 <= part < len(node) else []
+    body = node if isinstance(node, Container) else getattr(node, "value", None)
+    if not isinstance(body, Container):
+        return []
+    return [item for name, item in body.body if name is not None and name.key == part]
+
+
+def _line_of(doc: Any, item: Any) -> Optional[int]:
+    """The line where ``item`` starts in ``doc``; for a table without a header, where its first key does."""
+    from tomlkit.items import AoT, Table
+
+    trivia = getattr(item, "trivia", None)
+    if trivia is not None:
+        indent = trivia.indent
+        trivia.indent = indent + _MARK
+        try:
+            rendered = doc.as_string()
+        finally:
+            trivia.indent = indent
+        at = rendered.find(_MARK)
+        if at >= 0:
+            return rendered.count("\n", 0, at) + 1
+    if isinstance(item, AoT):
+        children = list(item.body)
+    elif isinstance(item, Table):
+        children = [child for name, child in item.value.body if name is not None]
+    else:
+        return None  # a value inside an array or an inline table: the caller takes the key that holds it
+    for child in children:
+        line = _line_of(doc, child)
+        if line is not None:
+            return line
+    return None
 
 
 # --- reading -------------------------------------------------------------------------
 
-_BARE = r"[A-Za-z0-9_-]+"
-_QUOTED = r'"(?:[^"\\]|\\.)*"|\'[^\']*\''
-_DOTTED = rf"(?:{_BARE}|{_QUOTED})(?:\s*\.\s*(?:{_BARE}|{_QUOTED}))*"
-_HEADER = re.compile(rf"^\s*(?P<open>\[\[?)\s*(?P<key>{_DOTTED})\s*\]\]?\s*(?:#.*)?$")
-_KEY = re.compile(rf"^\s*(?P<key>{_DOTTED})\s*=")
-_PART = re.compile(rf"\s*({_BARE}|{_QUOTED})\s*(?:\.|$)")
 _AT_LINE = re.compile(r"\s*\(at line (?P<line>\d+), column (?P<col>\d+)\)\s*$")
 _AT_END = re.compile(r"\s*\(at end of document\)\s*$")
 _INDEX = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 _OVERRIDE_PART = re.compile(r"([A-Za-z0-9_-]+)|\[(\d+)\]")
-
-
-def _dotted(key: str) -> Tuple[str, ...]:
-    """Splits a TOML key (``a."b.c".d``) into its parts."""
-    parts = []
-    for part in _PART.findall(key):
-        if part[:1] == '"':
-            part = part[1:-1].encode().decode("unicode_escape")
-        elif part[:1] == "'":
-            part = part[1:-1]
-        parts.append(part)
-    return tuple(parts)
-
-
-def _in_arrays(parts: Tuple[str, ...], arrays: Mapping[Key, int]) -> Key:
-    """A header's path with the current index inserted after each array of tables it is inside."""
-    full: List[Union[str, int]] = []
-    for i, part in enumerate(parts):
-        full.append(part)
-        prefix = parts[:i + 1]
-        if i + 1 < len(parts) and prefix in arrays:
-            full.append(arrays[prefix])
-    return tuple(full)
-
-
-def _toggles_multiline(rest: str) -> bool:
-    """True if ``rest`` opens a multi-line string that it does not close."""
-    return (rest.count('"""') + rest.count("'''")) % 2 == 1
 
 
 def _text(path: Path, data: bytes) -> str:
