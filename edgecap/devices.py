@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 
 import psutil
 
-from edgecap import interpreter
+from edgecap import interpreter, recognition
 from edgecap.errors import ConfigError
 
 # Coral USB Accelerator: Global Unichip before the runtime loads its firmware, Google after.
@@ -38,11 +38,9 @@ _APEX_CLASS = "class/apex"  # below the sysfs root
 # trip_point{0,1,2}_temp change them, and sysfs shows them as
 # /sys/class/apex/apex_N/trip_point{0,1,2}_temp, read when present.
 APEX_TRIP_POINTS_C = (85.0, 90.0, 95.0)
-_DT_MODELS = ("proc/device-tree/model", "sys/firmware/devicetree/base/model")
-# Device-tree model -> board family. The Coral Dev Board's model is "Freescale
-# i.MX8MQ Phanbell" on Mendel's kernel and "Google i.MX8MQ Phanbell" in mainline.
-_BOARD_MODELS = ((re.compile(r"i\.MX8MQ Phanbell"), "Coral Dev Board"),
-                 (re.compile(r"^Raspberry Pi [45]"), "Raspberry Pi"))
+# The device tree, where the kernel shows it (boards; a PC has none).
+_DT_DIRS = ("proc/device-tree", "sys/firmware/devicetree/base")
+_log = logging.getLogger("edgecap")
 
 _DEVICE_RE = re.compile(r"^(?:(cpu|tpu|emu-tpu|usb|pci)(?::(\d+))?|:(\d+))$")
 
@@ -75,7 +73,19 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """One device present on this machine, as ``edgecap devices`` lists it."""
+    """One device present on this machine, as ``edgecap devices`` lists it.
+
+    Attributes:
+      device: ``cpu`` or ``tpu:N``.
+      kind: ``cpu``, ``pci`` or ``usb``.
+      path: Where it is (``/dev/apex_0``, a sysfs USB device).
+      runtime: The interpreter and libedgetpu that would run it.
+      temperature_c: A PCIe TPU's temperature, else None.
+      throttled: Whether the apex driver slowed a PCIe TPU's clock; None unknown.
+      state: A USB TPU's: ``dfu`` (its bootloader, 1a6e:089a: no firmware yet)
+        or ``loaded`` (18d1:9302); None for others.
+      speed_mbps: A USB TPU's link speed from sysfs (480: USB 2, 5000: USB 3), or None.
+    """
 
     device: str
     kind: str
@@ -83,6 +93,8 @@ class DeviceInfo:
     runtime: str
     temperature_c: Optional[float] = None
     throttled: Optional[bool] = None
+    state: Optional[str] = None
+    speed_mbps: Optional[int] = None
 
 
 def parse_device(text: str) -> DeviceSpec:
@@ -123,41 +135,44 @@ class Hardware:
     """What this machine is, for choosing a plan: the board and the EdgeTPUs attached.
 
     Attributes:
-      model: The device-tree model string, or None (not an ARM board, or unreadable).
-      family: ``Coral Dev Board``, ``Raspberry Pi``, or None for anything else.
-      tpus: The attached EdgeTPUs, PCIe first, then USB in sysfs order.
+      model: The device-tree model string, or None (no device tree: a PC).
+      family: What the recognition rules call the board by its device tree
+        (``Coral Dev Board``, ``Raspberry Pi 5``), or None.
+      tpus: The attached EdgeTPUs, in libedgetpu's order.
+      compatible: The device tree's ``compatible`` strings.
     """
 
     model: Optional[str]
     family: Optional[str]
     tpus: Tuple[DeviceInfo, ...]
+    compatible: Tuple[str, ...] = ()
+
+    @property
+    def recognised(self) -> Optional[recognition.Recognised]:
+        """The board profile this hardware is recognised as (``edgecap.recognition``), or None."""
+        return recognition.recognise(self.model, self.compatible, self.tpus)
 
     @property
     def profile(self) -> Optional[str]:
-        """The board profile whose plans fit this hardware, or None if no profile does.
-
-        A Dev Board with only its PCIe TPU is ``devboard``, with a USB
-        Accelerator too ``devboard-usb``; a Raspberry Pi with USB Accelerators is
-        ``rpi4-2usb`` (the Pi 5 has no profile of its own yet and is closest).
-        """
-        kinds = [t.kind for t in self.tpus]
-        if self.family == "Coral Dev Board" and "pci" in kinds:
-            return "devboard-usb" if "usb" in kinds else "devboard"
-        if self.family == "Raspberry Pi" and "usb" in kinds:
-            return "rpi4-2usb"
-        return None
+        """The name of the board profile whose plans fit this hardware, or None if no profile does."""
+        found = self.recognised
+        return found.profile if found else None
 
     def describe(self) -> str:
         """One line: the board and its EdgeTPUs."""
         board = self.family or "this machine"
         if self.model and self.family:
             board += f" ({self.model})"
-        tpus = ", ".join(f"{t.kind}:{t.path}" for t in self.tpus) or "no EdgeTPU"
+        tpus = ", ".join(f"{t.kind}:{t.path}" + (f" ({t.speed_mbps} Mbit/s)" if t.speed_mbps else "")
+                         for t in self.tpus) or "no EdgeTPU"
         return f"{board} with {tpus}"
 
 
 def detect_hardware(root: "str | os.PathLike[str]" = "/") -> Hardware:
     """Finds the board and the attached EdgeTPUs.
+
+    A board that is mapped to the nearest profile (it has none of its own)
+    logs one warning saying so.
 
     Args:
       root: The filesystem root to look under (tests pass a fake device tree).
@@ -166,15 +181,31 @@ def detect_hardware(root: "str | os.PathLike[str]" = "/") -> Hardware:
       The ``Hardware``.
     """
     root = Path(root)
-    model = None
-    for rel in _DT_MODELS:
-        try:
-            model = (root / rel).read_bytes().rstrip(b"\0\n").decode(errors="replace").strip()
-            break
-        except OSError:
+    model, compatible = _device_tree(root)
+    hardware = Hardware(model, recognition.board_name(model, compatible), tuple(list_devices(root)[1:]),
+                        compatible)
+    found = hardware.recognised
+    if found is not None and found.nearest:
+        _log.warning("edgecap: %s", found.nearest)
+    return hardware
+
+
+def _device_tree(root: Path) -> Tuple[Optional[str], Tuple[str, ...]]:
+    """The device tree's model and compatible strings, from the first place that shows it."""
+    for rel in _DT_DIRS:
+        base = root / rel
+        if not base.is_dir():
             continue
-    family = next((name for pattern, name in _BOARD_MODELS if model and pattern.search(model)), None)
-    return Hardware(model, family, tuple(list_devices(root)[1:]))
+        try:
+            model = (base / "model").read_bytes().rstrip(b"\0\n").decode(errors="replace").strip()
+        except OSError:
+            model = ""
+        try:
+            raw = (base / "compatible").read_bytes()
+        except OSError:
+            raw = b""
+        return model or None, tuple(c.decode(errors="replace") for c in raw.split(b"\0") if c)
+    return None, ()
 
 
 def list_devices(root: "str | os.PathLike[str]" = "/") -> List[DeviceInfo]:
@@ -203,15 +234,41 @@ def list_devices(root: "str | os.PathLike[str]" = "/") -> List[DeviceInfo]:
     edgetpu = _edgetpu_runtime_version()
     runtime = f"{backend}; {edgetpu or 'libedgetpu not found'}"
     infos = [cpu]
-    for n, (kind, path) in enumerate(_enumerate_edgetpus(root)):
+    usb = _usb_tpus(root)
+    for n, (kind, path) in enumerate(_enumerate_edgetpus(root, usb)):
         state = thermal(path, root / "sys")
+        link = usb.get(path)
         infos.append(DeviceInfo(f"tpu:{n}", kind, path, runtime,
                                 None if state is None else state.temperature_c,
-                                None if state is None else state.throttled))
+                                None if state is None else state.throttled,
+                                link.state if link else None, link.speed_mbps if link else None))
     return infos
 
 
-def _enumerate_edgetpus(root: Path) -> List[Tuple[str, str]]:
+@dataclass(frozen=True)
+class _UsbLink:
+    state: str  # "dfu" or "loaded"
+    speed_mbps: Optional[int]
+
+
+def _usb_tpus(root: Path) -> Dict[str, _UsbLink]:
+    """The Coral USB devices in sysfs, by path, in sysfs name order."""
+    found = {}
+    for dev in sorted((root / _SYSFS_USB).glob("*")):
+        try:
+            ids = ((dev / "idVendor").read_text().strip(), (dev / "idProduct").read_text().strip())
+        except OSError:
+            continue
+        if ids in CORAL_USB_IDS:
+            try:
+                speed: Optional[int] = int(float((dev / "speed").read_text().strip()))
+            except (OSError, ValueError):
+                speed = None
+            found[str(dev)] = _UsbLink("dfu" if ids == CORAL_USB_IDS[0] else "loaded", speed)
+    return found
+
+
+def _enumerate_edgetpus(root: Path, usb: Dict[str, _UsbLink]) -> List[Tuple[str, str]]:
     if root == Path("/"):
         try:
             from pycoral.utils.edgetpu import list_edge_tpus  # Google's pycoral, Coral's apt repo
@@ -220,14 +277,7 @@ def _enumerate_edgetpus(root: Path) -> List[Tuple[str, str]]:
         else:
             return [(t["type"], t["path"]) for t in list_edge_tpus()]
     found = [("pci", p) for p in sorted(glob.glob(str(root / _APEX_DEVICES)))]
-    for dev in sorted((root / _SYSFS_USB).glob("*")):
-        try:
-            ids = ((dev / "idVendor").read_text().strip(), (dev / "idProduct").read_text().strip())
-        except OSError:
-            continue
-        if ids in CORAL_USB_IDS:
-            found.append(("usb", str(dev)))
-    return found
+    return found + [("usb", path) for path in usb]
 
 
 def _edgetpu_runtime_version() -> Optional[str]:

@@ -63,6 +63,7 @@ FAST_TESTS: Dict[str, List[str]] = {
                      "test_the_service_configs_beam_is_typed_with_a_one_line_error",
                      "test_the_service_config_takes_a_beam_and_defaults_to_the_runtimes"],
     # All but the libedgetpu fallback (2.7 s: it starts a probe child).
+    "test_recognition.py": ["test_each_profile_is_recognised_from_its_own_rules"],
     "test_planner.py": ["test_the_board_is_recognised_from_its_device_tree",
                         "test_the_plan_for_the_board_is_taken_when_its_tpus_are_there",
                         "test_fewer_tpus_than_planned_falls_back_to_the_best_plan_for_what_is_there",

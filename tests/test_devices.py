@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 import json
 from unittest import mock
 import time
@@ -179,14 +179,17 @@ def test_delegate_interpreter_failure_is_a_one_line_error(plan, libedgetpu, monk
 
 
 def _fake_tree(root: Path, usb: dict, apex: dict, model: Optional[str] = None,
-               trips: Optional[dict] = None) -> Path:
-    """A fake device tree: USB devices (name -> vendor, product), PCIe TPUs (index -> milli-°C),
-    and the apex driver's trip points (index -> three milli-°C values)."""
+               trips: Optional[dict] = None, compatible: Sequence[str] = ()) -> Path:
+    """A fake device tree: USB devices (name -> vendor, product[, speed in Mbit/s]), PCIe TPUs
+    (index -> milli-°C), the apex driver's trip points (index -> three milli-°C values), and the
+    device tree's model and compatible strings."""
     for name, ids in usb.items():
         dev = root / "sys" / "bus" / "usb" / "devices" / name
         dev.mkdir(parents=True)
         (dev / "idVendor").write_text(ids[0] + "\n")
         (dev / "idProduct").write_text(ids[1] + "\n")
+        if len(ids) > 2:
+            (dev / "speed").write_text(f"{ids[2]}\n")
     for n, temp in apex.items():
         (root / "dev").mkdir(parents=True, exist_ok=True)
         (root / "dev" / f"apex_{n}").touch()
@@ -195,9 +198,12 @@ def _fake_tree(root: Path, usb: dict, apex: dict, model: Optional[str] = None,
     for n, points in (trips or {}).items():
         for i, milli in enumerate(points):
             (root / "sys" / "class" / "apex" / f"apex_{n}" / f"trip_point{i}_temp").write_text(f"{milli}\n")
-    if model is not None:
+    if model is not None or compatible:
         (root / "proc" / "device-tree").mkdir(parents=True)
+    if model is not None:
         (root / "proc" / "device-tree" / "model").write_bytes(model.encode() + b"\0")
+    if compatible:
+        (root / "proc" / "device-tree" / "compatible").write_bytes(b"".join(c.encode() + b"\0" for c in compatible))
     return root
 
 

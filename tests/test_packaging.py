@@ -86,6 +86,8 @@ def test_wheel_ships_its_data_without_a_packages_warning(built_wheel) -> None:
     shipped = {p.name for p in (REPO / "compile" / "boards").glob("*.json")}
     assert shipped and {f"edgecap_compile/boards/{n}" for n in shipped} <= names
     assert "edgecap_compile/boards.py" in names
+    rules = {p.name for p in (REPO / "edgecap" / "data" / "boards").glob("*.json")}
+    assert rules and {f"edgecap/data/boards/{n}" for n in rules} <= names
     static = REPO / "edgecap" / "service" / "static"
     assert {f"edgecap/service/static/{p.name}" for p in static.iterdir() if p.suffix != ".py"} <= names
     demo = REPO / "models" / "demo"
