@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -139,7 +140,11 @@ def test_throttling_is_the_trip_points_reached_at_each_scrape(tmp_path: Path) ->
 def test_process_cpu_and_memory_come_from_this_process(tmp_path: Path) -> None:
     m = Metrics(sysfs=tmp_path)
     _, before = scrape(m)
-    sum(i * i for i in range(300_000))  # burn some CPU between two scrapes
+    # Burn CPU by the process's own clock, not by a fixed amount of work: the kernel counts
+    # it in 10 ms ticks, and a fixed loop may finish inside one tick on a fast core.
+    start = time.process_time()
+    while time.process_time() - start < 0.05:
+        sum(i * i for i in range(10_000))
     _, after = scrape(m)
     rss = psutil.Process().memory_info().rss
     assert 0.5 * rss < after[("process_resident_memory_bytes", ())] < 2 * rss
