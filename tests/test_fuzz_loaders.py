@@ -88,7 +88,7 @@ def _with(doc: dict, edit) -> bytes:
 
 
 def test_what_the_long_run_found_stays_fixed(ws) -> None:
-    # docs/fuzz.json: each of these escaped the loaders as a Python exception before.
+    # results/fuzz.json: each of these escaped the loaders as a Python exception before.
     lone = "\ud800"
     bad_utf8 = loader_fuzz.json_bytes(ws.bundle_doc).replace(b'"provenance"', b'"\xffprovenance"')
     cases = [

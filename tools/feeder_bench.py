@@ -2,7 +2,7 @@
 
     python tools/feeder_bench.py --make-clips /tmp/feeder-clips
     python tools/feeder_bench.py --clip /tmp/feeder-clips/demo-128.mp4 \
-        --checkout before=/work/main --checkout after=. --rounds 5 --json docs/feeder-bench.json
+        --checkout before=/work/main --checkout after=. --rounds 5 --json results/feeder-bench.json
 
 Each round runs every checkout once, in turn, on the same clip (so load from
 elsewhere falls on all of them alike; the order reverses every round): a child

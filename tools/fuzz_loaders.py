@@ -1,6 +1,6 @@
 """Long fuzz run of edgecap's loaders: bundle.json, plan.json, the service's TOML, model bytes.
 
-    .venv-test/bin/python tools/fuzz_loaders.py [--cases 12000] [--seed 1] [--json docs/fuzz.json]
+    .venv-test/bin/python tools/fuzz_loaders.py [--cases 12000] [--seed 1] [--json results/fuzz.json]
 
 Mutates valid documents and models (tests/loader_fuzz.py has the strategies)
 and checks that each loader either succeeds or raises edgecap's own error in
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=12000, help="cases in all, split across targets")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", default=str(REPO / "docs" / "fuzz.json"), help="where to write results")
+    parser.add_argument("--json", default=str(REPO / "results" / "fuzz.json"), help="where to write results")
     args = parser.parse_args(argv)
     per = args.cases // 6
     ws = loader_fuzz.Workspace()

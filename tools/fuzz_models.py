@@ -1,6 +1,6 @@
 """Long structural fuzz of model files: the demo bundle's models and Coral's real ones.
 
-    .venv-test/bin/python tools/fuzz_models.py [--mutants 20000] [--seed 1] [--json docs/model-fuzz.json]
+    .venv-test/bin/python tools/fuzz_models.py [--mutants 20000] [--seed 1] [--json results/model-fuzz.json]
         [--coral /work/.mirror/google-coral+test_data/repo]
 
 Mutates operators' inputs and outputs, tensors' shapes, types, buffers and

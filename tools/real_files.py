@@ -1,7 +1,7 @@
 """Every real third-party model file available offline, through each edgecap step that applies to it.
 
     python tools/real_files.py --mirror PATH/TO/google-coral/test_data \\
-        --json docs/real-files.json --md docs/real-files.md
+        --json results/real-files.json --md results/real-files.md
 
 The files: every ``.tflite`` of a google-coral/test_data checkout or bare
 mirror (``--mirror``; a blob the mirror lacks, or a Git LFS pointer in its

@@ -34,7 +34,7 @@ process: peak resident memory and time to the first caption.
 
 The command line (``edgecap bench``) is in ``edgecap.cli``; ``run_bench`` is
 what it calls (``edgecap bench --adapt``, a board that differs from its
-profile, is ``edgecap.truth_bench``). ``bench_isolation``, the cost of process isolation, is a
+profile, is ``edgecap_lab.truth_bench``). ``bench_isolation``, the cost of process isolation, is a
 developer's measurement: ``python tools/isolation_bench.py``.
 """
 

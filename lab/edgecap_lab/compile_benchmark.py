@@ -1,7 +1,7 @@
 """Benchmark of the partitioner against edgetpu_compiler's equal-parameter split, a balanced
 TPU-only split and brute force.
 
-    python -m edgecap_compile.benchmark
+    python -m edgecap_lab.compile_benchmark
 
 For MobileNetV2, ResNet50, InceptionV3 and EfficientNetB0 (random weights,
 full int8, cached by ``keras_zoo``) on the ``devboard``, ``devboard-usb``, ``rpi4-2usb``,
@@ -27,10 +27,10 @@ chains the written segments against the whole model on random inputs
 repeats our split and the equal-parameter split on ResNet50 and InceptionV3
 with every TPU's usable parameter cache set to 6, 7 and 8 MiB: how much of the
 partition's advantage rests on the budget, with the balanced TPU-only split
-beside them. Writes docs/compile-benchmark.json
-and docs/compile-benchmark.md.
+beside them. Writes results/compile-benchmark.json
+and results/compile-benchmark.md.
 
-The models are generated once with TensorFlow (``python -m edgecap_compile.keras_zoo``);
+The models are generated once with TensorFlow (``python -m edgecap_lab.keras_zoo``);
 without TensorFlow and without the cached models it exits 2 with one line.
 """
 
@@ -63,11 +63,11 @@ from edgecap_compile.compiler import compile_model, rnn_step_ms
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import Tensor, read_graph
-from edgecap_compile.keras_zoo import ARCHITECTURES, cache_dir, model_path
 from edgecap_compile.partitioner import (Partition, balanced_tpu_split, equal_param_split,
                                          evaluate, exhaustive, partition, whole_on_one_tpu)
 from edgecap_compile.plan import plan_devices
 from edgecap_compile.segments import build_segment
+from edgecap_lab.keras_zoo import ARCHITECTURES, cache_dir, model_path
 
 BOARDS = ("devboard", "devboard-usb", "rpi4-2usb", "rpi3bplus-usb2", "rpi5-dualtpu",
           "pc-4tpu-pcie")
@@ -83,8 +83,8 @@ TPU_COUNT_ROWS = tuple((board, n, ("ResNet50", "InceptionV3"))
                        for n in counts)
 # Brute force runs on rows with at most this many TPUs.
 EXHAUSTIVE_TPUS = 2
-REPO = Path(__file__).resolve().parent.parent
-DOCS = REPO / "docs"
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "results"
 RNN_STEP = REPO / "models" / "demo" / "bundle" / "rnn_encoder_step.tflite"
 # The issue's case: 8-frame windows every 2 sampled frames, 4 RNN steps a frame.
 WINDOW = (8, 2)
@@ -185,7 +185,7 @@ def require_models(models: List[str]) -> None:
         raise CompileError(
             f"benchmark models {', '.join(missing)} are not in {cache_dir()} and TensorFlow is "
             "not installed; pip install 'edgecap[train]' and run "
-            "`python -m edgecap_compile.keras_zoo` once")
+            "`python -m edgecap_lab.keras_zoo` once")
 
 
 def sram_sensitivity(models: List[Tuple[str, Path]], boards: List[str], rnn: Dict[str, float],
@@ -331,7 +331,7 @@ def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = R
     resnet = model_path("ResNet50")
     compile_times = time_cli_compile(resnet, "devboard-usb")
     return {
-        "command": "python -m edgecap_compile.benchmark",
+        "command": "python -m edgecap_lab.compile_benchmark",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host": {"machine": platform.machine(), "python": platform.python_version(),
                  "cpus": os.cpu_count()},
@@ -400,7 +400,7 @@ def markdown(doc: dict) -> str:
         f"profile (compile/boards/*.json), every TPU the board has unless *TPUs* says fewer "
         f"(of the board's), a shared bus's time in every bottleneck; {_rnn_line(doc['rnn'])}. "
         "Models: Keras architectures with random weights, full int8, 224x224 input, cached by "
-        "`python -m edgecap_compile.keras_zoo`.",
+        "`python -m edgecap_lab.keras_zoo`.",
         "",
         "- **ours**: `edgecap compile` (exact search over cuts and TPU orders with the shared "
         "bus, tie-break on latency); **TPU order**: the TPUs as plan.json names them, in the "
@@ -468,7 +468,7 @@ def markdown(doc: dict) -> str:
         + ", ".join(f"{b}: {'/'.join(f'{m:g}' for m in ms)} MiB"
                     for b, ms in doc["sram_usable_mib"].items())
         + " of each TPU's 8 MiB as parameter cache (sources in compile/boards/*.json, validity in "
-        "docs/cost-model.md). With every TPU's usable cache set to 6, 7 and 8 MiB instead "
+        "results/cost-model.md). With every TPU's usable cache set to 6, 7 and 8 MiB instead "
         "(modelled). Rows marked (bundle) are a captioning bundle's own encoder: headless (no "
         "classifier), with that bundle's RNN step and window charged to the CPU stage:",
         "",
@@ -492,7 +492,7 @@ def markdown(doc: dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the benchmark and writes the JSON and markdown files."""
-    parser = Parser(prog="python -m edgecap_compile.benchmark", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m edgecap_lab.compile_benchmark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(ARCHITECTURES),
                         choices=list(ARCHITECTURES))
     parser.add_argument("--boards", nargs="+", default=list(BOARDS))
@@ -506,7 +506,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--bundles", nargs="+", default=[], type=Path,
                         help="also put these bundles' encoders (headless, with their own RNN "
                              "step) in the usable-SRAM table, e.g. the paper-scale bundles")
-    parser.add_argument("--out", default=str(DOCS / "compile-benchmark"),
+    parser.add_argument("--out", default=str(RESULTS / "compile-benchmark"),
                         help="path prefix of the .json and .md written")
     args = parser.parse_args(argv)
     rnn_step = None if args.rnn_step == "none" else Path(args.rnn_step)
@@ -529,4 +529,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command("python -m edgecap_compile.benchmark", main))
+    sys.exit(run_command("python -m edgecap_lab.compile_benchmark", main))

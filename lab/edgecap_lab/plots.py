@@ -23,7 +23,7 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("plots need matplotlib: pip install 'edgecap[plot]'") from None
+        raise ConfigError("plots need matplotlib: pip install matplotlib") from None
     return plt
 
 

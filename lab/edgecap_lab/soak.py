@@ -2,7 +2,7 @@
 
 The command is a developer script (``run_soak`` is what it calls)::
 
-    python tools/soak.py --frames 50000 --json docs/soak.json --md docs/soak.md
+    python tools/soak.py --frames 50000 --json results/soak.json --md results/soak.md
 
 It captions ``--frames`` sampled frames (the demo clip, repeated) through the
 pipelined runtime on the emulated ``devboard-usb`` (emulated EdgeTPUs, real
