@@ -89,30 +89,26 @@ def mutated_doc(draw: Callable, base: Dict[str, Any]) -> Any:
             if op == "replace":
                 doc = draw(values)
             continue
+        parent, key = _get(doc, path[:-1]), path[-1]
         try:
-            _edit(draw, _get(doc, path[:-1]), path[-1], op)
+            if op == "replace":
+                parent[key] = draw(values)
+            elif op == "drop":
+                del parent[key]
+            elif op == "add" and isinstance(parent, dict):
+                parent[draw(st.sampled_from(["x", "extra", key + "_" if isinstance(key, str) else "k"]))] = draw(values)
+            elif op == "dup" and isinstance(parent, list):
+                parent.insert(key, json.loads(json.dumps(parent[key])))
+            elif op == "string":
+                parent[key] = draw(st.one_of(st.sampled_from(ODD_STRINGS), st.text(max_size=300),
+                                             st.sampled_from(ODD_STRINGS).map(lambda x: parent[key] + x)))
+            elif op == "number":
+                parent[key] = draw(st.one_of(st.sampled_from(ODD_NUMBERS), st.integers(), st.floats()))
+            elif op == "scale" and isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
+                parent[key] = parent[key] * draw(st.sampled_from([-1, 10**9, 1e300, 0, float("nan")]))
         except (KeyError, IndexError, TypeError):
             pass
     return doc
-
-
-def _edit(draw: Callable, parent: Any, key: Any, op: str) -> None:
-    """Applies one of ``mutated_doc``'s edits to ``parent[key]``."""
-    if op == "replace":
-        parent[key] = draw(values)
-    elif op == "drop":
-        del parent[key]
-    elif op == "add" and isinstance(parent, dict):
-        parent[draw(st.sampled_from(["x", "extra", key + "_" if isinstance(key, str) else "k"]))] = draw(values)
-    elif op == "dup" and isinstance(parent, list):
-        parent.insert(key, json.loads(json.dumps(parent[key])))
-    elif op == "string":
-        parent[key] = draw(st.one_of(st.sampled_from(ODD_STRINGS), st.text(max_size=300),
-                                     st.sampled_from(ODD_STRINGS).map(lambda x: parent[key] + x)))
-    elif op == "number":
-        parent[key] = draw(st.one_of(st.sampled_from(ODD_NUMBERS), st.integers(), st.floats()))
-    elif op == "scale" and isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
-        parent[key] = parent[key] * draw(st.sampled_from([-1, 10**9, 1e300, 0, float("nan")]))
 
 
 @st.composite

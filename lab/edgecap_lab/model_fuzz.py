@@ -159,101 +159,63 @@ def _patch(rng: random.Random, data: bytes, all_sites: List[_Site], n_tensors: i
 def _rebuild(rng: random.Random, model: schema.ModelT) -> str:
     g = model.subgraphs[0]
     ops, tensors = g.operators or [], g.tensors or []
-    kind = rng.choice(list(_REBUILDS))
+    kind = rng.choice(["drop_input", "add_input", "drop_output", "add_output", "add_dim", "drop_dim",
+                       "cut_buffer", "grow_buffer", "empty_buffer", "quant_lengths", "delete_op",
+                       "duplicate_op", "move_op", "drop_graph_input", "no_buffers"])
     op = rng.choice(ops) if ops else None
     t = rng.choice(tensors) if tensors else None
-    return _REBUILDS[kind](rng, model, kind, op, t) or "rebuild none"
-
-
-def _operator_io(rng: random.Random, model: schema.ModelT, kind: str, op: Any, t: Any) -> Optional[str]:
-    if op is None:
-        return None
-    which = "inputs" if "input" in kind else "outputs"
-    vec = list(getattr(op, which) if getattr(op, which) is not None else [])
-    if kind.startswith("drop") and vec:
-        del vec[rng.randrange(len(vec))]
-    else:
-        tensors = model.subgraphs[0].tensors or []
-        vec.insert(rng.randrange(len(vec) + 1), rng.choice([-1, rng.randrange(len(tensors))]))
-    setattr(op, which, np.array(vec, dtype=np.int32))
-    return f"rebuild {kind}"
-
-
-def _dims(rng: random.Random, model: schema.ModelT, kind: str, op: Any, t: Any) -> Optional[str]:
-    if t is None:
-        return None
-    shape = list(t.shape if t.shape is not None else [])
-    if kind == "add_dim":
-        shape.insert(rng.randrange(len(shape) + 1), rng.choice([1, 2, 3]))
-    elif shape:
-        del shape[rng.randrange(len(shape))]
-    t.shape = np.array(shape, dtype=np.int32)
-    t.shapeSignature = None
-    return f"rebuild {kind} ({t.name!r})"
-
-
-def _buffer(rng: random.Random, model: schema.ModelT, kind: str, op: Any, t: Any) -> Optional[str]:
+    if kind in ("drop_input", "add_input", "drop_output", "add_output") and op is not None:
+        which = "inputs" if "input" in kind else "outputs"
+        vec = list(getattr(op, which) if getattr(op, which) is not None else [])
+        if kind.startswith("drop") and vec:
+            del vec[rng.randrange(len(vec))]
+        else:
+            vec.insert(rng.randrange(len(vec) + 1), rng.choice([-1, rng.randrange(len(tensors))]))
+        setattr(op, which, np.array(vec, dtype=np.int32))
+        return f"rebuild {kind}"
+    if kind in ("add_dim", "drop_dim") and t is not None:
+        shape = list(t.shape if t.shape is not None else [])
+        if kind == "add_dim":
+            shape.insert(rng.randrange(len(shape) + 1), rng.choice([1, 2, 3]))
+        elif shape:
+            del shape[rng.randrange(len(shape))]
+        t.shape = np.array(shape, dtype=np.int32)
+        t.shapeSignature = None
+        return f"rebuild {kind} ({t.name!r})"
     buffers = [b for b in (model.buffers or []) if b.data is not None and len(b.data)]
-    if not buffers:
-        return None
-    b = rng.choice(buffers)
-    if kind == "cut_buffer":
-        b.data = b.data[:rng.randrange(len(b.data))]
-    elif kind == "grow_buffer":
-        b.data = np.concatenate([b.data, np.zeros(rng.choice([1, 4, 64]), dtype=b.data.dtype)])
-    else:
-        b.data = None
-    return f"rebuild {kind}"
-
-
-def _quant_lengths(rng: random.Random, model: schema.ModelT, kind: str, op: Any, t: Any) -> Optional[str]:
-    if t is None or t.quantization is None:
-        return None
-    q = t.quantization
-    if q.scale is not None and len(q.scale):
-        q.scale = np.concatenate([q.scale, q.scale])
-    else:
-        q.zeroPoint = np.array([0, 1, 2], dtype=np.int64)
-    return "rebuild quant_lengths"
-
-
-def _operators(rng: random.Random, model: schema.ModelT, kind: str, op: Any, t: Any) -> Optional[str]:
-    ops = model.subgraphs[0].operators or []
+    if kind in ("cut_buffer", "grow_buffer", "empty_buffer") and buffers:
+        b = rng.choice(buffers)
+        if kind == "cut_buffer":
+            b.data = b.data[:rng.randrange(len(b.data))]
+        elif kind == "grow_buffer":
+            b.data = np.concatenate([b.data, np.zeros(rng.choice([1, 4, 64]), dtype=b.data.dtype)])
+        else:
+            b.data = None
+        return f"rebuild {kind}"
+    if kind == "quant_lengths" and t is not None and t.quantization is not None:
+        q = t.quantization
+        if q.scale is not None and len(q.scale):
+            q.scale = np.concatenate([q.scale, q.scale])
+        else:
+            q.zeroPoint = np.array([0, 1, 2], dtype=np.int64)
+        return "rebuild quant_lengths"
     if kind == "delete_op" and ops:
         del ops[rng.randrange(len(ops))]
-    elif kind == "duplicate_op" and ops:
+        return "rebuild delete_op"
+    if kind == "duplicate_op" and ops:
         i = rng.randrange(len(ops))
         ops.insert(rng.randrange(len(ops) + 1), copy.deepcopy(ops[i]))
-    elif kind == "move_op" and len(ops) > 1:
+        return "rebuild duplicate_op"
+    if kind == "move_op" and len(ops) > 1:
         ops.insert(rng.randrange(len(ops)), ops.pop(rng.randrange(len(ops))))
-    else:
-        return None
-    return f"rebuild {kind}"
-
-
-def _drop_graph_input(rng: random.Random, model: schema.ModelT, kind: str, op: Any, t: Any) -> Optional[str]:
-    g = model.subgraphs[0]
-    if g.inputs is None or not len(g.inputs):
-        return None
-    g.inputs = np.array(list(g.inputs)[1:], dtype=np.int32)
-    return "rebuild drop_graph_input"
-
-
-def _no_buffers(rng: random.Random, model: schema.ModelT, kind: str, op: Any, t: Any) -> Optional[str]:
-    model.buffers = []
-    return "rebuild no_buffers"
-
-
-# Each rebuild, in the order a mutant's random choice draws from (a mutant is a function of its
-# seed and index: the order is part of every report's mutant numbers). Each returns what it
-# changed, or None when the model has nothing it could change.
-_REBUILDS = {
-    "drop_input": _operator_io, "add_input": _operator_io, "drop_output": _operator_io,
-    "add_output": _operator_io, "add_dim": _dims, "drop_dim": _dims, "cut_buffer": _buffer,
-    "grow_buffer": _buffer, "empty_buffer": _buffer, "quant_lengths": _quant_lengths,
-    "delete_op": _operators, "duplicate_op": _operators, "move_op": _operators,
-    "drop_graph_input": _drop_graph_input, "no_buffers": _no_buffers,
-}
+        return "rebuild move_op"
+    if kind == "drop_graph_input" and g.inputs is not None and len(g.inputs):
+        g.inputs = np.array(list(g.inputs)[1:], dtype=np.int32)
+        return "rebuild drop_graph_input"
+    if kind == "no_buffers":
+        model.buffers = []
+        return "rebuild no_buffers"
+    return "rebuild none"
 
 
 @dataclass
