@@ -1,5 +1,7 @@
 # Two commands for a newcomer: `make demo` and `make test`. Each creates its own
 # virtual environment on first use (.venv, .venv-test) and reuses it afterwards.
+# .venv holds what a board installs (the runtime); .venv-test adds the lab (lab/:
+# bench, soak, eval, the compiler's benchmark), which the tests measure too.
 PYTHON ?= python3
 
 .PHONY: demo test test-fast clean
@@ -23,10 +25,10 @@ test-fast: .venv-test/.installed
 	.venv/bin/pip install -q -e .
 	touch $@
 
-.venv-test/.installed: pyproject.toml
+.venv-test/.installed: pyproject.toml lab/pyproject.toml
 	$(PYTHON) -m venv .venv-test
 	.venv-test/bin/pip install -q --upgrade pip
-	.venv-test/bin/pip install -q -e ".[dev,service]"
+	.venv-test/bin/pip install -q -e ".[dev,service]" -e lab/
 	touch $@
 
 clean:

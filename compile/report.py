@@ -11,8 +11,6 @@ from typing import Any, Union
 
 import numpy as np
 
-from edgecap import plots
-from edgecap.errors import ConfigError
 from edgecap.plan import Plan
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.errors import CompileError
@@ -56,16 +54,20 @@ def stage_table(plan: Plan) -> str:
 
 
 def pyplot() -> Any:
-    """Returns matplotlib's pyplot on the Agg backend (``edgecap.plots.pyplot``).
+    """Returns matplotlib's pyplot on the Agg backend (files only, no display).
 
     Raises:
       CompileError: If matplotlib is not installed.
     """
     try:
-        return plots.pyplot()
-    except ConfigError:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
         raise CompileError("--report draws split.png with matplotlib, which is not installed: "
                            "pip install 'edgecap[plot]'") from None
+    return plt
 
 
 def plot_split(model: CostModel, split: Partition, path: Union[str, os.PathLike]) -> None:

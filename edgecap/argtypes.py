@@ -1,7 +1,7 @@
 """Command-line numbers checked against a documented range, and usage errors in one line.
 
 Every numeric option of every edgecap command (``edgecap``, the compiler's
-``python -m edgecap_compile.benchmark``) is parsed by ``int_in`` or
+``python -m edgecap_lab.compile_benchmark``) is parsed by ``int_in`` or
 ``float_in``, so an absurd value (``--threads 32768``, which crashed
 TFLite, or ``--tpus 1000000000``) is refused by argparse before any work.
 ``Parser`` reports that, and every other usage error, as edgecap's own

@@ -2,7 +2,8 @@
 
 One argparse tree; each handler is thin and calls the library. The host-side
 compiler (``compile``, ``calibrate``) is imported only when those commands
-run, so the runtime's commands never load it. SIGINT and SIGTERM stop any
+run, so the runtime's commands never load it; the lab (``edgecap_lab``: ``bench``,
+``eval``), which a board does not install, only through ``_lab``. SIGINT and SIGTERM stop any
 command with the exit policy every edgecap command shares
 (``edgecap.command.run_command``): the run in progress is closed on the way
 out, and the exit code is 130 for SIGINT and 143 for SIGTERM (0 for ``serve``,
@@ -174,16 +175,15 @@ def _cmd_caption(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from edgecap.evaluate import evaluate, format_report, report_json
-
+    evaluate = _lab("evaluate", "eval")
     if args.out is not None:
         check_output(args.out, "--out")
     with _progress(args.limit, "eval", "clip") as bar:
-        report = evaluate(args.bundle or default_bundle(), args.data, args.split, args.limit,
-                          progress=_updater(bar), beam=args.beam)
-    print(format_report(report))
+        report = evaluate.evaluate(args.bundle or default_bundle(), args.data, args.split, args.limit,
+                                   progress=_updater(bar), beam=args.beam)
+    print(evaluate.format_report(report))
     if args.out:
-        write_text(args.out, report_json(report))
+        write_text(args.out, evaluate.report_json(report))
     return 0
 
 
@@ -403,7 +403,7 @@ def _add_history(p: argparse.ArgumentParser) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.adapt or args.truth is not None or args.truth_table:
         return _cmd_bench_adapt(args)
-    from edgecap import bench
+    bench = _lab("bench", "bench")
 
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
     timeline = _check_bench_outputs(args)
@@ -433,22 +433,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_text(args.json, json.dumps(doc, indent=2) + "\n")
     if args.plot is not None:
-        from edgecap.plots import plot_bench, plot_timeline
-
+        plots = _lab("plots", "bench --plot")
         # One bar per schedule: the rows at the first stride.
         first = {}
         for row in doc["rows"]:
             first.setdefault(row["profile"], row["stride"])
-        plot_bench(dict(doc, rows=[r for r in doc["rows"] if r["stride"] == first[r["profile"]]]),
-                   args.plot)
+        plots.plot_bench(dict(doc, rows=[r for r in doc["rows"] if r["stride"] == first[r["profile"]]]),
+                         args.plot)
         if trace.is_file():
-            plot_timeline(trace, timeline)
+            plots.plot_timeline(trace, timeline)
     return 0
 
 
 def _cmd_bench_adapt(args: argparse.Namespace) -> int:
-    from edgecap import truth_bench
     from edgecap.bundle import load_bundle
+
+    truth_bench = _lab("truth_bench", "bench --adapt")
 
     if not args.adapt:
         raise EdgecapError("--truth and --truth-table are options of --adapt; add --adapt")
@@ -475,11 +475,10 @@ def _check_bench_outputs(args: argparse.Namespace) -> Optional[Path]:
             raise EdgecapError(f"--timeline {args.timeline}: draws the run --plot draws; "
                                "add --plot PNG")
         return None
-    from edgecap.plots import check_plot
-
-    check_plot(args.plot, "--plot")
+    plots = _lab("plots", "bench --plot")
+    plots.check_plot(args.plot, "--plot")
     timeline = args.timeline or args.plot.with_name(args.plot.stem + "-timeline.png")
-    return check_plot(timeline, "--timeline")
+    return plots.check_plot(timeline, "--timeline")
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
@@ -517,10 +516,29 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--truth", help="with --adapt: the board's truth, as EDGECAP_EMULATE takes it, "
                                    "e.g. 'emu-tpu:0=speed:0.5' ('' is the profile)")
     p.add_argument("--truth-table", action="store_true",
-                   help="with --adapt: run every truth of edgecap/data/truths.json for --board")
+                   help="with --adapt: run every truth of lab/edgecap_lab/data/truths.json for --board")
     p.add_argument("--seconds", type=float_in(1.0, MAX_ADAPT_SECONDS), default=10.0,
                    help="with --adapt: seconds each truth streams (default 10)")
     p.set_defaults(func=_cmd_bench)
+
+
+# ---------------------------------------------------------------- the lab's door
+
+
+def _lab(module: str, command: str) -> ModuleType:
+    """Imports a module of edgecap's lab (what measures the product), or says in one line that it is missing.
+
+    The lab is a distribution of its own (lab/ in the source checkout) that a
+    board does not install: this is the one place edgecap imports it.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(f"edgecap_lab.{module}")
+    except ImportError as e:
+        missing = "" if e.name in ("edgecap_lab", f"edgecap_lab.{module}") else f" ({e.name} is missing)"
+        raise EdgecapError(f"edgecap {command} is part of edgecap's lab, which is not installed{missing}: "
+                           "pip install -e lab/ from a source checkout") from None
 
 
 # ---------------------------------------------------------------- compile, calibrate

@@ -16,7 +16,7 @@ MAX_THREADS = 256
 # and past the vocabulary's size a wider beam finds nothing more.
 MAX_BEAM = 64
 # The default width, greedy: on the models measured a wider beam did not caption
-# better (docs/beam-bench.json; docs/runtime.md, Beam search).
+# better (results/beam-bench.json; docs/runtime.md, Beam search).
 DEFAULT_BEAM = 1
 # An emulated device's speed factor ($EDGECAP_EMULATE speed:F): past 100x either
 # way a pace is a typo (a 0.001 factor would make a 1 ms invoke take a second).

@@ -60,7 +60,7 @@ def _release_freed_memory() -> None:
     Each new pipeline starts new worker threads, and glibc gives threads
     malloc arenas of their own that keep what the old threads freed: without
     this the soak's resident memory grew +5.4 % over 18 switches in 10,000
-    frames, +0.5 % with ``MALLOC_ARENA_MAX=2`` (docs/soak.md). A switch is
+    frames, +0.5 % with ``MALLOC_ARENA_MAX=2`` (results/soak.md). A switch is
     rare and this takes milliseconds, once the new pipeline runs.
     """
     trim = _malloc_trim()

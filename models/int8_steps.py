@@ -1,7 +1,7 @@
 """Adds int8-weight RNN step models to a bundle and measures them against the float ones.
 
     python -m models.int8_steps models/demo/bundle --data data/shapes2_eval \
-        --sample models/demo/sample.mp4 --json docs/rnn-int8.json
+        --sample models/demo/sample.mp4 --json results/rnn-int8.json
 
 Writes ``rnn_encoder_step_int8.tflite`` and ``rnn_decoder_step_int8.tflite``
 beside the float steps (``models.export.int8_step``), names them in

@@ -49,7 +49,7 @@ def test_wrong_types_missing_keys_nan_and_absurd_sizes(bundle_copy: Path, edit, 
 
 
 def test_bytes_that_are_not_utf8_in_a_key_edgecap_does_not_read(bundle_copy: Path) -> None:
-    # Found by the fuzz (docs/fuzz.json): the typed decode skipped the key, the decode for meta raised.
+    # Found by the fuzz (results/fuzz.json): the typed decode skipped the key, the decode for meta raised.
     path = bundle_copy / "bundle.json"
     path.write_bytes(path.read_bytes().replace(b'"name"', b'"\xffname"', 1))
     _refused(bundle_copy, r"bundle.json: not valid JSON \(.*UTF-8.*\); fix it or re-export")

@@ -30,15 +30,15 @@ def _work_started(*args, **kwargs):
 @pytest.fixture
 def no_work(monkeypatch):
     """Makes every command's work fail the test: bad input must be found before it."""
-    import edgecap.bench
+    import edgecap_lab.bench
     import edgecap.captioner
-    import edgecap.evaluate
+    import edgecap_lab.evaluate
     import edgecap_compile.calibration
     import edgecap_compile.compiler
 
     monkeypatch.setattr(edgecap.captioner.EdgeCaptioner, "__init__", _work_started)
-    monkeypatch.setattr(edgecap.bench, "run_bench", _work_started)
-    monkeypatch.setattr(edgecap.evaluate, "evaluate", _work_started)
+    monkeypatch.setattr(edgecap_lab.bench, "run_bench", _work_started)
+    monkeypatch.setattr(edgecap_lab.evaluate, "evaluate", _work_started)
     monkeypatch.setattr(edgecap_compile.compiler, "compile_model", _work_started)
     monkeypatch.setattr(edgecap_compile.calibration, "calibrate", _work_started)
 

@@ -16,7 +16,7 @@ from edgecap.bundle import DEMO_DIR, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.cli import main
 from edgecap.errors import ConfigError
-from edgecap.evaluate import evaluate
+from edgecap_lab.evaluate import evaluate
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.limits import DEFAULT_BEAM, MAX_BEAM
 from edgecap.options import CaptionerOptions
@@ -209,7 +209,7 @@ def test_the_json_lines_of_caption_carry_the_confidence_and_the_beam_flag_reache
 
 
 def test_the_beam_flag_reaches_eval_and_bench(tmp_path, monkeypatch, capfd):
-    from edgecap import bench
+    from edgecap_lab import bench
     from models.dataset import write_dataset
 
     data = write_dataset(tmp_path / "data", 2, seed=4343, split_fractions=(0, 0, 1))

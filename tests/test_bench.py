@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_noise_clip
-from edgecap.bench import _bound_fps, bench_overhead, run_bench
+from edgecap_lab.bench import _bound_fps, bench_overhead, run_bench
 from edgecap.bundle import WindowSpec, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.cli import main

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import write_noise_clip
-from edgecap.bench import (Row, bench_startup, check_outputs, goals, load_published, PUBLISHED,
+from edgecap_lab.bench import (Row, bench_startup, check_outputs, goals, load_published, PUBLISHED,
                            _load_frames)
 from edgecap.bundle import load_bundle
 from edgecap.errors import ConfigError

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import write_noise_clip
-from edgecap import bench, faults
-from edgecap.bench import OFF_PLAN, format_table, run_bench
+from edgecap import faults
+from edgecap_lab import bench
+from edgecap_lab.bench import OFF_PLAN, format_table, run_bench
 from edgecap.cli import main
 from edgecap.errors import RunFailure
 

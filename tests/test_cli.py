@@ -137,7 +137,7 @@ def test_eval_without_pycocoevalcap_names_the_extra(tmp_path: Path, shipped_bund
                                                     hide_module) -> None:
     hide_module("pycocoevalcap")
     code = main(["eval", "--bundle", str(shipped_bundle), "--data", str(tmp_path)])
-    _one_line_error(capsys, code, "edgecap[eval]")
+    _one_line_error(capsys, code, "pip install pycocoevalcap")
 
 
 class _Terminal(io.StringIO):

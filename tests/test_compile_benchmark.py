@@ -1,4 +1,4 @@
-"""``python -m edgecap_compile.benchmark``: usable without TensorFlow up to the point it needs it."""
+"""``python -m edgecap_lab.compile_benchmark``: usable without TensorFlow up to the point it needs it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from edgecap_compile import benchmark
+from edgecap_lab import compile_benchmark as benchmark
 from edgecap.errors import EdgecapError
 from edgecap_compile.errors import CompileError
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from edgecap_compile import benchmark
+from edgecap_lab import compile_benchmark as benchmark
 from edgecap_compile.boards import load_board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import read_graph

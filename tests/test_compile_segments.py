@@ -112,12 +112,12 @@ def test_segments_keep_names_and_only_what_they_reference(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["MobileNetV2", "ResNet50", "InceptionV3", "EfficientNetB0"])
 def test_keras_architectures_chain_bit_identically(arch):
-    from edgecap_compile.keras_zoo import model_path
+    from edgecap_lab.keras_zoo import model_path
 
     try:
         path = model_path(arch, generate=False)
     except FileNotFoundError:
-        pytest.skip(f"{arch} not cached: python -m edgecap_compile.keras_zoo")
+        pytest.skip(f"{arch} not cached: python -m edgecap_lab.keras_zoo")
     n = len(read_graph(path).ops)
     rng = np.random.default_rng(2)
     cut_sets = [(0, *sorted(rng.choice(np.arange(1, n), size=3, replace=False)), n)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgecap_compile.boards import PRICES, load_board
-from edgecap_compile.validity import (COLUMNS, DATA, Published, column_table, features, fit,
+from edgecap_lab.cost_model_validity import (COLUMNS, DATA, Published, column_table, features, fit,
                                       leave_one_out, load_published, markdown, validity)
 
 
@@ -93,9 +93,9 @@ def test_markdown_marks_rows_beyond_the_goal():
 def test_a_cached_graph_replaces_the_published_counts_and_its_absence_does_not(monkeypatch):
     from pathlib import Path
 
-    from edgecap_compile import keras_zoo
+    from edgecap_lab import keras_zoo
     from edgecap_compile.graph import read_graph
-    from edgecap_compile.validity import model_work
+    from edgecap_lab.cost_model_validity import model_work
 
     fixture = Path(__file__).parent / "data" / "compile" / "tiny_mobilenet.tflite"
     model = msgspec.structs.replace(_model("m", 1e9, 5_000_000), graph="MobileNetV2")
@@ -116,7 +116,7 @@ def test_a_cached_graph_replaces_the_published_counts_and_its_absence_does_not(m
 
 def test_an_unwritable_out_is_refused_before_the_table_is_built(tmp_path, monkeypatch):
     from edgecap.errors import ConfigError
-    from edgecap_compile import validity
+    from edgecap_lab import cost_model_validity as validity
 
     monkeypatch.setattr(validity, "validity", lambda *a: pytest.fail("built the table first"))
     with pytest.raises(ConfigError, match="no directory"):
@@ -124,8 +124,8 @@ def test_an_unwritable_out_is_refused_before_the_table_is_built(tmp_path, monkey
 
 
 def test_the_command_writes_nothing_unless_given_out(tmp_path, monkeypatch, capsys):
-    # docs/cost-model.md and .json are tracked: a plain run must not rewrite them (issue 19).
-    from edgecap_compile import validity as module
+    # results/cost-model.md and .json are tracked: a plain run must not rewrite them (issue 19).
+    from edgecap_lab import cost_model_validity as module
 
     written = []
     real = module.write_text

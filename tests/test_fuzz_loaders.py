@@ -1,4 +1,4 @@
-"""A bounded fuzz of the bundle, plan, service-config and model loaders (tests/loader_fuzz.py).
+"""A bounded fuzz of the bundle, plan, service-config and model loaders (edgecap_lab.loader_fuzz).
 
 Each mutated document or model either loads or is refused with edgecap's own
 error in one line; nothing else escapes. The long run is tools/fuzz_loaders.py.
@@ -14,7 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from edgecap.errors import EdgecapError  # noqa: E402
 
-loader_fuzz = pytest.importorskip("loader_fuzz")
+loader_fuzz = pytest.importorskip("edgecap_lab.loader_fuzz")
 BOUNDED = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                    suppress_health_check=list(HealthCheck))
 
@@ -88,7 +88,7 @@ def _with(doc: dict, edit) -> bytes:
 
 
 def test_what_the_long_run_found_stays_fixed(ws) -> None:
-    # docs/fuzz.json: each of these escaped the loaders as a Python exception before.
+    # results/fuzz.json: each of these escaped the loaders as a Python exception before.
     lone = "\ud800"
     bad_utf8 = loader_fuzz.json_bytes(ws.bundle_doc).replace(b'"provenance"', b'"\xffprovenance"')
     cases = [

@@ -1,7 +1,7 @@
 """`python tools/hostile_bench.py`: a few seconds with a few hostile clients, to check that it runs.
 
 The goals (p99, fps, RSS) are not asserted here: a short run on a loaded
-machine says nothing about them. docs/hostile-bench.json holds a full run.
+machine says nothing about them. results/hostile-bench.json holds a full run.
 """
 
 from __future__ import annotations

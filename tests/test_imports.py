@@ -9,7 +9,8 @@ stages`` to ``edgecap.stages``; to the package itself only when a name of its
 implicit and not an edge, or every package whose ``__init__`` imports a
 submodule would be a circle). The tree is what installs and runs: edgecap/
 (``edgecap``, with ``edgecap.service``), compile/ (installed as
-``edgecap_compile``), models/ and tools/. tests/ is outside it.
+``edgecap_compile``), lab/edgecap_lab/ (the lab, a distribution of its own:
+what measures the product), models/ and tools/. tests/ is outside it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # Folder of the tree -> the package name it imports as.
-ROOTS = {"edgecap": "edgecap", "compile": "edgecap_compile", "models": "models", "tools": "tools"}
+ROOTS = {"edgecap": "edgecap", "compile": "edgecap_compile", "lab/edgecap_lab": "edgecap_lab",
+         "models": "models", "tools": "tools"}
+LAB = "edgecap_lab"
+# What the wheel a board installs holds: it never imports the lab.
+RUNTIME = ("edgecap", "edgecap_compile")
 COMMAND = "edgecap.command"  # the shared exit policy: commands only
 CLI = "edgecap.cli"
 ARGTYPES = "edgecap.argtypes"  # the command lines' shared parser and number types: commands only
@@ -179,9 +184,9 @@ def _importers(graph: Graph, target: str) -> Set[str]:
 
 
 def _may_import_command(module: str, scripts: frozenset) -> bool:
-    # The CLI, the developer scripts, and the compiler's and models/' own command-line entries.
+    # The CLI, the developer scripts, and the compiler's, the lab's and models/' own command-line entries.
     return (module == CLI or module.startswith("tools.")
-            or (module in scripts and module.split(".")[0] in ("edgecap_compile", "models")))
+            or (module in scripts and module.split(".")[0] in ("edgecap_compile", LAB, "models")))
 
 
 def test_the_tree_has_no_import_circles() -> None:
@@ -205,6 +210,22 @@ def test_nothing_in_the_tree_imports_the_cli() -> None:
     assert not wrong, f"{CLI} is the top; imported by {', '.join(wrong)}"
 
 
+def test_the_runtime_imports_no_lab_module() -> None:
+    graph, _ = import_graph()
+    assert any(m.startswith(LAB + ".") for m in graph), "the graph misses the lab"
+    wrong = sorted(f"{m} -> {t}" for m, deps in graph.items() if m.split(".")[0] in RUNTIME
+                   for t in deps if t.split(".")[0] == LAB)
+    assert not wrong, "the runtime imports the lab:\n" + "\n".join(wrong)
+
+
+def test_the_cli_is_the_one_door_to_the_lab() -> None:
+    # The door names its module at run time (no edge in the graph): one call, in the CLI, says it.
+    door = f'import_module(f"{LAB}.'
+    doors = {m: text.count(door) for m, (_, text, _) in _parsed(REPO).items()
+             if m.split(".")[0] in RUNTIME and door in text}
+    assert doors == {CLI: 1}
+
+
 def test_argparse_stays_out_of_the_runtime_library() -> None:
     # Command lines are the CLI's or a script's; a runtime module takes arguments, not argv.
     wrong = []
@@ -226,7 +247,7 @@ def _tree(tmp_path: Path, files: Dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     for folder in ROOTS:
-        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
     return tmp_path
 
 

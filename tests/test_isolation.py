@@ -392,7 +392,7 @@ def test_the_isolation_benchmark_refuses_bad_counts_in_one_line(bench_script, ar
 
 @pytest.mark.slow
 def test_the_isolation_benchmark_measures_every_case(bench_script, shipped_bundle, tmp_path) -> None:
-    from edgecap.bench import bench_isolation, format_isolation
+    from edgecap_lab.bench import bench_isolation, format_isolation
 
     result = bench_isolation(load_bundle(shipped_bundle), frames=20, repeats=1)
     assert len(result.rows) == 3 and all(r.isolated_ms > 0 and r.in_process_ms > 0 for r in result.rows)

@@ -1,4 +1,4 @@
-"""A sample of the structural model fuzz (tests/model_fuzz.py; the long run is tools/fuzz_models.py):
+"""A sample of the structural model fuzz (edgecap_lab.model_fuzz; the long run is tools/fuzz_models.py):
 mutants of the demo's models and the real fixtures, each refused in one line or run, none crashing."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-model_fuzz = pytest.importorskip("model_fuzz")
+model_fuzz = pytest.importorskip("edgecap_lab.model_fuzz")
 
 BASES = model_fuzz.DEMO_BASES + model_fuzz.REAL_BASES
 

@@ -51,7 +51,7 @@ def test_calibrate_out_on_a_full_disk(capsys) -> None:
 
 
 def test_a_plot_on_a_full_disk(tmp_path: Path) -> None:
-    from edgecap.plots import plot_timeline
+    from edgecap_lab.plots import plot_timeline
 
     tracer = Tracer()
     tracer.add_tracks(["cpu"])

@@ -1,10 +1,12 @@
-"""What an install carries and needs: the demo in the wheel, the compiler's one-line refusal.
+"""What an install carries and needs: the demo in the wheel, the compiler's one-line refusal, no lab.
 
 A board installs edgecap from a wheel, not from a checkout: the wheel must carry
 the demo bundle and sample clip (pyproject maps models/demo to edgecap/demo), and
 where ai-edge-litert lacks ``tools.flatbuffer_utils`` (before 2.1.0, and in every
 Linux aarch64 wheel) or only tflite_runtime is installed, ``import edgecap_compile``
-refuses in one line while the runtime captions as before.
+refuses in one line while the runtime captions as before. The lab (lab/, what
+measures the product) is a distribution of its own: the wheel does not carry it,
+and its commands say in one line what to install.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ def test_wheel_ships_its_data_without_a_packages_warning(built_wheel) -> None:
     assert {f"edgecap/service/static/{p.name}" for p in static.iterdir() if p.suffix != ".py"} <= names
     demo = REPO / "models" / "demo"
     assert {f"edgecap/demo/{p.relative_to(demo).as_posix()}" for p in demo.rglob("*") if p.is_file()} <= names
+    lab = sorted(n for n in names if n.startswith("edgecap_lab") or n.split("/")[-1] in LAB_FILES)
+    assert not lab, f"the lab in the board's wheel: {lab}"
 
 
 @pytest.mark.slow
@@ -124,6 +128,45 @@ def test_a_wheel_install_captions_the_demo_from_another_directory(built_wheel, t
     assert captions, run.stdout
     print(f"\n{wheel.name} ({wheel.stat().st_size / 1e6:.1f} MB): installed and captioned "
           f"in {time.monotonic() - started:.1f} s; {captions[0]}")
+    for argv in (["bench"], ["eval", "--data", str(elsewhere)]):
+        run = subprocess.run([str(venv / "bin" / "edgecap"), *argv], cwd=elsewhere, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+        assert "pip install -e lab/" in run.stderr, run.stderr
+
+
+# ---------------------------------------------------------------- the lab's door
+
+# What measures the product and left the runtime for lab/edgecap_lab/.
+LAB_FILES = {"bench.py", "soak.py", "truth_bench.py", "plots.py", "evaluate.py", "benchmark.py",
+             "validity.py", "keras_zoo.py", "compile_benchmark.py", "cost_model_validity.py",
+             "published.json", "truths.json", "coral_published.json"}
+
+
+@pytest.fixture
+def no_lab(monkeypatch):
+    """Makes edgecap_lab and every module of it unimportable, as on a board (restored after)."""
+    for name in [n for n in sys.modules if n.startswith("edgecap_lab.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "edgecap_lab", None)
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["bench", "--frames", "1"], "edgecap bench"),
+    (["bench", "--adapt", "--truth", ""], "edgecap bench --adapt"),
+    (["eval", "--data", "."], "edgecap eval"),
+])
+def test_without_the_lab_its_commands_say_what_to_install_in_one_line(no_lab, argv, command) -> None:
+    code, out, err = run_cli(argv)
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and f"{command} is part of edgecap's lab" in err, err
+    assert "pip install -e lab/" in err
+
+
+def test_the_runtime_and_the_compiler_hold_no_lab_module() -> None:
+    left = sorted(p.relative_to(REPO).as_posix() for folder in ("edgecap", "compile")
+                  for p in (REPO / folder).rglob("*") if p.name in LAB_FILES)
+    assert not left, f"measuring code in the runtime: {left}"
 
 
 # ---------------------------------------------------------------- the compiler's needs

@@ -1,4 +1,4 @@
-"""edgecap.plots: the bench chart drawn from a result `edgecap bench --json` wrote (the one in docs/)."""
+"""edgecap_lab.plots: the bench chart drawn from a result `edgecap bench --json` wrote (the one in docs/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from edgecap.plots import plot_bench  # noqa: E402
+from edgecap_lab.plots import plot_bench  # noqa: E402
 
 # Not in the fast tier: matplotlib's first figure takes over 2 s (the full suite runs it).
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_the_bench_chart_of_a_saved_result_is_a_png(tmp_path):
-    result = json.loads((REPO / "docs" / "bench-results.json").read_text())
+    result = json.loads((REPO / "results" / "bench-results.json").read_text())
     assert len({r["profile"] for r in result["rows"]}) >= 2
     out = tmp_path / "bench.png"
     plot_bench(result, out)

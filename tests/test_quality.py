@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgecap.captioner import EdgeCaptioner
-from edgecap.evaluate import evaluate
+from edgecap_lab.evaluate import evaluate
 from models.dataset import FPS, random_spec, render_clip, write_dataset
 
 # Training data is rendered from default_rng([seed, i]) with small dataset seeds;

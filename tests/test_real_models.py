@@ -17,7 +17,7 @@ from edgecap.tflite_verify import verify_tflite
 
 pytest.importorskip("ai_edge_litert.schema_py_generated")
 from edgecap_compile import compile_model  # noqa: E402
-from edgecap_compile.benchmark import chain_matches  # noqa: E402
+from edgecap_lab.compile_benchmark import chain_matches  # noqa: E402
 from edgecap_compile.errors import CompileError  # noqa: E402
 from edgecap_compile.graph import read_graph  # noqa: E402
 
@@ -118,7 +118,7 @@ def test_a_model_the_interpreter_refuses_is_named_so_not_corrupt(tmp_path: Path,
 def test_the_chain_checks_inputs_take_each_tensors_own_type() -> None:
     import numpy as np
 
-    from edgecap_compile.benchmark import random_input
+    from edgecap_lab.compile_benchmark import random_input
     from edgecap_compile.graph import Tensor
 
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ import pytest
 
 from edgecap.errors import ConfigError
 from edgecap import faults
-from edgecap.soak import _Injector, fault_schedule, run_soak
+from edgecap_lab.soak import _Injector, fault_schedule, run_soak
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
 

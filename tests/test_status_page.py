@@ -143,7 +143,7 @@ def test_the_page_shows_the_latest_caption_the_frame_and_the_devices(profile: Pa
     state = ServiceState(["front", "back"])
     state.set_camera("front", "online")
     state.set_camera("back", "offline", "no frame for 20 s")
-    img = cv2.imencode(".jpg", cv2.resize(cv2.imread(str(REPO / "docs" / "trace-pipelined.png")), (64, 48)))[1]
+    img = cv2.imencode(".jpg", cv2.resize(cv2.imread(str(REPO / "results" / "trace-pipelined.png")), (64, 48)))[1]
     state.frame("front", img.tobytes(), 1.0)
     state.caption("front", caption("an older caption about a cat", 0, 0))
     # Markup in a caption must arrive as text: the page never parses captions as HTML.

@@ -83,7 +83,7 @@ def test_the_bundles_plans_are_read_once_at_the_first_failure(bundle_with_plans,
 
 def test_the_c_heaps_free_pages_go_back_once_a_new_pipeline_runs(shipped_bundle, monkeypatch):
     # Each pipeline's new threads get glibc arenas of their own that keep what the old ones freed;
-    # the soak's memory grew past its goal without a trim after each switch (docs/soak.md).
+    # the soak's memory grew past its goal without a trim after each switch (results/soak.md).
     from edgecap import faults, supervisor
     from edgecap.captioner import EdgeCaptioner
     from edgecap.sources import open_source

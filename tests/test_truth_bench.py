@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from edgecap import emulation, planning, truth_bench
+from edgecap import emulation, planning
+from edgecap_lab import truth_bench
 from edgecap.bundle import load_bundle
 from edgecap.devices import parse_device
 

@@ -1,13 +1,13 @@
 """What the decoder's beam width does to caption quality, confidence and decode time, per model.
 
-    python tools/beam_bench.py --data data/shapes2_eval --json docs/beam-bench.json \
+    python tools/beam_bench.py --data data/shapes2_eval --json results/beam-bench.json \
         --model demo=models/demo/bundle --model undertrained=data/undertrained
 
 Each clip's first window (as ``edgecap eval`` takes it) goes through the
 bundle's int8 encoder and RNN encoder step once; its final state is then
 decoded at every width (``--widths``) and length penalty
 (``--length-penalties``, which only matters from width 2), and the captions
-are scored as ``edgecap eval`` scores them (``edgecap.evaluate.score``). A
+are scored as ``edgecap eval`` scores them (``edgecap_lab.evaluate.score``). A
 window's decode is timed on this host (measured: the median over the
 windows, one thread, as the runtime's decode worker runs it) and priced on
 the board's CPU (modelled: the decoder step model's cost at the board
@@ -36,7 +36,7 @@ from edgecap.bundle import Bundle, DEMO_DIR, load_bundle
 from edgecap.command import run_command
 from edgecap.dataset import read_dataset
 from edgecap.errors import ConfigError, EdgecapError
-from edgecap.evaluate import score
+from edgecap_lab.evaluate import score
 from edgecap.interpreter import make_cpu_interpreter
 from edgecap.limits import MAX_BEAM
 from edgecap.outputs import check_output, write_text

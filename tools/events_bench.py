@@ -291,24 +291,54 @@ def evaluate(captions: List[Dict[str, Any]], events: List[Dict[str, Any]], truth
       Counts, precision, recall and the breakdown (JSON-ready).
     """
     length = truth[-1].end
-    caption_of = np.empty(length, dtype=np.int32)
-    for n, seg in enumerate(truth):
-        caption_of[seg.start:seg.end] = n
-    texts = [seg.caption for seg in truth]
     windows = sum(e["windows"] for e in events)
     if not captions or not events:
         return {"windows": len(captions), "events": len(events), "precision": None, "recall": None}
-    # Where each event after the first starts: the first frame of its first window.
+    starts = _event_starts(captions, events)
+    true = _true_changes(truth, captions[0]["start_frame"], captions[-1]["end_frame"])
+    matched = _match(starts, true, tolerance)
+    offsets = [abs(p - t) for p, t in matched]
+    return {
+        "windows": len(captions),
+        "windows_in_events": windows,
+        "events": len(events),
+        "true_changes": len(true),
+        "boundaries": len(starts),
+        "matched": len(matched),
+        "precision": round(len(matched) / len(starts), 4) if starts else None,
+        "recall": round(len(matched) / len(true), 4) if true else None,
+        "false_boundaries": len(starts) - len(matched),
+        "missed_changes": len(true) - len(matched),
+        "mean_offset_frames": round(float(np.mean(offsets)), 2) if offsets else None,
+        **_window_counts(captions, truth, span),
+    }
+
+
+def _event_starts(captions: List[Dict[str, Any]], events: List[Dict[str, Any]]) -> List[int]:
+    """Where each event after the first starts: the first frame of its first window."""
     starts, n = [], 0
     for event in events[:-1]:
         n += event["windows"]
         if n < len(captions):
             starts.append(captions[n]["start_frame"])
-    lo, hi = captions[0]["start_frame"], captions[-1]["end_frame"]
+    return starts
+
+
+def _true_changes(truth: List[Segment], lo: int, hi: int) -> List[int]:
+    """The frames in ``(lo, hi]`` where the looped video's caption changes."""
+    length = truth[-1].end
     changes = [seg.start for seg in truth]  # segment 0 starts where the last one (another caption) ends
-    true = [loop * length + c for loop in range(lo // length, hi // length + 1) for c in changes
+    return [loop * length + c for loop in range(lo // length, hi // length + 1) for c in changes
             if lo < loop * length + c <= hi]
-    matched = _match(starts, true, tolerance)
+
+
+def _window_counts(captions: List[Dict[str, Any]], truth: List[Segment], span: int) -> Dict[str, int]:
+    """Wrong windows, and how many windows (and wrong ones) straddle a change, are shifted or have a gap."""
+    length = truth[-1].end
+    caption_of = np.empty(length, dtype=np.int32)
+    for n, seg in enumerate(truth):
+        caption_of[seg.start:seg.end] = n
+    texts = [seg.caption for seg in truth]
     wrong = straddling = wrong_straddling = shifted = wrong_shifted = gapped = wrong_gapped = 0
     for c in captions:
         segs = Counter(int(caption_of[i % length]) for i in range(c["start_frame"], c["end_frame"] + 1))
@@ -325,19 +355,7 @@ def evaluate(captions: List[Dict[str, Any]], events: List[Dict[str, Any]], truth
             wrong_straddling += spans
             wrong_shifted += off
             wrong_gapped += gap
-    offsets = [abs(p - t) for p, t in matched]
     return {
-        "windows": len(captions),
-        "windows_in_events": windows,
-        "events": len(events),
-        "true_changes": len(true),
-        "boundaries": len(starts),
-        "matched": len(matched),
-        "precision": round(len(matched) / len(starts), 4) if starts else None,
-        "recall": round(len(matched) / len(true), 4) if true else None,
-        "false_boundaries": len(starts) - len(matched),
-        "missed_changes": len(true) - len(matched),
-        "mean_offset_frames": round(float(np.mean(offsets)), 2) if offsets else None,
         "windows_wrong": wrong,
         "windows_straddling": straddling,
         "windows_wrong_straddling": wrong_straddling,
@@ -378,63 +396,77 @@ def run_bench(minutes: float, segments: int = 30, seed: int = 18, tolerance_wind
         videos = [directory / f"{name}.mp4" for name in CAMERAS]
         truths = [render_video(video, segments, seed + n) for n, video in enumerate(videos)]
         run = run_service(directory, videos, minutes * 60.0, extra)
-    cameras = {}
-    for name, truth in zip(CAMERAS, truths):
-        mine = [r for r in run["records"] if r["camera"] == name]
-        captions = [r for r in mine if "change" not in r]
-        events = [r for r in mine if r.get("change") == "closed"]
-        cameras[name] = evaluate(captions, events, truth, tolerance, span)
-        cameras[name]["frames_dropped"] = run["dropped"].get(name, 0.0)  # absent: none counted
-        cameras[name]["replayed"] = {}
-        for rule_name, rule in REPLAYED_RULES.items():
-            replayed = replay(captions, name, rule)
-            score = evaluate(captions, replayed, truth, tolerance, span)
-            cameras[name]["replayed"][rule_name] = {
-                k: score[k] for k in ("events", "boundaries", "matched", "true_changes", "precision", "recall")}
-            if rule_name == "service rule":
-                cameras[name]["replay_matches_service"] = [e["windows"] for e in replayed] == [
-                    e["windows"] for e in events]
-        cameras[name]["events_per_camera_hour"] = round(len(events) / (run["seconds"] / 3600.0), 1)
-        cameras[name]["true_segment_seconds_mean"] = round(
-            float(np.mean([(s.end - s.start) / FPS for s in truth])), 2)
+    cameras = {name: _score_camera(name, run, truth, tolerance, span) for name, truth in zip(CAMERAS, truths)}
     total = {k: sum(c.get(k) or 0 for c in cameras.values())
              for k in ("boundaries", "true_changes", "matched", "windows", "windows_wrong", "windows_straddling",
                        "windows_shifted", "windows_wrong_shifted", "windows_gapped", "windows_wrong_gapped",
                        "false_boundaries", "missed_changes", "frames_dropped")}
-    replayed = {}
-    for rule_name in REPLAYED_RULES:
-        scores = [c["replayed"][rule_name] for c in cameras.values()]
-        matched, put, true = (sum(x[k] or 0 for x in scores) for k in ("matched", "boundaries", "true_changes"))
-        replayed[rule_name] = {"precision": round(matched / put, 4) if put else None,
-                               "recall": round(matched / true, 4) if true else None}
     rss = run["rss_mb"]
-    history = run["history"]
-    if history is not None and history["events"]:
-        # Extrapolated from this run: its bytes per event at its events per camera-hour.
-        per_event = history["bytes"] / history["events"]
-        per_hour = sum(c["events_per_camera_hour"] for c in cameras.values()) / len(cameras)
-        history = dict(history, bytes_per_event=round(per_event),
-                       mb_per_camera_day=round(per_event * per_hour * 24 / 1e6, 1))
     return {
         "host": "measured",
         "minutes": round(run["seconds"] / 60.0, 2),
         "exit_code": run["exit_code"],
         "tolerance_windows": tolerance_windows,
         "tolerance_frames": tolerance,
-        "precision": round(total["matched"] / total["boundaries"], 4) if total["boundaries"] else None,
-        "recall": round(total["matched"] / total["true_changes"], 4) if total["true_changes"] else None,
+        "precision": _ratio(total["matched"], total["boundaries"]),
+        "recall": _ratio(total["matched"], total["true_changes"]),
         "window_accuracy": round(1 - total["windows_wrong"] / total["windows"], 4) if total["windows"] else None,
         "totals": total,
-        "replayed": replayed,
+        "replayed": _replayed_totals(cameras),
         "events_per_camera_hour": round(sum(c["events_per_camera_hour"] for c in cameras.values()) / len(cameras), 1),
         "rss_mb_peak": round(max(rss), 1) if rss else None,
         "rss_mb_last": round(rss[-1], 1) if rss else None,
-        "history": history,
+        "history": _history_per_day(run["history"], cameras),
         "cameras": cameras,
         "segments_per_video": segments,
         "seed": seed,
         "config_extra": list(extra),
     }
+
+
+def _ratio(part: int, whole: int) -> Optional[float]:
+    return round(part / whole, 4) if whole else None
+
+
+def _score_camera(name: str, run: Dict[str, Any], truth: List[Segment], tolerance: int,
+                  span: int) -> Dict[str, Any]:
+    """One camera's events scored, and the events the replayed rules make of its captions."""
+    mine = [r for r in run["records"] if r["camera"] == name]
+    captions = [r for r in mine if "change" not in r]
+    events = [r for r in mine if r.get("change") == "closed"]
+    camera = evaluate(captions, events, truth, tolerance, span)
+    camera["frames_dropped"] = run["dropped"].get(name, 0.0)  # absent: none counted
+    camera["replayed"] = {}
+    for rule_name, rule in REPLAYED_RULES.items():
+        replayed = replay(captions, name, rule)
+        score = evaluate(captions, replayed, truth, tolerance, span)
+        camera["replayed"][rule_name] = {
+            k: score[k] for k in ("events", "boundaries", "matched", "true_changes", "precision", "recall")}
+        if rule_name == "service rule":
+            camera["replay_matches_service"] = [e["windows"] for e in replayed] == [e["windows"] for e in events]
+    camera["events_per_camera_hour"] = round(len(events) / (run["seconds"] / 3600.0), 1)
+    camera["true_segment_seconds_mean"] = round(float(np.mean([(s.end - s.start) / FPS for s in truth])), 2)
+    return camera
+
+
+def _replayed_totals(cameras: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Optional[float]]]:
+    """Precision and recall of each replayed rule over every camera."""
+    replayed = {}
+    for rule_name in REPLAYED_RULES:
+        scores = [c["replayed"][rule_name] for c in cameras.values()]
+        matched, put, true = (sum(x[k] or 0 for x in scores) for k in ("matched", "boundaries", "true_changes"))
+        replayed[rule_name] = {"precision": _ratio(matched, put), "recall": _ratio(matched, true)}
+    return replayed
+
+
+def _history_per_day(history: Optional[Dict[str, Any]], cameras: Dict[str, Dict[str, Any]]
+                     ) -> Optional[Dict[str, Any]]:
+    """The history's figures, extrapolated from this run: its bytes per event at its events per camera-hour."""
+    if history is None or not history["events"]:
+        return history
+    per_event = history["bytes"] / history["events"]
+    per_hour = sum(c["events_per_camera_hour"] for c in cameras.values()) / len(cameras)
+    return dict(history, bytes_per_event=round(per_event), mb_per_camera_day=round(per_event * per_hour * 24 / 1e6, 1))
 
 
 def format_table(result: Dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
     python tools/feeder_bench.py --make-clips /tmp/feeder-clips
     python tools/feeder_bench.py --clip /tmp/feeder-clips/demo-128.mp4 \
-        --checkout before=/work/main --checkout after=. --rounds 5 --json docs/feeder-bench.json
+        --checkout before=/work/main --checkout after=. --rounds 5 --json results/feeder-bench.json
 
 Each round runs every checkout once, in turn, on the same clip (so load from
 elsewhere falls on all of them alike; the order reverses every round): a child
@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -79,7 +79,7 @@ def run_once(checkout: Path, clip: Path, options: Dict[str, object]) -> Dict[str
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(argv: Sequence[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python tools/feeder_bench.py",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--make-clips", type=Path, help="write the two long clips here and exit")
@@ -91,6 +91,30 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--pipelined", action="store_true",
                         help="every stage on its own thread, a one-thread CNN (default: the host rule)")
     parser.add_argument("--json", type=Path)
+    return parser
+
+
+def run_rounds(clips: Sequence[Path], checkouts: Dict[str, str], rounds: int, options: Dict[str, object]
+               ) -> Tuple[Dict[str, Dict[str, List[float]]], Dict[str, Dict[str, List[float]]]]:
+    """Captions each clip with each checkout, ``rounds`` times, the checkouts' order reversed every other round.
+
+    Returns:
+      fps and CPU ms a frame, by clip and checkout, a value per round.
+    """
+    fps: Dict[str, Dict[str, List[float]]] = {str(c): {n: [] for n in checkouts} for c in clips}
+    cpu: Dict[str, Dict[str, List[float]]] = {str(c): {n: [] for n in checkouts} for c in clips}
+    order = list(checkouts.items())
+    for round_ in range(rounds):
+        for clip in clips:
+            for name, checkout in order if round_ % 2 == 0 else order[::-1]:
+                got = run_once(Path(checkout), clip, options)
+                fps[str(clip)][name].append(round(got["fps"], 2))
+                cpu[str(clip)][name].append(round(got["cpu_ms_per_frame"], 3))
+    return fps, cpu
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.make_clips is not None:
         for path in make_clips(args.make_clips):
@@ -102,15 +126,7 @@ def main(argv: Sequence[str]) -> int:
     options: Dict[str, object] = {"bundle": str(args.bundle.resolve())}
     if args.pipelined:
         options.update(pipelined=True, num_threads=1)
-    fps: Dict[str, Dict[str, List[float]]] = {str(c): {n: [] for n in checkouts} for c in args.clip}
-    cpu: Dict[str, Dict[str, List[float]]] = {str(c): {n: [] for n in checkouts} for c in args.clip}
-    order = list(checkouts.items())
-    for round_ in range(args.rounds):
-        for clip in args.clip:
-            for name, checkout in order if round_ % 2 == 0 else order[::-1]:
-                got = run_once(Path(checkout), clip, options)
-                fps[str(clip)][name].append(round(got["fps"], 2))
-                cpu[str(clip)][name].append(round(got["cpu_ms_per_frame"], 3))
+    fps, cpu = run_rounds(args.clip, checkouts, args.rounds, options)
     print(f"{'clip':<20}{'checkout':<10}{'median fps':>11}{'min':>8}{'max':>8}{'CPU ms/frame':>14}  "
           f"(measured, {args.rounds} rounds interleaved, {os.cpu_count()} CPUs, shared host)")
     for clip, by_name in fps.items():

@@ -1,8 +1,8 @@
 """Long fuzz run of edgecap's loaders: bundle.json, plan.json, the service's TOML, model bytes.
 
-    .venv-test/bin/python tools/fuzz_loaders.py [--cases 12000] [--seed 1] [--json docs/fuzz.json]
+    .venv-test/bin/python tools/fuzz_loaders.py [--cases 12000] [--seed 1] [--json results/fuzz.json]
 
-Mutates valid documents and models (tests/loader_fuzz.py has the strategies)
+Mutates valid documents and models (edgecap_lab.loader_fuzz has the strategies)
 and checks that each loader either succeeds or raises edgecap's own error in
 one line. Model bytes run in child processes, so a native crash or a hang is
 caught and reported with the input it was on. Prints a table of cases and
@@ -19,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
 
-import loader_fuzz  # noqa: E402
-from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from edgecap_lab import loader_fuzz
+
+REPO = Path(__file__).resolve().parent.parent
 
 HANG_S = 5.0  # one load taking longer is reported as a hang
 OVERRIDE_KEYS = ["http.port", "cameras[0].fps", "board", "cameras[9].name", "http", "x.y", "..",
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=12000, help="cases in all, split across targets")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", default=str(REPO / "docs" / "fuzz.json"), help="where to write results")
+    parser.add_argument("--json", default=str(REPO / "results" / "fuzz.json"), help="where to write results")
     args = parser.parse_args(argv)
     per = args.cases // 6
     ws = loader_fuzz.Workspace()

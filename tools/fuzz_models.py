@@ -1,10 +1,10 @@
 """Long structural fuzz of model files: the demo bundle's models and Coral's real ones.
 
-    .venv-test/bin/python tools/fuzz_models.py [--mutants 20000] [--seed 1] [--json docs/model-fuzz.json]
+    .venv-test/bin/python tools/fuzz_models.py [--mutants 20000] [--seed 1] [--json results/model-fuzz.json]
         [--coral /work/.mirror/google-coral+test_data/repo]
 
 Mutates operators' inputs and outputs, tensors' shapes, types, buffers and
-quantization, operator codes and subgraph boundaries (tests/model_fuzz.py) and
+quantization, operator codes and subgraph boundaries (edgecap_lab.model_fuzz) and
 opens each mutant as edgecap opens a bundle's model: the verifier, the first
 invoke in a child process, the interpreter, one invoke. The goal: every
 mutant refused in one line or run, no native crash of the process opening it.
@@ -27,10 +27,7 @@ import time
 from pathlib import Path
 from typing import List
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-import model_fuzz  # noqa: E402
+from edgecap_lab import model_fuzz
 
 DEFAULT_MIRROR = Path("/work/.mirror/google-coral+test_data/repo")
 # Coral models under about 1 MB whose first invoke takes milliseconds (the big
@@ -97,7 +94,7 @@ def main() -> int:
     if args.json:
         doc = {
             "about": ("Structural fuzz of .tflite models opened as edgecap opens a bundle's model "
-                      "(tools/fuzz_models.py; tests/model_fuzz.py). Measured on this host."),
+                      "(tools/fuzz_models.py; edgecap_lab.model_fuzz). Measured on this host."),
             "command": " ".join(["tools/fuzz_models.py", *sys.argv[1:]]),
             "host": {"machine": platform.machine(), "python": platform.python_version()},
             "seed": args.seed, "wall_s": round(wall, 1),

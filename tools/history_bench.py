@@ -1,4 +1,4 @@
-"""The event history's goals, measured on this host: ``python tools/history_bench.py --json docs/history-bench.json``.
+"""The event history's goals, measured on this host: ``python tools/history_bench.py --json results/history-bench.json``.
 
 (a) search latency (p50, p99; goal p99 <= 50 ms) over a generated history of
 ``--events`` events (texts from the demo's grammar, ``--cameras`` cameras,

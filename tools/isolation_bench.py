@@ -3,7 +3,7 @@
     python tools/isolation_bench.py --frames 300 --json PATH
     python tools/isolation_bench.py --failover 40 --load 2 --json PATH
 
-Without ``--failover`` it measures ``edgecap.bench.bench_isolation``'s cases
+Without ``--failover`` it measures ``edgecap_lab.bench.bench_isolation``'s cases
 (a null stage, the encoder on an emulated TPU and on the CPU, and the plan's
 CNN stages pipelined, each in-process and in worker processes). With
 ``--failover N`` it runs N captioner runs with isolated stages per setting of
@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from edgecap import faults, isolation
-from edgecap.bench import bench_isolation, format_isolation
+from edgecap_lab.bench import bench_isolation, format_isolation
 from edgecap.bundle import Bundle, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.command import run_command

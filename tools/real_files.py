@@ -1,7 +1,7 @@
 """Every real third-party model file available offline, through each edgecap step that applies to it.
 
     python tools/real_files.py --mirror PATH/TO/google-coral/test_data \\
-        --json docs/real-files.json --md docs/real-files.md
+        --json results/real-files.json --md results/real-files.md
 
 The files: every ``.tflite`` of a google-coral/test_data checkout or bare
 mirror (``--mirror``; a blob the mirror lacks, or a Git LFS pointer in its
@@ -396,18 +396,7 @@ def run_files(files: Sequence[RealFile], runner: Runner, progress: Any = None) -
         runner.name(f)
     cpu: Dict[str, Path] = {}
     for f in todo:
-        outcome, info = runner.child("inspect", f)
-        f.steps["inspect"] = outcome
-        if info:
-            f.inputs, f.outputs = info["inputs"], info["outputs"]
-            f.encoder_shaped = encoder_shaped(f.inputs, f.outputs)
-        f.kind = _kind(f, info.get("custom_ops"))
-        if f.kind == "CPU":
-            cpu[f.name] = f.local
-        f.steps["open"] = runner.child("open", f)[0]
-        f.steps["invoke"] = (runner.child("invoke", f)[0] if f.kind == "CPU"
-                             else Outcome("n/a", "compiled: its custom op runs only on an EdgeTPU"))
-        f.steps["compile"] = runner.edgecap("compile", str(f.local), "--board", runner.board)
+        _run_steps(f, runner, cpu)
         if progress:
             progress(f"{f.name}: " + ", ".join(f"{s} {o.status}" for s, o in f.steps.items()))
     for f in todo:
@@ -419,30 +408,59 @@ def run_files(files: Sequence[RealFile], runner: Runner, progress: Any = None) -
         elif f.kind == "CPU":
             f.steps["plan import"] = Outcome("n/a", "not compiled: `edgecap compile` splits it")
     sets = []
-    groups: Dict[Tuple[str, str, int], Dict[int, RealFile]] = {}
-    for f in todo:
-        m = SEGMENT.match(Path(f.path).name) if f.kind == "pipeline segment" else None
-        if m:
-            groups.setdefault((str(Path(f.name).parent), m["stem"], int(m["n"])), {})[int(m["k"])] = f
-    for (_, stem, n), members in sorted(groups.items()):
+    for (_, stem, n), members in sorted(_segment_sets(todo).items()):
         label = f"{stem} ({n} segments)"
-        missing = sorted(set(range(n)) - set(members))
-        if missing:
-            outcome = Outcome("n/a", f"segment(s) {', '.join(map(str, missing))} of {n} not available")
-        else:
-            source = source_of(members[0].path, cpu)
-            extra = ["--source", str(source)] if source else []
-            outcome = _with_source(runner.edgecap("plan", "import", *(str(members[k].local) for k in range(n)),
-                                                  "--board", runner.board, *extra), source, runner)
-        sets.append({"set": label, "segments": [members[k].name for k in sorted(members)],
-                     "source": "" if missing or not source else runner.names.get(str(source), ""),
-                     "outcome": asdict(outcome)})
+        row, outcome = _import_set(label, n, members, runner, cpu)
+        sets.append(row)
         for f in members.values():
             f.steps["plan import"] = Outcome(outcome.status, f"as the set {label}: {outcome.detail}",
                                              outcome.seconds)
         if progress:
             progress(f"plan import {label}: {outcome.status}")
     return sets
+
+
+def _run_steps(f: RealFile, runner: Runner, cpu: Dict[str, Path]) -> None:
+    """Inspects, opens, invokes (a CPU model) and compiles one file; a CPU model joins ``cpu``."""
+    outcome, info = runner.child("inspect", f)
+    f.steps["inspect"] = outcome
+    if info:
+        f.inputs, f.outputs = info["inputs"], info["outputs"]
+        f.encoder_shaped = encoder_shaped(f.inputs, f.outputs)
+    f.kind = _kind(f, info.get("custom_ops"))
+    if f.kind == "CPU":
+        cpu[f.name] = f.local
+    f.steps["open"] = runner.child("open", f)[0]
+    f.steps["invoke"] = (runner.child("invoke", f)[0] if f.kind == "CPU"
+                         else Outcome("n/a", "compiled: its custom op runs only on an EdgeTPU"))
+    f.steps["compile"] = runner.edgecap("compile", str(f.local), "--board", runner.board)
+
+
+def _segment_sets(files: Sequence[RealFile]) -> Dict[Tuple[str, str, int], Dict[int, RealFile]]:
+    """The pipeline segments by set (folder, stem, number of segments), each set by segment index."""
+    groups: Dict[Tuple[str, str, int], Dict[int, RealFile]] = {}
+    for f in files:
+        m = SEGMENT.match(Path(f.path).name) if f.kind == "pipeline segment" else None
+        if m:
+            groups.setdefault((str(Path(f.name).parent), m["stem"], int(m["n"])), {})[int(m["k"])] = f
+    return groups
+
+
+def _import_set(label: str, n: int, members: Dict[int, RealFile], runner: Runner,
+                cpu: Dict[str, Path]) -> Tuple[Dict[str, Any], Outcome]:
+    """``edgecap plan import`` of a whole set of segments (n/a when one is missing): its row and outcome."""
+    missing = sorted(set(range(n)) - set(members))
+    source = None
+    if missing:
+        outcome = Outcome("n/a", f"segment(s) {', '.join(map(str, missing))} of {n} not available")
+    else:
+        source = source_of(members[0].path, cpu)
+        extra = ["--source", str(source)] if source else []
+        outcome = _with_source(runner.edgecap("plan", "import", *(str(members[k].local) for k in range(n)),
+                                              "--board", runner.board, *extra), source, runner)
+    return {"set": label, "segments": [members[k].name for k in sorted(members)],
+            "source": "" if missing or not source else runner.names.get(str(source), ""),
+            "outcome": asdict(outcome)}, outcome
 
 
 # ---------------------------------------------------------------- reporting
@@ -510,6 +528,21 @@ def markdown(files: Sequence[RealFile], sets: Sequence[Dict[str, Any]], counts: 
     """Returns the page: how it was made, the tally, the reasons, the files' table and those not available."""
     refs = {(r["step"], r["reason"]): f"R{i}" for i, r in enumerate(counts["reasons"], 1)}
     run = [f for f in files if not f.available and not f.same_as]
+    lines = _intro(counts, about) + _reasons(counts, refs)
+    lines += [
+        "", f"## Files ({len(run)} run)", "",
+        "| file | bytes | kind | inputs | outputs | encoder-shaped | " + " | ".join(STEPS) + " |",
+        "|---|---:|---|---|---|---|" + "---|" * len(STEPS),
+    ]
+    for f in run:
+        lines.append(f"| `{f.name}` | {f.size:,} | {f.kind} | {_io(f.inputs)} | {_io(f.outputs)} | "
+                     f"{'yes' if f.encoder_shaped else 'no'} | "
+                     + " | ".join(_cell(f.steps.get(s), refs, s, f) for s in STEPS) + " |")
+    return "\n".join(lines + _sets_and_left_out(files, sets)) + "\n"
+
+
+def _intro(counts: Dict[str, Any], about: Dict[str, Any]) -> List[str]:
+    """The page's head: how it was made, then the tally of each step's outcomes."""
     lines = [
         "# Real files through edgecap",
         "",
@@ -542,21 +575,23 @@ def markdown(files: Sequence[RealFile], sets: Sequence[Dict[str, Any]], counts: 
     ]
     for step, c in counts["steps"].items():
         lines.append(f"| {step} | " + " | ".join(str(c.get(s, 0)) for s in STATUSES) + " |")
-    lines += ["", "## Reasons (every outcome that is not ok)", ""]
+    return lines
+
+
+def _reasons(counts: Dict[str, Any], refs: Dict[Tuple[str, str], str]) -> List[str]:
+    """Every outcome that is not ok, by its reference (R1, R2, ...)."""
+    lines = ["", "## Reasons (every outcome that is not ok)", ""]
     if not counts["reasons"]:
         lines.append("None.")
     for r in counts["reasons"]:
         lines.append(f"- **{refs[(r['step'], r['reason'])]}** {r['step']}, {r['status']}, {r['count']} "
                      f"file(s): {r['reason']}" + (f" — {', '.join(r['files'])}" if r["count"] <= 6 else ""))
-    lines += [
-        "", f"## Files ({len(run)} run)", "",
-        "| file | bytes | kind | inputs | outputs | encoder-shaped | " + " | ".join(STEPS) + " |",
-        "|---|---:|---|---|---|---|" + "---|" * len(STEPS),
-    ]
-    for f in run:
-        lines.append(f"| `{f.name}` | {f.size:,} | {f.kind} | {_io(f.inputs)} | {_io(f.outputs)} | "
-                     f"{'yes' if f.encoder_shaped else 'no'} | "
-                     + " | ".join(_cell(f.steps.get(s), refs, s, f) for s in STEPS) + " |")
+    return lines
+
+
+def _sets_and_left_out(files: Sequence[RealFile], sets: Sequence[Dict[str, Any]]) -> List[str]:
+    """The plan imports of whole sets of segments, the copies not run twice and the files not available."""
+    lines: List[str] = []
     if sets:
         lines += ["", "## Coral's pipelines (`edgecap plan import` of each whole set)", "",
                   "| set | source | outcome |", "|---|---|---|"]
@@ -572,7 +607,7 @@ def markdown(files: Sequence[RealFile], sets: Sequence[Dict[str, Any]], counts: 
     if absent:
         lines += ["", f"## Not available ({len(absent)})", ""]
         lines += [f"- `{f.name}`: {f.available}" for f in absent]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _about(args: argparse.Namespace, mirror_commit: str) -> Dict[str, Any]:

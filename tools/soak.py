@@ -1,9 +1,9 @@
 """The soak: a long pipelined run on an emulated board, with faults injected as it goes.
 
     python tools/soak.py --frames 50000 --fault-every 4000 --back 2 --warmup 5000 \\
-        --json docs/soak.json --md docs/soak.md
+        --json results/soak.json --md results/soak.md
 
-What it runs and measures is ``edgecap.soak``'s (``run_soak``); this script is
+What it runs and measures is ``edgecap_lab.soak``'s (``run_soak``); this script is
 its command line. It prints a table, writes the figures as JSON and Markdown,
 and exits 0 when every goal is met, 1 when one is not, 2 on bad input, 130 on
 Ctrl-C and 143 on SIGTERM.
@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 from edgecap import outputs
 from edgecap.command import run_command
-from edgecap.soak import run_soak, table
+from edgecap_lab.soak import run_soak, table
 
 PROG = "python tools/soak.py"
 

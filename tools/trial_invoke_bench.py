@@ -1,6 +1,6 @@
 """What the first invoke in a child process (edgecap.trial_invoke) costs at startup, measured.
 
-    .venv-test/bin/python tools/trial_invoke_bench.py [--runs 3] [--json docs/trial-invoke.json]
+    .venv-test/bin/python tools/trial_invoke_bench.py [--runs 3] [--json results/trial-invoke.json]
 
 Times, on this host: each demo model's check with an empty cache (the first
 includes starting the checker process), the same check once its hash is

@@ -1,6 +1,6 @@
 """Peak memory of `edgecap caption` on clips from 128x128 to 8K (measured on this host).
 
-    python tools/video_memory.py --json docs/video-memory.json [--codec mp4v|h264]
+    python tools/video_memory.py --json results/video-memory.json [--codec mp4v|h264]
 
 Each clip is the demo's sample clip scaled up (48 frames, written with OpenCV's
 mp4v writer, or with ffmpeg's libx264 for ``--codec h264``); each caption runs

@@ -5,7 +5,7 @@ or a hostile file would, then opened the way edgecap opens a bundle's model.
 Shared by the suite's sample (tests/test_model_fuzz.py) and the long run
 (tools/fuzz_models.py). The property: every mutant is refused in one line by
 one of edgecap's checks, or opens and runs; nothing crashes the process that
-opens it. Mutants run in a worker process (``python tests/model_fuzz.py``) so
+opens it. Mutants run in a worker process (``python -m edgecap_lab.model_fuzz``) so
 that a native crash kills the worker, not the fuzzer: the parent records it
 with the mutant that did it and starts another worker after it.
 
@@ -38,7 +38,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEMO_BASES = [REPO / "models" / "demo" / "bundle" / n
               for n in ("encoder.tflite", "rnn_encoder_step.tflite", "rnn_decoder_step.tflite")]
 REAL_BASES = sorted((REPO / "tests" / "data" / "real_models").glob("*.tflite"))
@@ -359,12 +359,13 @@ def run(bases: List[Path], mutants: int, seed: int, *, keep: Optional[Path] = No
 
     tally = Tally()
     i = 0
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(REPO / "lab"),
+                                                                  os.environ.get("PYTHONPATH")])))
     with tempfile.TemporaryDirectory(prefix="edgecap-model-fuzz-") as tmp:
         # Passed models' hashes go to a scratch cache: the mutants are not the user's models.
         env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
         while i < mutants:
-            cmd = [sys.executable, str(Path(__file__).resolve()), json.dumps([str(p) for p in bases]),
+            cmd = [sys.executable, "-m", "edgecap_lab.model_fuzz", json.dumps([str(p) for p in bases]),
                    str(seed), str(i), str(mutants), tmp]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
             sel = selectors.DefaultSelector()

@@ -28,7 +28,7 @@ from edgecap.errors import EdgecapError
 from edgecap.plan import PLAN_FILE, load_plan
 from edgecap.service.config import load_config, tomllib
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEMO_BUNDLE = DEMO_DIR / "bundle"
 SERVICE_TOML = REPO / "deploy" / "edgecap.toml"
 
@@ -328,7 +328,7 @@ def run_models(cases: int, seed: int, workdir: Path, current: Path) -> Tally:
 
 
 def main(argv: List[str]) -> int:
-    """``python tests/loader_fuzz.py models CASES SEED WORKDIR CURRENT OUT``: the child of a model fuzz."""
+    """``python -m edgecap_lab.loader_fuzz models CASES SEED WORKDIR CURRENT OUT``: the child of a model fuzz."""
     _, cases, seed, workdir, current, out = argv
     tally = run_models(int(cases), int(seed), Path(workdir), Path(current))
     Path(out).write_text(json.dumps({"cases": tally.cases, "outcomes": tally.outcomes,
@@ -346,9 +346,9 @@ def fuzz_models_in_child(cases: int, seed: int, timeout_s: float) -> Dict[str, A
     with tempfile.TemporaryDirectory(prefix="edgecap-fuzz-models-") as tmp:
         tmp_path = Path(tmp)
         current, out = tmp_path / "current.tflite", tmp_path / "tally.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "models", str(cases), str(seed),
+        cmd = [sys.executable, "-m", "edgecap_lab.loader_fuzz", "models", str(cases), str(seed),
                str(tmp_path / "ws"), str(current), str(out)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent),
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "lab"),
                                                                       os.environ.get("PYTHONPATH")])))
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)

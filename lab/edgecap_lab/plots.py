@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from edgecap.errors import ConfigError
 from edgecap.outputs import atomic_path, check_output
@@ -23,7 +23,7 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("plots need matplotlib: pip install 'edgecap[plot]'") from None
+        raise ConfigError("plots need matplotlib: pip install matplotlib") from None
     return plt
 
 
@@ -83,36 +83,41 @@ def plot_bench(result: Dict[str, Any], path: "str | os.PathLike[str]") -> None:
     for ax in axes.flat[len(profiles):]:
         ax.set_visible(False)
     for ax, profile in zip(axes.flat, profiles):
-        rows = [r for r in result["rows"] if r["profile"] == profile]
-        names = [r["schedule"] for r in rows]
-        fps = [r["fps"] for r in rows]
-        bars = ax.bar(range(len(rows)), fps, color="#4c72b0")
-        for bar, r in zip(bars, rows):
-            ax.annotate(f"{r['speedup']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
-        bounds = [r["bound_fps"] for r in rows if r["schedule"].startswith("d") and r["bound_fps"]]
-        lines = [(bounds[0], f"pipeline bound {bounds[0]:.0f} fps", "#c44e52", "--")] if bounds else []
-        if profile != "host":
-            lines += [(p["fps"], f"{p['label']}: {p['fps']:g} fps, {p['speedup']:g}x", "#55a868", ":")
-                      for p in result.get("published", [])]
-        for y, label, color, style in lines:
-            ax.axhline(y, color=color, linestyle=style, linewidth=1, label=label)
-        if lines:
-            ax.legend(loc="upper left", fontsize=7)
-        top = max(fps + [y for y, *_ in lines])
-        if min(fps) > 0 and top / min(fps) > 20:
-            ax.set_yscale("log")
-            ax.set_ylim(min(fps) / 2, top * 4)
-        else:
-            ax.set_ylim(0, 1.25 * top)
-        ax.set_xticks(range(len(rows)), names, rotation=25, fontsize=7, ha="right")
-        ax.set_ylabel("frames/s")
-        ax.set_title(f"{profile} ({'measured' if profile == 'host' else 'modelled'})", fontsize=9)
+        _bench_panel(ax, profile, [r for r in result["rows"] if r["profile"] == profile],
+                     result.get("published", []))
     fig.suptitle("edgecap bench: a CPU only | b one TPU | e equal-parameter split, pipelined | "
                  "c placement | d pipeline", fontsize=9)
     fig.tight_layout()
     _save(fig, path, 120)
     plt.close(fig)
+
+
+def _bench_panel(ax: Any, profile: str, rows: List[Dict[str, Any]], published: List[Dict[str, Any]]) -> None:
+    """Draws one profile's bars, their speedups, the pipeline's bound and (a board's) the published figures."""
+    names = [r["schedule"] for r in rows]
+    fps = [r["fps"] for r in rows]
+    bars = ax.bar(range(len(rows)), fps, color="#4c72b0")
+    for bar, r in zip(bars, rows):
+        ax.annotate(f"{r['speedup']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    bounds = [r["bound_fps"] for r in rows if r["schedule"].startswith("d") and r["bound_fps"]]
+    lines = [(bounds[0], f"pipeline bound {bounds[0]:.0f} fps", "#c44e52", "--")] if bounds else []
+    if profile != "host":
+        lines += [(p["fps"], f"{p['label']}: {p['fps']:g} fps, {p['speedup']:g}x", "#55a868", ":")
+                  for p in published]
+    for y, label, color, style in lines:
+        ax.axhline(y, color=color, linestyle=style, linewidth=1, label=label)
+    if lines:
+        ax.legend(loc="upper left", fontsize=7)
+    top = max(fps + [y for y, *_ in lines])
+    if min(fps) > 0 and top / min(fps) > 20:
+        ax.set_yscale("log")
+        ax.set_ylim(min(fps) / 2, top * 4)
+    else:
+        ax.set_ylim(0, 1.25 * top)
+    ax.set_xticks(range(len(rows)), names, rotation=25, fontsize=7, ha="right")
+    ax.set_ylabel("frames/s")
+    ax.set_title(f"{profile} ({'measured' if profile == 'host' else 'modelled'})", fontsize=9)
 
 
 def plot_timeline(

@@ -1,7 +1,7 @@
 """Benchmark of the partitioner against edgetpu_compiler's equal-parameter split, a balanced
 TPU-only split and brute force.
 
-    python -m edgecap_compile.benchmark
+    python -m edgecap_lab.compile_benchmark
 
 For MobileNetV2, ResNet50, InceptionV3 and EfficientNetB0 (random weights,
 full int8, cached by ``keras_zoo``) on the ``devboard``, ``devboard-usb``, ``rpi4-2usb``,
@@ -27,10 +27,10 @@ chains the written segments against the whole model on random inputs
 repeats our split and the equal-parameter split on ResNet50 and InceptionV3
 with every TPU's usable parameter cache set to 6, 7 and 8 MiB: how much of the
 partition's advantage rests on the budget, with the balanced TPU-only split
-beside them. Writes docs/compile-benchmark.json
-and docs/compile-benchmark.md.
+beside them. Writes results/compile-benchmark.json
+and results/compile-benchmark.md.
 
-The models are generated once with TensorFlow (``python -m edgecap_compile.keras_zoo``);
+The models are generated once with TensorFlow (``python -m edgecap_lab.keras_zoo``);
 without TensorFlow and without the cached models it exits 2 with one line.
 """
 
@@ -63,11 +63,11 @@ from edgecap_compile.compiler import compile_model, rnn_step_ms
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import Tensor, read_graph
-from edgecap_compile.keras_zoo import ARCHITECTURES, cache_dir, model_path
 from edgecap_compile.partitioner import (Partition, balanced_tpu_split, equal_param_split,
                                          evaluate, exhaustive, partition, whole_on_one_tpu)
 from edgecap_compile.plan import plan_devices
 from edgecap_compile.segments import build_segment
+from edgecap_lab.keras_zoo import ARCHITECTURES, cache_dir, model_path
 
 BOARDS = ("devboard", "devboard-usb", "rpi4-2usb", "rpi3bplus-usb2", "rpi5-dualtpu",
           "pc-4tpu-pcie")
@@ -83,8 +83,8 @@ TPU_COUNT_ROWS = tuple((board, n, ("ResNet50", "InceptionV3"))
                        for n in counts)
 # Brute force runs on rows with at most this many TPUs.
 EXHAUSTIVE_TPUS = 2
-REPO = Path(__file__).resolve().parent.parent
-DOCS = REPO / "docs"
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "results"
 RNN_STEP = REPO / "models" / "demo" / "bundle" / "rnn_encoder_step.tflite"
 # The issue's case: 8-frame windows every 2 sampled frames, 4 RNN steps a frame.
 WINDOW = (8, 2)
@@ -185,7 +185,7 @@ def require_models(models: List[str]) -> None:
         raise CompileError(
             f"benchmark models {', '.join(missing)} are not in {cache_dir()} and TensorFlow is "
             "not installed; pip install 'edgecap[train]' and run "
-            "`python -m edgecap_compile.keras_zoo` once")
+            "`python -m edgecap_lab.keras_zoo` once")
 
 
 def sram_sensitivity(models: List[Tuple[str, Path]], boards: List[str], rnn: Dict[str, float],
@@ -234,6 +234,91 @@ def sram_sensitivity(models: List[Tuple[str, Path]], boards: List[str], rnn: Dic
     return rows
 
 
+def _row(name: str, board_name: str, count: Optional[int], rnn_ms: float, window: Tuple[int, int]) -> dict:
+    """One model on one board (``count`` of its TPUs; None: all): our split against the baselines, printed."""
+    path = model_path(name)
+    graph = read_graph(path)
+    board = load_board(board_name)
+    board = board if count is None else board.with_tpus(count)
+    devices = [*plan_devices(board), "cpu"]
+    tpus = len(board.tpus)
+    model = CostModel(graph, [*board.tpus, board.cpu], rnn_ms, window=window)
+    bus = model.bus_matrices(board.buses)
+    without_rnn = partition([CostModel(graph, model.devices).matrix(k)
+                             for k in range(len(model.devices))], tpus, bus)
+    costs = [model.matrix(k) for k in range(len(model.devices))]
+    start = time.perf_counter()
+    ours = partition(costs, tpus, bus)
+    dp_s = time.perf_counter() - start
+    best, brute_s = None, None
+    if tpus <= EXHAUSTIVE_TPUS:
+        start = time.perf_counter()
+        best = exhaustive(costs, tpus, bus)
+        brute_s = round(time.perf_counter() - start, 4)
+    unbused = partition(costs, tpus)
+    profile_order = partition(costs, 0, bus)
+    prefix = np.array([model.param_bytes(0, i) for i in range(len(graph.ops) + 1)])
+    equal = equal_param_split(costs, prefix, tpus, bus)
+    balanced = balanced_tpu_split(costs, tpus, bus)
+    n = len(graph.ops)
+    one_tpu = whole_on_one_tpu(costs, tpus, bus)
+    with tempfile.TemporaryDirectory() as out:
+        # The segments are the same whichever TPU runs them: the cuts
+        # alone decide bit-exactness.
+        compile_model(path, board_name, out, tpus=tpus, ranges=ours.ranges)
+        exact = chain_matches(path, Path(out))
+    row = {
+        "model": name, "board": board_name, "ops": n, "tpus": len(board.tpus),
+        "board_tpus": len(load_board(board_name).tpus),
+        "buses": [{"name": b.name, "bytes_per_s": b.bytes_per_s} for b in board.buses],
+        "macs": int(sum(op.macs for op in graph.ops)),
+        "param_bytes": int(prefix[-1]),
+        "rnn_frame_ms": round(model.rnn_frame_ms, 4),
+        "ours": _summary(ours, devices),
+        "ours_without_rnn": _summary(without_rnn, devices),
+        "ours_profile_order": _summary(profile_order, devices),
+        "equal_param": _summary(equal, devices),
+        "balanced_tpu": _summary(balanced, devices),
+        "one_tpu": _summary(one_tpu, devices),
+        "exhaustive": None if best is None else _summary(best, devices),
+        # What the same search promises with the bus left out of the model.
+        "ours_without_bus": _summary(evaluate(costs, unbused.cuts, unbused.order), devices),
+        "ours_without_bus_under_bus": _summary(
+            evaluate(costs, unbused.cuts, unbused.order, bus), devices),
+        "ours_over_equal": round(ours.bottleneck_ms / equal.bottleneck_ms, 4),
+        "ours_over_balanced": round(ours.bottleneck_ms / balanced.bottleneck_ms, 4),
+        "ours_is_optimal": None if best is None else bool(
+            abs(ours.bottleneck_ms - best.bottleneck_ms) <= 1e-9 * best.bottleneck_ms
+            and abs(ours.latency_ms - best.latency_ms) <= 1e-9 * best.latency_ms),
+        "partition_s": round(dp_s, 5), "exhaustive_s": brute_s,
+        "bit_exact": exact,
+    }
+    print(f"{name:15s} {board_name:14s} ours {ours.bottleneck_ms:7.2f} ms "
+          f"(without RNN {without_rnn.bottleneck_ms:7.2f} ms, profile order "
+          f"{profile_order.bottleneck_ms:7.2f} ms)  equal-param "
+          f"{equal.bottleneck_ms:7.2f} ms  balanced {balanced.bottleneck_ms:7.2f} ms  "
+          f"ratios {row['ours_over_equal']:.3f} "
+          f"{row['ours_over_balanced']:.3f}  tpus {tpus}  bus {ours.bus_ms:6.2f} ms  "
+          f"optimal {row['ours_is_optimal']}  "
+          f"bit-exact {exact}", flush=True)
+    return row
+
+
+def _runs(models: List[str], boards: List[str]) -> List[Tuple[str, str, Optional[int]]]:
+    """``(model, board, TPUs)`` of every row: each model on each board with all its TPUs, then the TPU counts."""
+    runs: List[Tuple[str, str, Optional[int]]] = [(name, board_name, None) for name in models for board_name in boards]
+    runs += [(name, board_name, n) for board_name, n, names in TPU_COUNT_ROWS
+             if board_name in boards for name in names if name in models]
+    return runs
+
+
+def _step_model(rnn_step: Optional[Path]) -> Optional[str]:
+    """The RNN step model as the document names it: relative to the repository where it is inside it."""
+    if not rnn_step:
+        return None
+    return rnn_step.relative_to(REPO).as_posix() if rnn_step.is_relative_to(REPO) else str(rnn_step)
+
+
 def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = RNN_STEP,
               window: Tuple[int, int] = WINDOW, bundles: Sequence[Path] = ()) -> dict:
     """Runs the comparison; returns the JSON document.
@@ -246,79 +331,11 @@ def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = R
       bundles: Bundle directories whose encoders (with their own RNN step and
         window) join the usable-SRAM table.
     """
-    rows = []
     rnn = {}
     for board_name in boards:
         rnn[board_name] = rnn_step_ms(rnn_step, load_board(board_name)) if rnn_step else 0.0
-    runs = [(name, board_name, None) for name in models for board_name in boards]
-    runs += [(name, board_name, n) for board_name, n, names in TPU_COUNT_ROWS
-             if board_name in boards for name in names if name in models]
-    for name, board_name, count in runs:
-        path = model_path(name)
-        graph = read_graph(path)
-        board = load_board(board_name)
-        board = board if count is None else board.with_tpus(count)
-        devices = [*plan_devices(board), "cpu"]
-        tpus = len(board.tpus)
-        model = CostModel(graph, [*board.tpus, board.cpu], rnn[board_name], window=window)
-        bus = model.bus_matrices(board.buses)
-        without_rnn = partition([CostModel(graph, model.devices).matrix(k)
-                                 for k in range(len(model.devices))], tpus, bus)
-        costs = [model.matrix(k) for k in range(len(model.devices))]
-        start = time.perf_counter()
-        ours = partition(costs, tpus, bus)
-        dp_s = time.perf_counter() - start
-        best, brute_s = None, None
-        if tpus <= EXHAUSTIVE_TPUS:
-            start = time.perf_counter()
-            best = exhaustive(costs, tpus, bus)
-            brute_s = round(time.perf_counter() - start, 4)
-        unbused = partition(costs, tpus)
-        profile_order = partition(costs, 0, bus)
-        prefix = np.array([model.param_bytes(0, i) for i in range(len(graph.ops) + 1)])
-        equal = equal_param_split(costs, prefix, tpus, bus)
-        balanced = balanced_tpu_split(costs, tpus, bus)
-        n = len(graph.ops)
-        one_tpu = whole_on_one_tpu(costs, tpus, bus)
-        with tempfile.TemporaryDirectory() as out:
-            # The segments are the same whichever TPU runs them: the cuts
-            # alone decide bit-exactness.
-            compile_model(path, board_name, out, tpus=tpus, ranges=ours.ranges)
-            exact = chain_matches(path, Path(out))
-        rows.append({
-            "model": name, "board": board_name, "ops": n, "tpus": len(board.tpus),
-            "board_tpus": len(load_board(board_name).tpus),
-            "buses": [{"name": b.name, "bytes_per_s": b.bytes_per_s} for b in board.buses],
-            "macs": int(sum(op.macs for op in graph.ops)),
-            "param_bytes": int(prefix[-1]),
-            "rnn_frame_ms": round(model.rnn_frame_ms, 4),
-            "ours": _summary(ours, devices),
-            "ours_without_rnn": _summary(without_rnn, devices),
-            "ours_profile_order": _summary(profile_order, devices),
-            "equal_param": _summary(equal, devices),
-            "balanced_tpu": _summary(balanced, devices),
-            "one_tpu": _summary(one_tpu, devices),
-            "exhaustive": None if best is None else _summary(best, devices),
-            # What the same search promises with the bus left out of the model.
-            "ours_without_bus": _summary(evaluate(costs, unbused.cuts, unbused.order), devices),
-            "ours_without_bus_under_bus": _summary(
-                evaluate(costs, unbused.cuts, unbused.order, bus), devices),
-            "ours_over_equal": round(ours.bottleneck_ms / equal.bottleneck_ms, 4),
-            "ours_over_balanced": round(ours.bottleneck_ms / balanced.bottleneck_ms, 4),
-            "ours_is_optimal": None if best is None else bool(
-                abs(ours.bottleneck_ms - best.bottleneck_ms) <= 1e-9 * best.bottleneck_ms
-                and abs(ours.latency_ms - best.latency_ms) <= 1e-9 * best.latency_ms),
-            "partition_s": round(dp_s, 5), "exhaustive_s": brute_s,
-            "bit_exact": exact,
-        })
-        print(f"{name:15s} {board_name:14s} ours {ours.bottleneck_ms:7.2f} ms "
-              f"(without RNN {without_rnn.bottleneck_ms:7.2f} ms, profile order "
-              f"{profile_order.bottleneck_ms:7.2f} ms)  equal-param "
-              f"{equal.bottleneck_ms:7.2f} ms  balanced {balanced.bottleneck_ms:7.2f} ms  "
-              f"ratios {rows[-1]['ours_over_equal']:.3f} "
-              f"{rows[-1]['ours_over_balanced']:.3f}  tpus {tpus}  bus {ours.bus_ms:6.2f} ms  "
-              f"optimal {rows[-1]['ours_is_optimal']}  "
-              f"bit-exact {exact}", flush=True)
+    rows = [_row(name, board_name, count, rnn[board_name], window)
+            for name, board_name, count in _runs(models, boards)]
     sram_boards = [b for b in boards if b in SRAM_BOARDS]
     sram = sram_sensitivity(sram_models(models), sram_boards, rnn, window)
     for directory in bundles:
@@ -331,15 +348,13 @@ def benchmark(models: List[str], boards: List[str], rnn_step: Optional[Path] = R
     resnet = model_path("ResNet50")
     compile_times = time_cli_compile(resnet, "devboard-usb")
     return {
-        "command": "python -m edgecap_compile.benchmark",
+        "command": "python -m edgecap_lab.compile_benchmark",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host": {"machine": platform.machine(), "python": platform.python_version(),
                  "cpus": os.cpu_count()},
         "boards": {b: load_board(b).version for b in boards},
         "cpu_memory_bytes_per_s": {b: load_board(b).cpu.memory_bytes_per_s for b in boards},
-        "rnn": {"step_model": (rnn_step.relative_to(REPO).as_posix()
-                               if rnn_step and rnn_step.is_relative_to(REPO) else
-                               str(rnn_step) if rnn_step else None),
+        "rnn": {"step_model": _step_model(rnn_step),
                 "step_ms": {b: round(ms, 4) for b, ms in rnn.items()},
                 "window": {"frames": window[0], "stride": window[1]},
                 "steps_per_frame": windows_per_frame(*window)},
@@ -400,7 +415,7 @@ def markdown(doc: dict) -> str:
         f"profile (compile/boards/*.json), every TPU the board has unless *TPUs* says fewer "
         f"(of the board's), a shared bus's time in every bottleneck; {_rnn_line(doc['rnn'])}. "
         "Models: Keras architectures with random weights, full int8, 224x224 input, cached by "
-        "`python -m edgecap_compile.keras_zoo`.",
+        "`python -m edgecap_lab.keras_zoo`.",
         "",
         "- **ours**: `edgecap compile` (exact search over cuts and TPU orders with the shared "
         "bus, tie-break on latency); **TPU order**: the TPUs as plan.json names them, in the "
@@ -426,40 +441,11 @@ def markdown(doc: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         "---|---|---|",
     ]
-    for r in doc["rows"]:
-        o, e, w, b = r["ours"], r["equal_param"], r["ours_without_rnn"], r["balanced_tpu"]
-        best = r["exhaustive"]
-        tpus = str(r["tpus"]) if r["tpus"] == r["board_tpus"] else f"{r['tpus']} of {r['board_tpus']}"
-        lines.append(
-            f"| {r['model']} | {r['board']} | {tpus} | "
-            f"{r['rnn_frame_ms']:.2f} | {', '.join(o['devices'][:-1])} | {o['cuts']} | "
-            f"{o['bottleneck_ms']:.2f} | {o['fps']:.1f} | {o['latency_ms']:.2f} | "
-            f"{o['bus_ms']:.2f}{' **bus**' if o['bus_bound'] else ''} | "
-            f"{r['ours_profile_order']['bottleneck_ms']:.2f} | "
-            f"{r['ours_without_bus']['fps']:.1f} | {r['ours_without_bus_under_bus']['fps']:.1f} | "
-            f"{w['bottleneck_ms']:.2f} | {e['bottleneck_ms']:.2f} | {e['fps']:.1f} "
-            f"| {r['ours_over_equal']:.3f} | {b['cuts']} | {b['bottleneck_ms']:.2f} | "
-            f"{b['fps']:.1f} | {r['ours_over_balanced']:.3f} | "
-            f"{r['one_tpu']['bottleneck_ms']:.2f} | "
-            + ("- | - |" if best is None else
-               f"{best['bottleneck_ms']:.2f} | {'yes' if r['ours_is_optimal'] else 'NO'} |")
-            + f" {'yes' if r['bit_exact'] else 'NO'} |")
-    goal = [r for r in doc["rows"] if r["model"] in ("ResNet50", "InceptionV3")]
-    checked = [r for r in doc["rows"] if r["ours_is_optimal"] is not None]
-    nan = float("nan")
+    lines += [_table_row(r) for r in doc["rows"]]
     c = doc["compile_resnet50_devboard_usb_s"]
     lines += [
         "",
-        f"Goals: ours = optimum on every row brute force ran on ({len(checked)} of "
-        f"{len(doc['rows'])}): "
-        + ("met" if all(r["ours_is_optimal"] for r in checked) else "NOT met")
-        + "; ours <= 0.8x equal-param on ResNet50 and InceptionV3: "
-        + ("met" if goal and all(r["ours_over_equal"] <= 0.8 for r in goal) else "NOT met")
-        + f" (worst {max((r['ours_over_equal'] for r in goal), default=nan):.3f}). "
-        "Against the best balanced TPU-only split ours is "
-        f"{min((r['ours_over_balanced'] for r in goal), default=nan):.3f}–"
-        f"{max((r['ours_over_balanced'] for r in goal), default=nan):.3f}x its bottleneck on "
-        "ResNet50 and InceptionV3 (no goal set).",
+        _goals(doc["rows"]),
         "",
         *_cpu_check(doc),
         "## Usable SRAM",
@@ -468,7 +454,7 @@ def markdown(doc: dict) -> str:
         + ", ".join(f"{b}: {'/'.join(f'{m:g}' for m in ms)} MiB"
                     for b, ms in doc["sram_usable_mib"].items())
         + " of each TPU's 8 MiB as parameter cache (sources in compile/boards/*.json, validity in "
-        "docs/cost-model.md). With every TPU's usable cache set to 6, 7 and 8 MiB instead "
+        "results/cost-model.md). With every TPU's usable cache set to 6, 7 and 8 MiB instead "
         "(modelled). Rows marked (bundle) are a captioning bundle's own encoder: headless (no "
         "classifier), with that bundle's RNN step and window charged to the CPU stage:",
         "",
@@ -490,9 +476,48 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _table_row(r: dict) -> str:
+    """One row of the main table."""
+    o, e, w, b = r["ours"], r["equal_param"], r["ours_without_rnn"], r["balanced_tpu"]
+    best = r["exhaustive"]
+    tpus = str(r["tpus"]) if r["tpus"] == r["board_tpus"] else f"{r['tpus']} of {r['board_tpus']}"
+    return (
+        f"| {r['model']} | {r['board']} | {tpus} | "
+        f"{r['rnn_frame_ms']:.2f} | {', '.join(o['devices'][:-1])} | {o['cuts']} | "
+        f"{o['bottleneck_ms']:.2f} | {o['fps']:.1f} | {o['latency_ms']:.2f} | "
+        f"{o['bus_ms']:.2f}{' **bus**' if o['bus_bound'] else ''} | "
+        f"{r['ours_profile_order']['bottleneck_ms']:.2f} | "
+        f"{r['ours_without_bus']['fps']:.1f} | {r['ours_without_bus_under_bus']['fps']:.1f} | "
+        f"{w['bottleneck_ms']:.2f} | {e['bottleneck_ms']:.2f} | {e['fps']:.1f} "
+        f"| {r['ours_over_equal']:.3f} | {b['cuts']} | {b['bottleneck_ms']:.2f} | "
+        f"{b['fps']:.1f} | {r['ours_over_balanced']:.3f} | "
+        f"{r['one_tpu']['bottleneck_ms']:.2f} | "
+        + ("- | - |" if best is None else
+           f"{best['bottleneck_ms']:.2f} | {'yes' if r['ours_is_optimal'] else 'NO'} |")
+        + f" {'yes' if r['bit_exact'] else 'NO'} |")
+
+
+def _goals(rows: List[dict]) -> str:
+    """The goals line: ours at the optimum where brute force ran, and against the equal-parameter split."""
+    goal = [r for r in rows if r["model"] in ("ResNet50", "InceptionV3")]
+    checked = [r for r in rows if r["ours_is_optimal"] is not None]
+    nan = float("nan")
+    return (
+        f"Goals: ours = optimum on every row brute force ran on ({len(checked)} of "
+        f"{len(rows)}): "
+        + ("met" if all(r["ours_is_optimal"] for r in checked) else "NOT met")
+        + "; ours <= 0.8x equal-param on ResNet50 and InceptionV3: "
+        + ("met" if goal and all(r["ours_over_equal"] <= 0.8 for r in goal) else "NOT met")
+        + f" (worst {max((r['ours_over_equal'] for r in goal), default=nan):.3f}). "
+        "Against the best balanced TPU-only split ours is "
+        f"{min((r['ours_over_balanced'] for r in goal), default=nan):.3f}–"
+        f"{max((r['ours_over_balanced'] for r in goal), default=nan):.3f}x its bottleneck on "
+        "ResNet50 and InceptionV3 (no goal set).")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs the benchmark and writes the JSON and markdown files."""
-    parser = Parser(prog="python -m edgecap_compile.benchmark", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m edgecap_lab.compile_benchmark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(ARCHITECTURES),
                         choices=list(ARCHITECTURES))
     parser.add_argument("--boards", nargs="+", default=list(BOARDS))
@@ -506,7 +531,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--bundles", nargs="+", default=[], type=Path,
                         help="also put these bundles' encoders (headless, with their own RNN "
                              "step) in the usable-SRAM table, e.g. the paper-scale bundles")
-    parser.add_argument("--out", default=str(DOCS / "compile-benchmark"),
+    parser.add_argument("--out", default=str(RESULTS / "compile-benchmark"),
                         help="path prefix of the .json and .md written")
     args = parser.parse_args(argv)
     rnn_step = None if args.rnn_step == "none" else Path(args.rnn_step)
@@ -529,4 +554,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command("python -m edgecap_compile.benchmark", main))
+    sys.exit(run_command("python -m edgecap_lab.compile_benchmark", main))

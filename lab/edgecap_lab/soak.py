@@ -2,7 +2,7 @@
 
 The command is a developer script (``run_soak`` is what it calls)::
 
-    python tools/soak.py --frames 50000 --json docs/soak.json --md docs/soak.md
+    python tools/soak.py --frames 50000 --json results/soak.json --md results/soak.md
 
 It captions ``--frames`` sampled frames (the demo clip, repeated) through the
 pipelined runtime on the emulated ``devboard-usb`` (emulated EdgeTPUs, real
@@ -214,50 +214,24 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
     proc = psutil.Process()
     faults.inject("")
     opts = dict(board=board, num_threads=1, deadline_floor_s=deadline_floor_s)
-    with EdgeCaptioner(root, **opts) as cap:
-        spec = cap.window
-        period = len(images) // spec.stride if len(images) % spec.stride == 0 and spec.frames <= len(images) else 0
-        if not period:
-            raise ConfigError(f"soak: the clip's {len(images)} frames are not whole strides of "
-                              f"{spec.stride}; use a clip that repeats whole windows")
-        reference = [c.text for c in cap.caption_frames(list(images) * 3)]
-        if reference[:period] * (len(reference) // period) != reference:
-            raise ConfigError("soak: the fault-free captions of the repeated clip do not repeat")
+    spec, period, reference = _fault_free(root, opts, images)
     time.sleep(0.5)  # the reference's threads end
     # No gc.collect() here or after: what a failover leaves must be released, not collected.
-    before = {"threads": proc.num_threads(), "fds": proc.num_fds(), "processes": len(proc.children())}
+    before = _resources(proc)
     schedule = fault_schedule(frames, every)
     say(f"soak: {frames} frames, {len(schedule)} faults, one every {every} frames on the plan's TPUs in turn")
-    rss: Dict[str, float] = {}
-    during: Dict[str, int] = {}
-    captions = []
     t0 = time.perf_counter()
     windows_expected = (frames - spec.frames) // spec.stride + 1 if frames >= spec.frames else 0
     with EdgeCaptioner(root, **opts) as cap:
         injector = _Injector(cap, schedule, back_s)
-        for c in cap.stream(injector.frames(images, frames), fps=0):
-            captions.append((c.window, c.text))
-            done = c.end_frame + 1
-            if "warmup" not in rss and done >= warmup:
-                rss["warmup"] = proc.memory_info().rss / 2**20
-                during["threads_warmup"] = proc.num_threads()
-            if c.window % 500 == 0:
-                say(f"soak: {done} frames, {len(cap.stats().failovers)} failovers, "
-                    f"rss {proc.memory_info().rss / 2**20:.1f} MiB")
-        rss["end"] = proc.memory_info().rss / 2**20
-        during["threads_end"] = proc.num_threads()
+        captions, rss, during = _stream(cap, injector.frames(images, frames), warmup, proc, say)
         elapsed = time.perf_counter() - t0
         stats = cap.stats()
     faults.inject("")  # releases nothing left: every hang ended with its pipeline
     time.sleep(0.5)
-    after = {"threads": proc.num_threads(), "fds": proc.num_fds(), "processes": len(proc.children())}
+    after = _resources(proc)
     numbers = [w for w, _ in captions]
     mismatches = sum(1 for w, text in captions if text != reference[w % period])
-    def ms(returns: bool) -> Dict[str, float]:
-        took = [1e3 * r.took_s for r in stats.failovers
-                if r.took_s is not None and (r.kind == "returned") == returns]
-        return {k: round(v, 1) for k, v in summarize(took).items()} | ({"max": round(max(took), 1)} if took else {})
-
     return SoakResult(
         frames=frames,
         windows_expected=windows_expected,
@@ -269,8 +243,8 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
         faults_injected=injector.injected,
         faults_fired=injector.fired,
         failovers=[{k: v for k, v in asdict(r).items() if k != "detail"} for r in stats.failovers],
-        failover_ms=ms(returns=False),
-        return_ms=ms(returns=True),
+        failover_ms=_took_ms(stats.failovers, returns=False),
+        return_ms=_took_ms(stats.failovers, returns=True),
         rss_mb={k: round(v, 1) for k, v in rss.items()},
         rss_growth=round((rss["end"] - rss["warmup"]) / rss["warmup"], 4) if "warmup" in rss else float("nan"),
         threads={"before": before["threads"], "warmup": during.get("threads_warmup", -1),
@@ -284,6 +258,54 @@ def run_soak(frames: int = 50_000, every: int = 4_000, back_s: float = 2.0, warm
         host={"python": platform.python_version(), "machine": platform.machine(),
               "cpus": psutil.cpu_count(), "load_1min": round(psutil.getloadavg()[0], 2)},
     )
+
+
+def _fault_free(root: str, opts: Dict[str, Any], images: List[np.ndarray]) -> Tuple[Any, int, List[str]]:
+    """Captions the clip three times over without faults: the window spec, the captions' period, the captions.
+
+    Raises:
+      ConfigError: If the clip is not whole strides, or its captions do not repeat with it.
+    """
+    with EdgeCaptioner(root, **opts) as cap:
+        spec = cap.window
+        period = len(images) // spec.stride if len(images) % spec.stride == 0 and spec.frames <= len(images) else 0
+        if not period:
+            raise ConfigError(f"soak: the clip's {len(images)} frames are not whole strides of "
+                              f"{spec.stride}; use a clip that repeats whole windows")
+        reference = [c.text for c in cap.caption_frames(list(images) * 3)]
+        if reference[:period] * (len(reference) // period) != reference:
+            raise ConfigError("soak: the fault-free captions of the repeated clip do not repeat")
+    return spec, period, reference
+
+
+def _stream(cap: EdgeCaptioner, frames: Iterator[np.ndarray], warmup: int, proc: Any,
+            say: Any) -> Tuple[List[Tuple[int, str]], Dict[str, float], Dict[str, int]]:
+    """Captions ``frames``: the (window, text) pairs, RSS (MiB) and threads after warm-up and at the end."""
+    rss: Dict[str, float] = {}
+    during: Dict[str, int] = {}
+    captions = []
+    for c in cap.stream(frames, fps=0):
+        captions.append((c.window, c.text))
+        done = c.end_frame + 1
+        if "warmup" not in rss and done >= warmup:
+            rss["warmup"] = proc.memory_info().rss / 2**20
+            during["threads_warmup"] = proc.num_threads()
+        if c.window % 500 == 0:
+            say(f"soak: {done} frames, {len(cap.stats().failovers)} failovers, "
+                f"rss {proc.memory_info().rss / 2**20:.1f} MiB")
+    rss["end"] = proc.memory_info().rss / 2**20
+    during["threads_end"] = proc.num_threads()
+    return captions, rss, during
+
+
+def _resources(proc: Any) -> Dict[str, int]:
+    return {"threads": proc.num_threads(), "fds": proc.num_fds(), "processes": len(proc.children())}
+
+
+def _took_ms(failovers: Sequence[Any], returns: bool) -> Dict[str, float]:
+    """Percentiles and the maximum of the failovers' (or, with ``returns``, the returns') times, in ms."""
+    took = [1e3 * r.took_s for r in failovers if r.took_s is not None and (r.kind == "returned") == returns]
+    return {k: round(v, 1) for k, v in summarize(took).items()} | ({"max": round(max(took), 1)} if took else {})
 
 
 def table(r: SoakResult) -> str:

@@ -34,7 +34,7 @@ process: peak resident memory and time to the first caption.
 
 The command line (``edgecap bench``) is in ``edgecap.cli``; ``run_bench`` is
 what it calls (``edgecap bench --adapt``, a board that differs from its
-profile, is ``edgecap.truth_bench``). ``bench_isolation``, the cost of process isolation, is a
+profile, is ``edgecap_lab.truth_bench``). ``bench_isolation``, the cost of process isolation, is a
 developer's measurement: ``python tools/isolation_bench.py``.
 """
 
@@ -302,19 +302,8 @@ def run_bench(
       ConfigError: If a count is out of range or a profile unknown.
       EdgecapError: If the bundle, a clip or the board is bad.
     """
-    for flag, value in (("--threads", threads), ("--frames", frames), ("--batch", batch),
-                        ("--host-rounds", host_rounds)):
-        if value < 1:
-            raise ConfigError(f"{flag} {value}: use 1 or more")
-    unknown = set(profiles) - set(PROFILES)
-    if unknown:
-        raise ConfigError(f"--profiles {','.join(sorted(unknown))}: use {', '.join(PROFILES)}")
-    for stride in strides or ():
-        if stride < 1:
-            raise ConfigError(f"--strides {stride}: use 1 or more")
-    boards = [b.strip() for b in board.split(",") if b.strip()]
-    if "board" in profiles and not boards:
-        raise ConfigError(f"--board {board!r}: name a board profile, e.g. devboard-usb")
+    _check_counts({"--threads": threads, "--frames": frames, "--batch": batch, "--host-rounds": host_rounds})
+    boards = _check_profiles(profiles, strides, board)
     published = load_published()
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle or default_bundle())
     clips = list(clips or [str(DEMO_DIR / "sample.mp4")])
@@ -334,15 +323,39 @@ def run_bench(
             on_row(row)
     overhead = bench_overhead()
     scaling = bench_scaling(b, seconds=row_seconds / 2) if "host" in profiles else []
-    started = []
-    if "startup" in profiles:
-        beam_args = ["--beam", str(beam)]
-        started.append(bench_startup(b.root, clips[0], beam_args))
-        if boards:
-            plan_for_board(b, boards[0])  # cached: the child plans nothing
-            started.append(bench_startup(b.root, clips[0], ["--board", boards[0], *beam_args]))
+    started = _startups(b, clips[0], boards[:1], beam) if "startup" in profiles else []
     return BenchResult(str(b.root), [str(c) for c in clips], len(images), rows, overhead, scaling,
                        published, choice, started, beam)
+
+
+def _check_counts(counts: Dict[str, int]) -> None:
+    for flag, value in counts.items():
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: use 1 or more")
+
+
+def _check_profiles(profiles: Sequence[str], strides: Optional[Sequence[int]], board: str) -> List[str]:
+    """Checks ``profiles`` and ``strides``; returns the boards of the comma list ``board``."""
+    unknown = set(profiles) - set(PROFILES)
+    if unknown:
+        raise ConfigError(f"--profiles {','.join(sorted(unknown))}: use {', '.join(PROFILES)}")
+    for stride in strides or ():
+        if stride < 1:
+            raise ConfigError(f"--strides {stride}: use 1 or more")
+    boards = [b.strip() for b in board.split(",") if b.strip()]
+    if "board" in profiles and not boards:
+        raise ConfigError(f"--board {board!r}: name a board profile, e.g. devboard-usb")
+    return boards
+
+
+def _startups(bundle: Bundle, clip: str, boards: Sequence[str], beam: int) -> List[Startup]:
+    """``edgecap caption`` started on the CPU, and on the first board with its plan cached."""
+    beam_args = ["--beam", str(beam)]
+    started = [bench_startup(bundle.root, clip, beam_args)]
+    for name in boards:
+        plan_for_board(bundle, name)  # cached: the child plans nothing
+        started.append(bench_startup(bundle.root, clip, ["--board", name, *beam_args]))
+    return started
 
 
 def runs(profiles: Sequence[str], timing_only: bool, strides: int = 1, boards: int = 1,

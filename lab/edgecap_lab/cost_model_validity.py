@@ -1,7 +1,7 @@
 """The cost model's validity: its predictions beside Coral's published whole-model latencies.
 
-    python -m edgecap_compile.validity                          # prints the table
-    python -m edgecap_compile.validity --out docs/cost-model    # also writes the docs
+    python -m edgecap_lab.cost_model_validity                          # prints the table
+    python -m edgecap_lab.cost_model_validity --out results/cost-model    # also writes the results
 
 For every model of Coral's benchmark table (``data/coral_published.json``, each
 figure with its source) and each of its columns (Dev Board TPU, the Dev Board's
@@ -18,7 +18,7 @@ element work. On a TPU the parameters beyond the usable SRAM plus the input
 image and 1001 class scores cross the link. A scan
 over the usable SRAM budget shows which budget the published latencies support.
 Prints the table; with ``--out PREFIX`` also writes PREFIX.md and PREFIX.json
-(docs/cost-model.md and .json are tracked: they are rewritten only when asked).
+(results/cost-model.md and .json are tracked: they are rewritten only when asked).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def load_published(path: Path = DATA) -> _DataFile:
       CompileError: If the file is missing or malformed.
     """
     return schema.read_file(path, _DataFile, error=CompileError, what="published figures",
-                            fix="fix compile/data/coral_published.json")
+                            fix="fix lab/edgecap_lab/data/coral_published.json")
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def model_work(model: Published) -> Work:
     if model.graph is None:
         return published_work(model)
     from edgecap_compile.graph import read_graph
-    from edgecap_compile.keras_zoo import model_path
+    from edgecap_lab.keras_zoo import model_path
 
     try:
         path = model_path(model.graph, generate=False)
@@ -291,7 +291,7 @@ def validity(path: Path = DATA) -> dict:
     works = [model_work(m) for m in data.models]
     columns = [column_table(data.models, c, works=works) for c in COLUMNS]
     return {
-        "command": "python -m edgecap_compile.validity --out docs/cost-model",
+        "command": "python -m edgecap_lab.cost_model_validity --out results/cost-model",
         "source": data.source,
         "goal": f"|leave-one-out error| <= {GOAL:.0%} on every row",
         "models": [msgspec.to_builtins(m) for m in data.models],
@@ -392,10 +392,10 @@ def markdown(doc: dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Prints the table; with ``--out PREFIX`` also writes PREFIX.json and PREFIX.md."""
-    parser = Parser(prog="python -m edgecap_compile.validity", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m edgecap_lab.cost_model_validity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(DATA), help="published figures (default: %(default)s)")
     parser.add_argument("-o", "--out",
-                        help="also write PREFIX.json and PREFIX.md (the tracked ones: docs/cost-model); "
+                        help="also write PREFIX.json and PREFIX.md (the tracked ones: results/cost-model); "
                              "default: print only")
     args = parser.parse_args(argv)
     if args.out is not None:
@@ -411,4 +411,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command("python -m edgecap_compile.validity", main))
+    sys.exit(run_command("python -m edgecap_lab.cost_model_validity", main))

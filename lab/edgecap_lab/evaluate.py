@@ -74,7 +74,7 @@ def _scorers() -> Tuple[Any, Any]:
         from pycocoevalcap.cider.cider import Cider
     except ImportError:
         raise ConfigError("edgecap eval scores with pycocoevalcap, which is not installed: "
-                          "pip install 'edgecap[eval]'") from None
+                          "pip install pycocoevalcap") from None
     return Bleu, Cider
 
 

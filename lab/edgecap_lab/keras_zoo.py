@@ -1,8 +1,8 @@
 """The benchmark's Keras architectures, random weights, full-int8, generated once and cached.
 
 TensorFlow is needed only to generate a missing model; a cached file is reused
-as is. Run ``python -m edgecap_compile.keras_zoo`` (with TensorFlow) to fill
-the cache ahead of ``python -m edgecap_compile.benchmark``.
+as is. Run ``python -m edgecap_lab.keras_zoo`` (with TensorFlow) to fill
+the cache ahead of ``python -m edgecap_lab.compile_benchmark``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def model_path(name: str, generate: bool = True) -> Path:
         return path
     if not generate:
         raise FileNotFoundError(
-            f"{path} missing: run `python -m edgecap_compile.keras_zoo` with TensorFlow installed")
+            f"{path} missing: run `python -m edgecap_lab.keras_zoo` with TensorFlow installed")
     import keras
 
     from edgecap_compile.int8_export import export_int8
