@@ -1,6 +1,6 @@
 """Builds the runtime's ``Plan`` from a split, with the cost model's predictions.
 
-The plan format and its writer are the runtime's (``edgecap.plan``); this
+The plan format and its writer are the runtime's (``edgecap.plans.plan``); this
 module only fills the record in.
 """
 
@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from edgecap.devices import parse_device
 from edgecap.modelfile import TensorSpec
-from edgecap.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage
+from edgecap.plans.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage
 from edgecap_compile.boards import Board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import Graph
@@ -84,7 +84,7 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
       edgetpu: Report of each TPU stage, by stage index.
 
     Returns:
-      The ``Plan`` (not yet written; see ``edgecap.plan.write_plan``).
+      The ``Plan`` (not yet written; see ``edgecap.plans.plan.write_plan``).
     """
     by_range = {s.ops: s for s in segments}
     # Stages run the board's TPUs in the split's order: each keeps its profile's name.

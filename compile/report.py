@@ -13,7 +13,7 @@ import numpy as np
 
 from edgecap import plots
 from edgecap.errors import ConfigError
-from edgecap.plan import Plan
+from edgecap.plans.plan import Plan
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.errors import CompileError
 from edgecap_compile.partitioner import Partition

@@ -34,6 +34,8 @@ from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled
 from edgecap.failover import Prober
 from edgecap.options import CaptionerOptions
 from edgecap.planner import Choice
+from edgecap.plans.bundled import BundlePlans, bundle_plans
+from edgecap.plans.pricing import Correction
 from edgecap.scheduler import Pipeline
 from edgecap.sources import Frame, FrameSource
 from edgecap.stats import FailoverRecord, PipelineStats
@@ -237,8 +239,8 @@ class Supervisor:
         # Failover may move onto any TPU of the board, not only those the plan uses.
         self._tpus = planner.board_tpus(start)
         self._by_name = {str(d): d for d in self._tpus}
-        self._candidates: Optional[planner.BundlePlans] = None  # loaded at the first failure
-        self._measured: Optional[planner.BundlePlans] = None  # loaded at the first re-plan from measurements
+        self._candidates: Optional[BundlePlans] = None  # loaded at the first failure
+        self._measured: Optional[BundlePlans] = None  # loaded at the first re-plan from measurements
         self._failed: List[DeviceSpec] = []
         self._workers = _board_workers(start, self._tpus)
         self._adapter = self._make_adapter(start)
@@ -469,7 +471,7 @@ class Supervisor:
         return adapt.Adapter(start.plan.board, corrections, self._rechoose, switching,
                              path if switching else None)
 
-    def _rechoose(self, current: Choice, corrections: Dict[str, adapt.Correction]
+    def _rechoose(self, current: Choice, corrections: Dict[str, Correction]
                   ) -> Optional[Tuple[Choice, str]]:
         """The planner's best plan under the corrections, if better than ``current`` by the margin."""
         if self._failed:  # the failover's to decide until every device answers
@@ -483,10 +485,10 @@ class Supervisor:
     def _choose(self) -> Choice:
         if self._failed and self._candidates is None:  # at the first failure
             board = self._start.plan.board
-            self._candidates = (planner.bundle_plans(self._bundle, self._window, board) if board
-                                else planner.BundlePlans())
+            self._candidates = (bundle_plans(self._bundle, self._window, board) if board
+                                else BundlePlans())
         return planner.choose_after(self._bundle, self._options, self._start, self._failed, self._tpus,
-                                    self._candidates or planner.BundlePlans())
+                                    self._candidates or BundlePlans())
 
 
 def _board_workers(start: Choice, tpus: List[DeviceSpec]) -> Dict[DeviceSpec, DeviceSpec]:

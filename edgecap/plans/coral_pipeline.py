@@ -35,7 +35,7 @@ import numpy as np
 from edgecap.devices import DeviceSpec
 from edgecap.errors import PlanError
 from edgecap.modelfile import ModelFile, TensorSpec, open_model
-from edgecap.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage, write_plan
+from edgecap.plans.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage, write_plan
 from edgecap.tflite_verify import EDGETPU_CUSTOM_OP
 
 _NAME = re.compile(r"^(?P<stem>.+)_segment_(?P<k>\d+)_of_(?P<n>\d+)_edgetpu\.tflite$")
