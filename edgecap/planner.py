@@ -573,31 +573,9 @@ def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, 
             board: Optional[str] = None, fallback: Optional[str] = None,
             skipped: Tuple[Tuple[str, str], ...] = ()) -> Choice:
     """Places a plan's stages on workers and decides how each runs."""
-    wanted = dict(options.devices_map if overrides is None else overrides)
-    planned = [s.spec for s in plan.active_stages]
-    unknown = sorted(str(k) for k in wanted if k not in planned)
-    if unknown:
-        raise ConfigError(
-            f"devices_map names {', '.join(unknown)}, which the plan does not use; "
-            f"map the plan's devices: {', '.join(str(p) for p in planned)}"
-        )
-    tpus = [spec for spec in planned if spec.kind == "tpu"]
-    emulate = options.emulate
-    if emulate is None and tpus:
-        if attached is None:
-            attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb"))
-        emulate = len(tpus) > attached
-    workers: Dict[str, DeviceSpec] = {}
-    for spec in planned:
-        if spec in wanted:
-            workers[str(spec)] = wanted[spec]
-        elif spec.kind == "tpu" and emulate:
-            # Emulated TPUs are numbered in pipeline order: pci:0 and usb:0 are two TPUs.
-            workers[str(spec)] = DeviceSpec("emu-tpu", tpus.index(spec))
-        elif spec.kind == "cpu":
-            workers[str(spec)] = CPU
-        else:
-            workers[str(spec)] = spec
+    wanted = _wanted(options, plan, overrides)
+    emulate = _emulate(options, plan, attached)
+    workers = _workers(plan, wanted, emulate)
     emulated = bool(emulate) or any(w.kind == "emu-tpu" for w in workers.values())
     pace_cpu = emulated and all(s.predicted_ms is not None for s in plan.active_stages)
     host = None
@@ -613,6 +591,47 @@ def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, 
                   rnn_compute=not (options.timing_only and rnn_pace > 0), pipelined=pipelined,
                   batch=batch, emulated=emulated, how=how, reason=reason, board=board,
                   fallback=fallback, skipped=skipped, host=host)
+
+
+def _wanted(options: CaptionerOptions, plan: Plan,
+            overrides: Optional[Mapping[DeviceSpec, DeviceSpec]]) -> Dict[DeviceSpec, DeviceSpec]:
+    """The workers asked for by plan device (``devices_map``, or the caller's overrides), checked against the plan."""
+    wanted = dict(options.devices_map if overrides is None else overrides)
+    planned = [s.spec for s in plan.active_stages]
+    unknown = sorted(str(k) for k in wanted if k not in planned)
+    if unknown:
+        raise ConfigError(
+            f"devices_map names {', '.join(unknown)}, which the plan does not use; "
+            f"map the plan's devices: {', '.join(str(p) for p in planned)}"
+        )
+    return wanted
+
+
+def _emulate(options: CaptionerOptions, plan: Plan, attached: Optional[int]) -> Optional[bool]:
+    """Whether the plan's TPU stages run on emulated TPUs: as asked, else when fewer TPUs are attached."""
+    tpus = [s.spec for s in plan.active_stages if s.spec.kind == "tpu"]
+    if options.emulate is not None or not tpus:
+        return options.emulate
+    if attached is None:
+        attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb"))
+    return len(tpus) > attached
+
+
+def _workers(plan: Plan, wanted: Mapping[DeviceSpec, DeviceSpec], emulate: Optional[bool]) -> Dict[str, DeviceSpec]:
+    """Each active stage's device (its canonical string) -> the worker that runs it."""
+    tpus = [s.spec for s in plan.active_stages if s.spec.kind == "tpu"]
+    workers: Dict[str, DeviceSpec] = {}
+    for spec in (s.spec for s in plan.active_stages):
+        if spec in wanted:
+            workers[str(spec)] = wanted[spec]
+        elif spec.kind == "tpu" and emulate:
+            # Emulated TPUs are numbered in pipeline order: pci:0 and usb:0 are two TPUs.
+            workers[str(spec)] = DeviceSpec("emu-tpu", tpus.index(spec))
+        elif spec.kind == "cpu":
+            workers[str(spec)] = CPU
+        else:
+            workers[str(spec)] = spec
+    return workers
 
 
 def _host_rule_applies(options: CaptionerOptions) -> bool:
