@@ -94,16 +94,29 @@ class StagePrice:
     link_bytes: int = 0
     bus: Optional[str] = None
 
+    # ``Price`` reads a stage only through the four below. A stage run as K
+    # copies on K devices, frames dealt in proportion to speed (issue 27), is
+    # one StagePrice with a price per copy: its period the inverse of the
+    # copies' summed rates, its latency its slowest copy's, each bus's bytes
+    # its copies' shares, each device its copy's time; ``Price`` stays as it is.
+
     @property
     def period_ms(self) -> float:
-        """How long the stage holds each frame: the next one cannot enter it sooner.
-
-        One device runs the stage, so it is an invoke's time. A stage run as
-        copies on several devices, frames dealt in proportion to speed, would
-        hold each frame for the inverse of its copies' summed rates: that is
-        the one place replicas change (``Price`` reads only this).
-        """
+        """How long the stage holds each frame: the next one cannot enter it sooner (one device: an invoke)."""
         return self.ms
+
+    @property
+    def latency_ms(self) -> float:
+        """How long a frame takes to pass the stage."""
+        return self.ms
+
+    def bus_bytes(self, bus: str) -> float:
+        """Bytes a frame the stage moves over the shared bus ``bus``."""
+        return self.link_bytes if self.bus == bus else 0
+
+    def device_ms(self, device: str) -> float:
+        """Milliseconds a frame the stage takes of ``device``."""
+        return self.ms if self.device == device else 0.0
 
 
 @dataclass(frozen=True)
@@ -133,7 +146,7 @@ class Price:
     @property
     def latency_ms(self) -> float:
         """Milliseconds a frame spends passing every stage."""
-        return sum(s.ms for s in self.stages)
+        return sum(s.latency_ms for s in self.stages)
 
     @property
     def bottleneck_stage(self) -> int:
@@ -142,13 +155,13 @@ class Price:
             return 0
         slowest = max(self.stages, key=lambda s: s.period_ms)
         bus, bus_ms = max(self.buses, key=lambda b: b[1], default=(None, 0.0))
-        if bus_ms > slowest.period_ms:
-            slowest = max((s for s in self.stages if s.bus == bus), key=lambda s: s.link_bytes)
+        if bus is not None and bus_ms > slowest.period_ms:
+            slowest = max(self.stages, key=lambda s: s.bus_bytes(bus))
         return slowest.index
 
     def device_ms(self, device: str) -> float:
         """Milliseconds a frame of a plan device's stages (the CPU's: with its RNN steps)."""
-        return sum(s.ms for s in self.stages if s.device == device)
+        return sum(s.device_ms(device) for s in self.stages)
 
     def prediction(self) -> Prediction:
         """The plan's ``Prediction`` (plan.json ``predicted``) at this price."""
@@ -182,7 +195,7 @@ def price(plan: Plan, corrections: Corrections = AS_PROFILED) -> Price:
     buses = []
     for bus in plan.buses:
         rate = corrections.get(bus.name, _NONE).link_bytes_per_s or bus.bytes_per_s
-        moved = sum(s.link_bytes for s in stages if s.bus == bus.name)
+        moved = sum(s.bus_bytes(bus.name) for s in stages)
         buses.append((bus.name, moved * 1e3 / rate))
     return Price(tuple(stages), tuple(buses))
 
