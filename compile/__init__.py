@@ -1,7 +1,7 @@
 """edgecap_compile: the host-side compiler that splits an int8 CNN into EdgeTPU segments and a CPU tail.
 
 Run it as ``edgecap compile`` / ``edgecap calibrate``; from Python, ``compile_model``.
-The runtime reaches it through one door, ``edgecap.planning`` (planning for a
+The runtime reaches it through one door, ``edgecap.plans.compiler`` (planning for a
 board on the fly), and only through the names exported here.
 """
 
@@ -33,6 +33,7 @@ except ImportError:
 
 from edgecap_compile.compiler import CompileResult, compile_model, make_board  # noqa: E402
 from edgecap_compile.edgetpu import find_compiler  # noqa: E402
+from edgecap_compile.scenario_plans import corrected_board  # noqa: E402
 
 
 def equal_param_ranges(model, n_tpus: int):
@@ -60,5 +61,5 @@ def equal_param_ranges(model, n_tpus: int):
     return equal_param_split(unused, prefix, n_tpus).ranges
 
 
-__all__ = ["CompileError", "CompileResult", "compile_model", "equal_param_ranges", "find_compiler",
-           "make_board"]
+__all__ = ["CompileError", "CompileResult", "compile_model", "corrected_board", "equal_param_ranges",
+           "find_compiler", "make_board"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgecap import schema
 from edgecap.links import LinkKind, link_kinds
-from edgecap.plan import Bus
+from edgecap.plans.plan import Bus
 from edgecap_compile.errors import CompileError
 
 BOARDS_DIR = Path(__file__).parent / "boards"

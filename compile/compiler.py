@@ -15,7 +15,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from edgecap.bundle import Bundle
-from edgecap.plan import PLAN_FILE, EdgeTpuReport, Plan, load_plan, write_plan
+from edgecap.plans.plan import PLAN_FILE, EdgeTpuReport, Plan, load_plan, write_plan
 from edgecap_compile.boards import Board, load_board
 from edgecap_compile.calibration import apply_calibration
 from edgecap_compile.cost_model import CostModel
@@ -309,7 +309,7 @@ class WrittenCandidate:
     Attributes:
       name: Its folder under ``plans/<board>/candidates/``.
       plan: The plan, as written.
-      why: The scenario it was chosen for (``edgecap_compile.candidates``).
+      why: The scenario it was chosen for (``edgecap_compile.scenario_plans``).
       file_bytes: Bytes of its files (plan.json, segments, compiled segments).
       added_bytes: Of those, the bytes no plan written before it shares.
     """
@@ -349,7 +349,7 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
                        min_runtime_version: Optional[int] = None) -> CandidatesResult:
     """Writes the candidate plans of a board beside its best plan, within a count and a size.
 
-    The candidates are ranked by ``edgecap_compile.candidates.choose`` and
+    The candidates are ranked by ``edgecap_compile.scenario_plans.choose`` and
     written in that order into ``candidates/<name>/`` next to ``best``'s
     plan.json, each with its segments, compiled by edgetpu_compiler when it
     is on PATH (a segment identical to one already compiled is compiled
@@ -377,7 +377,7 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
     Raises:
       CompileError: On bad input, as ``compile_model``.
     """
-    from edgecap_compile import candidates
+    from edgecap_compile import scenario_plans
 
     plans_dir = best.path.parent
     target = plans_dir / CANDIDATES_DIR
@@ -386,7 +386,7 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
     chosen = make_board(board, tpus, sram, calibration)
     if best.sram_bytes is not None and chosen.tpus and best.sram_bytes < min(t.sram_bytes for t in chosen.tpus):
         chosen = chosen.with_sram(best.sram_bytes)  # the budget the best plan's re-split settled on
-    ranked = candidates.choose(graph, model_source.file, chosen, best, model_source.window) \
+    ranked = scenario_plans.choose(graph, model_source.file, chosen, best, model_source.window) \
         if count and chosen.tpus else []
     compiler = find_compiler()
     staging = Path(tempfile.mkdtemp(prefix=f".{CANDIDATES_DIR}.", suffix=".partial", dir=plans_dir))

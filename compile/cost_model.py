@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap.plan import Bus
+from edgecap.plans.plan import Bus
 from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import PRICES, Device
 from edgecap_compile.graph import Graph

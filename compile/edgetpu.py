@@ -19,7 +19,7 @@ from typing import Optional
 from ai_edge_litert import schema_py_generated as schema
 
 from edgecap import files
-from edgecap.plan import EdgeTpuReport
+from edgecap.plans.plan import EdgeTpuReport
 
 _log = logging.getLogger("edgecap_compile")
 

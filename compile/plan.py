@@ -1,6 +1,6 @@
 """Builds the runtime's ``Plan`` from a split, with the cost model's predictions.
 
-The plan format and its writer are the runtime's (``edgecap.plan``); this
+The plan format and its writer are the runtime's (``edgecap.plans.plan``); this
 module only fills the record in.
 """
 
@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from edgecap.devices import parse_device
 from edgecap.modelfile import TensorSpec
-from edgecap.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage
+from edgecap.plans.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage
 from edgecap_compile.boards import Board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import Graph
@@ -68,6 +68,62 @@ def cpu_fallback_ops(graph: Graph, start: int, end: int,
     return tuple(sorted(set(picked)))
 
 
+def _stage(graph: Graph, board: Board, model: CostModel, k: int, start: int, end: int,
+           segment: Optional[Segment], compiled: Optional[EdgeTpuReport],
+           names: Dict[str, str]) -> Tuple[Stage, float]:
+    """Stage ``k`` of a split, and its predicted milliseconds (unrounded).
+
+    ``compiled`` is what edgetpu_compiler reported for a TPU stage (None on the CPU).
+
+    Ops edgetpu_compiler could not map run on the board's CPU inside a TPU
+    stage's invoke: their time is added to the stage's, as CPU work.
+    """
+    device = model.devices[k]
+    cost = model.stage(k, start, end)
+    ms = float(cost.total_ms)
+    if compiled is not None and compiled.cpu_ops:
+        compiled.cpu_ops_ms = round(model.ops_ms(
+            board.cpu, cpu_fallback_ops(graph, start, end, compiled.cpu_ops)), 6)
+        ms += compiled.cpu_ops_ms
+    inputs, outputs = _boundary(graph, segment, start, end)
+    stage = Stage(
+        index=k,
+        spec=parse_device(names[device.name] if device.is_tpu else device.name),
+        segment=segment.path.resolve() if segment else None,
+        ops=(start, end),
+        inputs=inputs,
+        outputs=outputs,
+        predicted_ms=round(ms, 6),
+        compiled_segment=(segment.path.with_name(compiled.compiled_segment).resolve()
+                          if segment and compiled and compiled.compiled else None),
+        # On the CPU every parameter stays resident in memory: "on chip", nothing streamed.
+        param_bytes=ParamBytes(int(cost.param_bytes - cost.streamed_bytes), int(cost.streamed_bytes)),
+        macs=int(cost.macs),
+        edgetpu=compiled,
+        cost=CostParts(
+            compute_ms=round(float(cost.compute_ms), 6),
+            invoke_ms=round(float(cost.invoke_ms), 6),
+            link_bytes=int(cost.streamed_bytes + cost.io_bytes),
+            link_bytes_per_s=device.link_bytes_per_s if device.is_tpu else None,
+            extra_ms=round(ms - float(cost.total_ms - cost.extra_ms), 6),
+            link=device.link if device.is_tpu else None,
+            bus=device.bus if device.is_tpu else None),
+    )
+    return stage, ms
+
+
+def _boundary(graph: Graph, segment: Optional[Segment], start: int,
+              end: int) -> Tuple[Tuple[TensorSpec, ...], Tuple[TensorSpec, ...]]:
+    """A stage's inputs and outputs: its segment's, and the tensors it forwards for later stages."""
+    if segment is None:
+        return (), ()
+    # What the segment reads, then what passes it by for later stages (forwarded).
+    passing = [t for t in graph.live_across(end) if graph.producer[t] < start and t not in segment.inputs]
+    inputs = tuple(_tensor(graph, t) for t in [*segment.inputs, *passing])
+    # Everything later stages read: the segment's outputs and the tensors it forwards.
+    return inputs, tuple(_tensor(graph, t) for t in graph.live_across(end))
+
+
 def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
                split: Partition, segments: List[Segment],
                edgetpu: Dict[int, EdgeTpuReport]) -> Plan:
@@ -84,53 +140,16 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
       edgetpu: Report of each TPU stage, by stage index.
 
     Returns:
-      The ``Plan`` (not yet written; see ``edgecap.plan.write_plan``).
+      The ``Plan`` (not yet written; see ``edgecap.plans.plan.write_plan``).
     """
     by_range = {s.ops: s for s in segments}
     # Stages run the board's TPUs in the split's order: each keeps its profile's name.
     names = dict(zip((t.name for t in board.tpus), plan_devices(board)))
-    stages = []
-    stage_ms = []
-    for k, (start, end) in enumerate(split.ranges):
-        device = model.devices[k]
-        cost = model.stage(k, start, end)
-        segment: Optional[Segment] = by_range.get((start, end)) if end > start else None
-        compiled = edgetpu[k] if device.is_tpu else None
-        ms = float(cost.total_ms)
-        if compiled is not None and compiled.cpu_ops:
-            # Ops the compiler could not map run on the board's CPU inside this stage's invoke.
-            compiled.cpu_ops_ms = round(model.ops_ms(
-                board.cpu, cpu_fallback_ops(graph, start, end, compiled.cpu_ops)), 6)
-            ms += compiled.cpu_ops_ms
-        stage_ms.append(ms)
-        stages.append(Stage(
-            index=k,
-            spec=parse_device(names[device.name] if device.is_tpu else device.name),
-            segment=segment.path.resolve() if segment else None,
-            ops=(start, end),
-            # What the segment reads, then what passes it by for later stages (forwarded).
-            inputs=tuple(_tensor(graph, t) for t in (
-                [*segment.inputs, *(t for t in graph.live_across(end)
-                                    if graph.producer[t] < start and t not in segment.inputs)]
-                if segment else ())),
-            # Everything later stages read: the segment's outputs and the tensors it forwards.
-            outputs=tuple(_tensor(graph, t) for t in (graph.live_across(end) if segment else ())),
-            predicted_ms=round(ms, 6),
-            compiled_segment=(segment.path.with_name(compiled.compiled_segment).resolve()
-                              if segment and compiled and compiled.compiled else None),
-            # On the CPU every parameter stays resident in memory: "on chip", nothing streamed.
-            param_bytes=ParamBytes(int(cost.param_bytes - cost.streamed_bytes), int(cost.streamed_bytes)),
-            macs=int(cost.macs),
-            edgetpu=compiled,
-            cost=CostParts(
-                compute_ms=round(float(cost.compute_ms), 6),
-                invoke_ms=round(float(cost.invoke_ms), 6),
-                link_bytes=int(cost.streamed_bytes + cost.io_bytes),
-                link_bytes_per_s=device.link_bytes_per_s if device.is_tpu else None,
-                extra_ms=round(ms - float(cost.total_ms - cost.extra_ms), 6),
-                link=device.link if device.is_tpu else None,
-                bus=device.bus if device.is_tpu else None),
-        ))
+    built = [_stage(graph, board, model, k, start, end, by_range.get((start, end)) if end > start else None,
+                    edgetpu[k] if model.devices[k].is_tpu else None, names)
+             for k, (start, end) in enumerate(split.ranges)]
+    stages = [stage for stage, _ in built]
+    stage_ms = [ms for _, ms in built]
     # The bus's time rides on the split: a bus-bound period is its total, and
     # bottleneck_stage is then the stage moving the most bytes over it.
     timed = dataclasses.replace(split, stage_ms=tuple(stage_ms))

@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from edgecap.plan import Plan
+from edgecap.plans.plan import Plan
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.errors import CompileError
 from edgecap_compile.partitioner import Partition

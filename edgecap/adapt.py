@@ -6,15 +6,20 @@ compute, the fixed invoke cost, bytes over the link, extra CPU work). The
 and compares each device's total with what the plan expects of it under the
 corrections learned so far. When a device stays off by more than the
 policy's threshold for its dwell time (``data/adapt.json``), it refits that
-device's ``Correction`` (a compute scale and a link rate) on its own thread,
+device's ``Correction`` (its speed against the profile and its link rate) on its own thread,
 asks the planner for the best plan under the corrections
 (``edgecap.planner.choose_measured``) and, when that plan is better by the
 margin, posts it; the supervisor switches to it through the path it fails
 over by (``Supervisor._switch``), so no window is lost in file mode.
 
+What a plan is expected to take under the corrections is its price
+(``edgecap.plans.pricing``), the function the planner re-chooses by.
+
 Corrections are kept per board and plan device (``pci:0``, ``usb:1``, ``cpu``)
 in a JSON file (``corrections_path``), and the next start begins on the plan
-that is best under them. A corrupt file is one warning line and ignored.
+that is best under them. A corrupt file is one warning line and ignored; a
+file of version 1 (a ``compute_scale`` per device, 2.0 for half speed) is
+read as the speed it says.
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ import msgspec
 import numpy as np
 
 from edgecap import outputs, schema
-from edgecap.candidates import Correction, price, stage_ms
-from edgecap.errors import ConfigError, EdgecapError
-from edgecap.plan import CostParts, Plan, Stage
+from edgecap.errors import ConfigError, EdgecapError, PlanError
+from edgecap.plans.plan import CostParts, Plan, Stage
+from edgecap.plans.pricing import CPU, Correction, Corrections, price
 from edgecap.stats import PipelineStats
 
 # A planner.Choice (the planner imports this module, so it is not imported here).
@@ -46,7 +51,9 @@ Choice = Any
 
 POLICY = Path(__file__).parent / "data" / "adapt.json"
 CORRECTIONS_FILE = "corrections.json"
-CORRECTIONS_VERSION = 1
+CORRECTIONS_VERSION = 2
+# Version 1 kept each device's compute_scale (2.0: half speed), the inverse of its speed.
+_SCALE_VERSION = 1
 RNN_STEP = "rnn_step"  # the step whose time the CPU device adds to its CNN stage's
 
 _log = logging.getLogger("edgecap")
@@ -90,34 +97,13 @@ def load_policy(path: Path = POLICY) -> Policy:
                             error=ConfigError)
 
 
-Corrections = Mapping[str, Correction]
 _NONE = Correction()
 
 
 def device_stages(plan: Plan, device: str) -> List[Stage]:
     """The stages whose time is a plan device's: its active ones and, on the CPU, an empty CNN
     stage too, which still charges the RNN steps (``cost.extra_ms``) the CPU runs."""
-    return [s for s in plan.stages if s.device == device and (not s.empty or device == "cpu")]
-
-
-def device_ms(plan: Plan, device: str, corrections: Corrections) -> Optional[float]:
-    """A plan device's milliseconds a frame under the corrections, or None where the plan predicts none."""
-    total = 0.0
-    for s in device_stages(plan, device):
-        if s.empty:  # only the RNN steps, at the CPU's scale
-            total += (s.cost.extra_ms if s.cost else s.predicted_ms or 0.0) * corrections.get(
-                "cpu", _NONE).compute_scale
-        elif s.cost is None and s.predicted_ms is None:
-            return None
-        else:
-            total += stage_ms(s, corrections)
-    return total
-
-
-def period_ms(plan: Plan, corrections: Corrections) -> float:
-    """A plan's period under the corrections: ``candidates.price``, and the CPU's RNN steps
-    where its CNN stage is empty (``price`` leaves an empty stage out)."""
-    return max(price(plan, corrections), device_ms(plan, "cpu", corrections) or 0.0)
+    return [s for s in plan.stages if s.device == device and (not s.empty or device == CPU)]
 
 
 def adaptable(plan: Plan) -> bool:
@@ -189,25 +175,28 @@ def refit(current: Correction, rate: Optional[float], seen: Sequence[Observation
         a = np.array([[o.work_ms, o.link_bytes * 1e3 / rate] for o in seen])
         y = np.array([o.measured_ms - o.fixed_ms for o in seen])
         if np.linalg.matrix_rank(a) == 2 and np.linalg.cond(a) < 1e3:
-            (scale, slower), *_ = np.linalg.lstsq(a, y, rcond=None)
-            if scale > 0 and slower > 0:
-                return Correction(float(scale), float(rate / slower))
+            # Each column's factor is how much longer its part takes than expected.
+            (slower_work, slower_link), *_ = np.linalg.lstsq(a, y, rcond=None)
+            if slower_work > 0 and slower_link > 0:
+                return Correction(float(1.0 / slower_work), float(rate / slower_link))
     link_ms = last.link_bytes * 1e3 / rate if rate and last.link_bytes else 0.0
-    expected = last.work_ms * current.compute_scale + link_ms
+    expected = last.work_ms / current.speed + link_ms
     if expected <= 0:
         return current
     factor = max(0.0, last.measured_ms - last.fixed_ms) / expected
     factor = max(factor, 1e-3)
     new_rate = None if not link_ms else rate / factor
-    return Correction(current.compute_scale * factor, new_rate if new_rate else current.link_bytes_per_s)
+    return Correction(current.speed / factor, new_rate if new_rate else current.link_bytes_per_s)
 
 
 # ---------------------------------------------------------------------------
 # The corrections file.
 
 
-class _CorrectionDoc(msgspec.Struct, forbid_unknown_fields=True):
-    compute_scale: schema.Rate
+class _CorrectionDoc(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    # Version 2 writes speed; version 1 wrote compute_scale (1 / speed).
+    speed: Optional[schema.Rate] = None
+    compute_scale: Optional[schema.Rate] = None
     link_bytes_per_s: Optional[schema.Rate] = None
     predicted_ms: Optional[float] = None
     measured_ms: Optional[float] = None
@@ -263,13 +252,27 @@ def read_learned(path: Path) -> List[Learned]:
     except EdgecapError as exc:
         _log.warning("edgecap: ignoring learned corrections: %s", exc)
         return []
-    if doc.version != CORRECTIONS_VERSION:
+    if doc.version not in (CORRECTIONS_VERSION, _SCALE_VERSION):
         _log.warning("edgecap: ignoring learned corrections: %s: version %s, this runtime reads %s; "
                      "delete it, the board learns them again", path, doc.version, CORRECTIONS_VERSION)
         return []
-    return [Learned(board, device, Correction(d.compute_scale, d.link_bytes_per_s), d.predicted_ms,
-                    d.measured_ms, d.updated)
-            for board, devices in sorted(doc.boards.items()) for device, d in sorted(devices.items())]
+    try:
+        return [Learned(board, device, _correction(d, doc.version, f"{path}: boards.{board}.{device}"),
+                        d.predicted_ms, d.measured_ms, d.updated)
+                for board, devices in sorted(doc.boards.items()) for device, d in sorted(devices.items())]
+    except EdgecapError as exc:
+        _log.warning("edgecap: ignoring learned corrections: %s", exc)
+        return []
+
+
+def _correction(d: _CorrectionDoc, version: int, where: str) -> Correction:
+    """A learned correction as its file's version writes it: ``speed``, or version 1's ``compute_scale``."""
+    field, value = ("compute_scale", d.compute_scale) if version == _SCALE_VERSION else ("speed", d.speed)
+    other = d.speed if version == _SCALE_VERSION else d.compute_scale
+    if value is None or other is not None:
+        raise EdgecapError(f"{where}: a version {version} file gives each device its {field} alone; "
+                           "delete it, the board learns them again")
+    return Correction(1.0 / value if version == _SCALE_VERSION else value, d.link_bytes_per_s)
 
 
 def load_corrections(path: Path, board: str) -> Dict[str, Correction]:
@@ -294,7 +297,8 @@ def save_corrections(path: Path, board: str, corrections: Corrections,
     for l in read_learned(path):
         c = l.correction
         boards.setdefault(l.board, {})[l.device] = _CorrectionDoc(
-            c.compute_scale, c.link_bytes_per_s, l.predicted_ms, l.measured_ms, l.updated)
+            speed=c.speed, link_bytes_per_s=c.link_bytes_per_s, predicted_ms=l.predicted_ms,
+            measured_ms=l.measured_ms, updated=l.updated)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     mine = boards.setdefault(board, {})
     for device, c in corrections.items():
@@ -302,9 +306,10 @@ def save_corrections(path: Path, board: str, corrections: Corrections,
         predicted, measured = seen.get(device, (None, None))
         if predicted is None and before is not None:  # not measured this time: keep what was
             predicted, measured = before.predicted_ms, before.measured_ms
-        mine[device] = _CorrectionDoc(c.compute_scale, c.link_bytes_per_s,
-                                      None if predicted is None else round(predicted, 4),
-                                      None if measured is None else round(measured, 4), now)
+        mine[device] = _CorrectionDoc(speed=c.speed, link_bytes_per_s=c.link_bytes_per_s,
+                                      predicted_ms=None if predicted is None else round(predicted, 4),
+                                      measured_ms=None if measured is None else round(measured, 4),
+                                      updated=now)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -437,7 +442,12 @@ class Adapter:
     def expected_ms(self, device: str) -> Optional[float]:
         """What the running plan expects of a plan device a frame, under the corrections."""
         choice = self._choice
-        return None if choice is None else device_ms(choice.plan, device, self.corrections)
+        if choice is None:
+            return None
+        try:
+            return price(choice.plan, self.corrections).device_ms(device)
+        except PlanError:  # a stage that predicts no time
+            return None
 
     def steps(self, stats: PipelineStats) -> PipelineStats:
         """``stats`` with each step's prediction (the plan's, uncorrected) and running median."""
@@ -459,7 +469,9 @@ class Adapter:
                 s, predicted_ms=predicted.get(s.name),
                 measured_ms=median.value() if known and median is not None else None))
         return dataclasses.replace(stats, stages=tuple(stages), corrections={
-            d: {"compute_scale": round(c.compute_scale, 4), "link_bytes_per_s": c.link_bytes_per_s}
+            # compute_scale (1 / speed) is what the service's metric and API have said since version 1.
+            d: {"speed": round(c.speed, 4), "compute_scale": round(1.0 / c.speed, 4),
+                "link_bytes_per_s": c.link_bytes_per_s}
             for d, c in sorted(self.corrections.items())})
 
     def take(self) -> Optional[Proposal]:
@@ -501,7 +513,7 @@ class Adapter:
             if device == "cpu":
                 work += sum(c.extra_ms for c in costs)
             else:
-                fixed = sum(c.extra_ms for c in costs) * self.corrections.get("cpu", _NONE).compute_scale
+                fixed = sum(c.extra_ms for c in costs) / self.corrections.get(CPU, _NONE).speed
             link_bytes = sum(c.link_bytes for c in costs)
             rate = self.corrections.get(device, _NONE).link_bytes_per_s or next(
                 (c.link_bytes_per_s for c in costs if c.link_bytes_per_s), None)
@@ -553,5 +565,5 @@ def _describe(corrections: Corrections) -> str:
     parts = []
     for device, c in sorted(corrections.items()):
         rate = f", link {c.link_bytes_per_s / 1e6:.1f} MB/s" if c.link_bytes_per_s else ""
-        parts.append(f"{device} x{c.compute_scale:.2f}{rate}")
+        parts.append(f"{device} at {c.speed:.2f}x speed{rate}")
     return ", ".join(parts) or "none"

@@ -25,7 +25,7 @@ from edgecap.events import Event, EventRule, EventTracker
 from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
 from edgecap.isolation import IsolatedSegment
 from edgecap.options import CaptionerOptions
-from edgecap.plan import Plan
+from edgecap.plans.plan import Plan
 from edgecap.planner import TPU_KINDS, Choice, StageRun
 from edgecap.preprocess import Preprocessor
 from edgecap.rnn import RnnDecoder, RnnEncoder, State

@@ -190,7 +190,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from edgecap.bundle import load_bundle
 
-    from edgecap.compiled_encoder import describe
+    from edgecap.plans.compiled_encoder import describe
 
     b = load_bundle(args.bundle or default_bundle())
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
@@ -203,11 +203,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _candidate_lines(bundle: Any) -> List[str]:
     """``edgecap validate``'s list of each board's candidate plans: TPUs, predicted fps, size."""
-    from edgecap.candidates import plan_files, scan_candidates
+    from edgecap.plans.bundled import bundle_plans, plan_files
 
     lines = []
     for board in sorted(bundle.candidates):
-        found = scan_candidates(bundle, board, bundle.window)
+        found = bundle_plans(bundle, bundle.window, board, best=False, candidates=True)
         best = bundle.plans.get(board)
         # Files the best plan holds too (hard links) are not the candidates' cost.
         ours = {(st.st_dev, st.st_ino) for st in (p.stat() for p in (best.iterdir() if best else ())
@@ -256,7 +256,7 @@ def format_learned(learned: Sequence[Any], path: Path) -> List[str]:
         seen = (f"; last measured {l.measured_ms:.2f} ms a frame, predicted {l.predicted_ms:.2f}"
                 if l.measured_ms is not None and l.predicted_ms is not None else "")
         when = f" ({l.updated})" if l.updated else ""
-        lines.append(f"  {l.board} {l.device}: compute x{c.compute_scale:.2f}{link}{seen}{when}")
+        lines.append(f"  {l.board} {l.device}: speed x{c.speed:.2f}{link}{seen}{when}")
     return lines
 
 
@@ -280,7 +280,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
             print(json.dumps(dataclasses.asdict(info)))
         print(json.dumps({"auto": auto}))
         print(json.dumps({"corrections": [
+            # compute_scale (1 / speed): the field this output has carried since it began.
             {"board": l.board, "device": l.device, **dataclasses.asdict(l.correction),
+             "compute_scale": round(1.0 / l.correction.speed, 6),
              "predicted_ms": l.predicted_ms, "measured_ms": l.measured_ms, "updated": l.updated}
             for l in learned]}))
     else:
@@ -696,7 +698,7 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_plan_import(args: argparse.Namespace) -> int:
-    from edgecap import coral_pipeline
+    from edgecap.plans import coral_pipeline
 
     check_output(args.out, "-o", directory=True)
     board = _compiler("boards").load_board(args.board)

@@ -27,7 +27,9 @@ Only the emulated devices' pacing reads it; the planner and the compiler never
 do (the truth is what they must find out). Pacing also shares each plan bus
 (``Plan.buses``) between the stages whose links sit behind it, on one clock
 per bus (``BusClock``), with or without a truth. ``resolve`` names a truth's
-devices as plans do; ``steady_fps`` is the fps a plan settles at under one.
+devices as plans do; ``Truth.corrections`` says it in the terms a plan is
+priced in (``edgecap.plans.pricing``), and ``steady_fps`` is the fps a plan
+settles at under it.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from dataclasses import dataclass, replace
 from typing import Dict, Iterator, Optional, Tuple
 
 from edgecap.devices import DeviceSpec, parse_device
-from edgecap.errors import ConfigError
+from edgecap.errors import ConfigError, PlanError
 from edgecap.links import link_kinds
 from edgecap.limits import MAX_EMULATED_SPEED, MAX_THROTTLE_S, MIN_EMULATED_SPEED
-from edgecap.plan import Bus, Plan, Stage
+from edgecap.plans.plan import Bus, Plan, Stage
+from edgecap.plans.pricing import Correction, invoke_ms, price
 
 ENV = "EDGECAP_EMULATE"
 GRAMMAR = ("write DEVICE=KEY:VALUE entries separated by ';', DEVICE one of cpu, emu-tpu:N, pci:N, "
@@ -118,6 +121,10 @@ class Truth:
 
     def __bool__(self) -> bool:
         return bool(self.devices)
+
+    def corrections(self) -> Dict[str, Correction]:
+        """Each named device as it settles (throttled, if it throttles), as plans are priced: its ``Correction``."""
+        return {device: Correction(part.steady_speed, part.link_bytes_per_s) for device, part in self.devices}
 
     def __str__(self) -> str:
         """The spec, as ``$EDGECAP_EMULATE`` takes it (``parse(str(t)) == t``)."""
@@ -336,10 +343,8 @@ class Pace:
         if cost is None or self._scale == 0.0:
             # Older plans say no more than predicted_ms: all of it scales with the clock.
             return 0.0, 0.0, self._pace_s / speed
-        nbytes = cost.link_bytes * self._scale
-        rate = self._device.link_bytes_per_s or cost.link_bytes_per_s
-        ms = (cost.compute_ms + cost.invoke_ms) / speed + cost.extra_ms / cpu_speed
-        return nbytes, (nbytes / rate if rate else 0.0), self._scale * ms / 1e3
+        link_ms, work_ms = invoke_ms(cost, speed, cpu_speed, self._device.link_bytes_per_s)
+        return cost.link_bytes * self._scale, self._scale * link_ms / 1e3, self._scale * work_ms / 1e3
 
     def deadline(self, start: float) -> float:
         """The ``time.perf_counter()`` at which an invoke begun at ``start`` ends (books its bus time)."""
@@ -350,46 +355,25 @@ class Pace:
             link_end = max(link_end, self._bus.reserve(start, nbytes))
         return link_end + compute_s
 
-    def steady_s(self) -> float:
-        """Seconds of an invoke once every clock has settled (throttled), its bus aside."""
-        _, link_s, compute_s = self._parts(self._device.steady_speed, self._cpu.steady_speed)
-        return link_s + compute_s
-
 
 def steady_fps(plan: Plan, truth: Truth) -> Optional[float]:
     """The fps ``plan`` settles at on its emulated board under ``truth`` (*modelled*).
 
-    The slowest of its stages (the CPU's with the RNN steps, which share its
-    worker) and its buses (their stages' link bytes at the bus rate), each
-    priced as the pacing prices it, throttled clocks throttled.
+    Its price (``edgecap.plans.pricing.price``) with every device at the
+    speed and link rate it settles at (``Truth.corrections``): the slowest of
+    its stages, the CPU's RNN steps and its buses.
 
     Args:
       plan: A plan whose stages predict their time.
-      truth: The truth, devices named as plans name them (``resolve``).
+      truth: The truth (an ``emu-tpu:N`` is ``plan``'s, as ``resolve`` names it).
 
     Returns:
       The fps, or None where a stage predicts no time.
     """
-    cpu = (truth.get("cpu") or DeviceTruth()).steady_speed
-    times = []
-    bus_s: Dict[str, float] = {}
-    rates = {b.name: b.bytes_per_s for b in plan.buses}
-    tpus = 0
-    for stage in plan.active_stages:
-        if stage.predicted_ms is None:
-            return None
-        if stage.spec.kind == "cpu":
-            times.append(stage.predicted_ms / 1e3 / cpu)
-            continue
-        times.append(Pace(stage, DeviceSpec("emu-tpu", tpus), stage.predicted_ms, truth).steady_s())
-        tpus += 1
-        bus = stage.cost.bus if stage.cost is not None else None
-        if bus in rates:
-            bus_s[bus] = bus_s.get(bus, 0.0) + stage.cost.link_bytes / rates[bus]
-    if not any(s.spec.kind == "cpu" for s in plan.active_stages):
-        times.append(plan.rnn_frame_ms / 1e3 / cpu)
-    period = max(times + list(bus_s.values()), default=0.0)
-    return 1.0 / period if period > 0 else None
+    try:
+        return price(plan, resolve(truth, plan).corrections()).fps
+    except PlanError:
+        return None
 
 
 def pace(stage: Stage, worker: DeviceSpec, pace_ms: float, bus: Optional[Bus] = None) -> Optional[Pace]:

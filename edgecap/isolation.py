@@ -55,7 +55,7 @@ from edgecap import errors, faults, stages
 from edgecap.devices import DeviceSpec
 from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled
 from edgecap.modelfile import TensorSpec
-from edgecap.plan import Stage
+from edgecap.plans.plan import Stage
 from edgecap.scheduler import sleep_until
 from edgecap.stages import Tensors
 

@@ -18,7 +18,7 @@ from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError
 from edgecap.limits import (DEFAULT_BEAM, MAX_BEAM, MAX_DEADLINE, MAX_QUEUE, MAX_SAMPLE_FPS, MAX_THREADS,
                             MAX_WINDOW_FRAMES)
-from edgecap.plan import Plan
+from edgecap.plans.plan import Plan
 
 PathLike = Union[str, "os.PathLike[str]"]
 

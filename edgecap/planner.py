@@ -3,7 +3,7 @@
 Two moments ask for a decision, and both answer with a ``Choice``:
 
 * ``choose`` at start: the plan given (a plan.json or a ``Plan``), the
-  compiler's plan for a named board profile (``edgecap.planning``, the
+  compiler's plan for a named board profile (``edgecap.plans.compiler``, the
   runtime's one door to the compiler), or with ``board="auto"`` the bundle's
   compiled plan for the attached EdgeTPUs, else the whole encoder on the CPU;
   on a CPU-only run the host rule (``host_schedule``) decides how the cores
@@ -15,9 +15,11 @@ Two moments ask for a decision, and both answer with a ``Choice``:
   model (``edgecap.adapt``): the plan best under the learned corrections,
   among the bundle's plans for the board and a re-partition by the compiler.
 
-Both read the bundle's plans through one loader and filter
-(``bundle_plans``): a plan compiled from another encoder, or charged for
-another window than the one running, is skipped and the reason kept. A
+All read the bundle's plans through one loader and filter
+(``edgecap.plans.bundled.bundle_plans``): a plan compiled from another
+encoder, or charged for another window than the one running, is skipped and
+the reason kept; plans are compared by their price
+(``edgecap.plans.pricing``). A
 ``Choice`` holds, per CNN stage, everything about running it (``StageRun``:
 worker, threads, pacing, isolation, deadlines), so the captioner opens what
 it says and decides nothing itself.
@@ -33,15 +35,17 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap import adapt, compiled_encoder, devices, faults, isolation
+from edgecap import adapt, devices, faults, isolation
 from edgecap.bundle import Bundle, WindowSpec
-from edgecap.candidates import Correction, load_candidates, plan_unusable
 from edgecap.devices import DeviceSpec, Hardware, parse_device
 from edgecap.errors import BundleError, ConfigError, EdgecapError, PlanError
 from edgecap.failover import load_recovery
 from edgecap.modelfile import open_model
 from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
-from edgecap.plan import Bus, Plan, Stage, check_segments, load_plan, single_cpu_plan
+from edgecap.plans import compiled_encoder
+from edgecap.plans.bundled import BundlePlans, bundle_plans
+from edgecap.plans.plan import Bus, Plan, Stage, check_segments, load_plan, single_cpu_plan
+from edgecap.plans.pricing import Corrections, price
 from edgecap.windows import windows_per_frame
 
 # Kinds of worker that are EdgeTPUs: a real one, or one emulated on the CPU.
@@ -172,51 +176,6 @@ class Choice:
         return " ".join(f"{s.stage.device}@{s.worker}" for s in self.stages)
 
 
-@dataclass(frozen=True)
-class BundlePlans:
-    """The bundle's compiled plans, loaded once: those usable for a window, and those skipped.
-
-    Attributes:
-      usable: ``(board, plan)`` of each plan from the bundle's encoder, made for the window.
-      skipped: ``(board, why)`` of the others.
-    """
-
-    usable: Tuple[Tuple[str, Plan], ...] = ()
-    skipped: Tuple[Tuple[str, str], ...] = ()
-
-
-def bundle_plans(bundle: Bundle, window: WindowSpec, board: Optional[str] = None) -> BundlePlans:
-    """Loads the bundle's plans (``plans/<board>/``) and keeps those that can run this window.
-
-    A plan charges its CPU stage one RNN step per window a frame feeds: one
-    made for another frames/stride is timed wrong, and skipped.
-
-    Args:
-      bundle: The loaded bundle.
-      window: The window the captioner runs.
-      board: Only plans made for this board (None: every board's).
-
-    Returns:
-      The ``BundlePlans``.
-    """
-    usable: List[Tuple[str, Plan]] = []
-    skipped: List[Tuple[str, str]] = []
-    for name, directory in bundle.plans.items():
-        try:
-            plan = load_plan(directory)
-        except EdgecapError as exc:
-            skipped.append((name, f"unreadable ({exc})"))
-            continue
-        if board is not None and plan.board != board:
-            continue
-        why = plan_unusable(plan, bundle, window)
-        if why is None:
-            usable.append((name, plan))
-        else:
-            skipped.append((name, why))
-    return BundlePlans(tuple(usable), tuple(skipped))
-
-
 def tpus_used(plan: Plan) -> int:
     """Returns how many distinct EdgeTPUs a plan's active stages run on."""
     return len({s.spec for s in plan.active_stages if s.spec.kind == "tpu"})
@@ -254,7 +213,7 @@ def choose(bundle: Bundle, options: CaptionerOptions, hardware: Optional[Hardwar
         _check_fits(plan, bundle)
         return _settle(bundle, options, plan, how="plan", reason=f"plan {plan.path or 'given'}")
     if options.board != "auto":
-        from edgecap.planning import plan_for_board  # the one door to the compiler
+        from edgecap.plans.compiler import plan_for_board  # the one door to the compiler
 
         plan = plan_for_board(bundle, options.board, window=window)
         _check_fits(plan, bundle)
@@ -375,7 +334,7 @@ def choose_after(bundle: Bundle, options: CaptionerOptions, start: Choice, faile
                      f"{best.board} on {len(left)} EdgeTPU(s)")
     board = options.board if options.board != "auto" else start.board
     if board:
-        from edgecap.planning import plan_for_board  # the one door to the compiler
+        from edgecap.plans.compiler import plan_for_board  # the one door to the compiler
 
         try:
             planned = (plan_for_board(bundle, board, tpus=len(left), window=options.window(bundle.window))
@@ -398,13 +357,13 @@ def choose_after(bundle: Bundle, options: CaptionerOptions, start: Choice, faile
 
 
 def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
-                    corrections: Mapping[str, Correction], candidates: BundlePlans,
+                    corrections: Corrections, candidates: BundlePlans,
                     workers: Mapping[DeviceSpec, DeviceSpec], margin: float) -> Optional[Tuple[Choice, str]]:
     """Decides whether the board as measured runs better on another plan, and which.
 
-    Prices, under ``corrections`` (``edgecap.adapt.period_ms``), the running
+    Prices, under ``corrections`` (``edgecap.plans.pricing.price``), the running
     plan, the bundle's plan and candidate plans for its board
-    (``edgecap.candidates.load_candidates``), and the compiler's re-partition
+    (``measured_plans``), and the compiler's re-partition
     for that board under the corrections (when the compiler is installed: a
     board cannot run edgetpu_compiler, but a host emulating one can).
 
@@ -425,12 +384,12 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
     """
     if not adapt.adaptable(current.plan):
         return None
-    now = adapt.period_ms(current.plan, corrections)
+    now = price(current.plan, corrections).period_ms
     board = current.plan.board
     offers: List[Tuple[Plan, str]] = [(plan, f"the bundle's plan {name}") for name, plan in candidates.usable
                                       if plan.board == board and adapt.adaptable(plan)]
     profile = options.board if options.board != "auto" else board
-    from edgecap.planning import plan_for_board  # the one door to the compiler
+    from edgecap.plans.compiler import plan_for_board  # the one door to the compiler
 
     try:
         planned = plan_for_board(bundle, profile, window=options.window(bundle.window), corrections=corrections)
@@ -443,7 +402,7 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
         # A real EdgeTPU runs only what edgetpu_compiler compiled (a board's own re-partition is not).
         if (all(s.spec in workers for s in plan.active_stages if s.spec.kind == "tpu")
                 and not (real and _uncompiled(plan))):
-            priced.append((adapt.period_ms(plan, corrections), plan, why))
+            priced.append((price(plan, corrections).period_ms, plan, why))
     if not priced:
         return None
     best, plan, why = min(priced, key=lambda p: p[0])
@@ -465,9 +424,10 @@ def measured_plans(bundle: Bundle, window: WindowSpec, board: str) -> BundlePlan
       ``BundlePlans`` of the usable plans (``(name, plan)``) and the skipped.
     """
     best = bundle_plans(bundle, window, board)
-    others = [(f"{board}/{p.path.parent.name if p.path else '?'}", p)
-              for p in load_candidates(bundle, board, window)]
-    return BundlePlans(best.usable + tuple(others), best.skipped)
+    others = bundle_plans(bundle, window, board, best=False, candidates=True)
+    for name, why in others.skipped:
+        _log.warning("candidate plan %s skipped: %s", name, why)
+    return BundlePlans(best.usable + others.usable, best.skipped)
 
 
 def board_tpus(choice: Choice) -> List[DeviceSpec]:
@@ -613,31 +573,9 @@ def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, 
             board: Optional[str] = None, fallback: Optional[str] = None,
             skipped: Tuple[Tuple[str, str], ...] = ()) -> Choice:
     """Places a plan's stages on workers and decides how each runs."""
-    wanted = dict(options.devices_map if overrides is None else overrides)
-    planned = [s.spec for s in plan.active_stages]
-    unknown = sorted(str(k) for k in wanted if k not in planned)
-    if unknown:
-        raise ConfigError(
-            f"devices_map names {', '.join(unknown)}, which the plan does not use; "
-            f"map the plan's devices: {', '.join(str(p) for p in planned)}"
-        )
-    tpus = [spec for spec in planned if spec.kind == "tpu"]
-    emulate = options.emulate
-    if emulate is None and tpus:
-        if attached is None:
-            attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb"))
-        emulate = len(tpus) > attached
-    workers: Dict[str, DeviceSpec] = {}
-    for spec in planned:
-        if spec in wanted:
-            workers[str(spec)] = wanted[spec]
-        elif spec.kind == "tpu" and emulate:
-            # Emulated TPUs are numbered in pipeline order: pci:0 and usb:0 are two TPUs.
-            workers[str(spec)] = DeviceSpec("emu-tpu", tpus.index(spec))
-        elif spec.kind == "cpu":
-            workers[str(spec)] = CPU
-        else:
-            workers[str(spec)] = spec
+    wanted = _wanted(options, plan, overrides)
+    emulate = _emulate(options, plan, attached)
+    workers = _workers(plan, wanted, emulate)
     emulated = bool(emulate) or any(w.kind == "emu-tpu" for w in workers.values())
     pace_cpu = emulated and all(s.predicted_ms is not None for s in plan.active_stages)
     host = None
@@ -653,6 +591,47 @@ def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, 
                   rnn_compute=not (options.timing_only and rnn_pace > 0), pipelined=pipelined,
                   batch=batch, emulated=emulated, how=how, reason=reason, board=board,
                   fallback=fallback, skipped=skipped, host=host)
+
+
+def _wanted(options: CaptionerOptions, plan: Plan,
+            overrides: Optional[Mapping[DeviceSpec, DeviceSpec]]) -> Dict[DeviceSpec, DeviceSpec]:
+    """The workers asked for by plan device (``devices_map``, or the caller's overrides), checked against the plan."""
+    wanted = dict(options.devices_map if overrides is None else overrides)
+    planned = [s.spec for s in plan.active_stages]
+    unknown = sorted(str(k) for k in wanted if k not in planned)
+    if unknown:
+        raise ConfigError(
+            f"devices_map names {', '.join(unknown)}, which the plan does not use; "
+            f"map the plan's devices: {', '.join(str(p) for p in planned)}"
+        )
+    return wanted
+
+
+def _emulate(options: CaptionerOptions, plan: Plan, attached: Optional[int]) -> Optional[bool]:
+    """Whether the plan's TPU stages run on emulated TPUs: as asked, else when fewer TPUs are attached."""
+    tpus = [s.spec for s in plan.active_stages if s.spec.kind == "tpu"]
+    if options.emulate is not None or not tpus:
+        return options.emulate
+    if attached is None:
+        attached = sum(1 for i in devices.list_devices() if i.kind in ("pci", "usb"))
+    return len(tpus) > attached
+
+
+def _workers(plan: Plan, wanted: Mapping[DeviceSpec, DeviceSpec], emulate: Optional[bool]) -> Dict[str, DeviceSpec]:
+    """Each active stage's device (its canonical string) -> the worker that runs it."""
+    tpus = [s.spec for s in plan.active_stages if s.spec.kind == "tpu"]
+    workers: Dict[str, DeviceSpec] = {}
+    for spec in (s.spec for s in plan.active_stages):
+        if spec in wanted:
+            workers[str(spec)] = wanted[spec]
+        elif spec.kind == "tpu" and emulate:
+            # Emulated TPUs are numbered in pipeline order: pci:0 and usb:0 are two TPUs.
+            workers[str(spec)] = DeviceSpec("emu-tpu", tpus.index(spec))
+        elif spec.kind == "cpu":
+            workers[str(spec)] = CPU
+        else:
+            workers[str(spec)] = spec
+    return workers
 
 
 def _host_rule_applies(options: CaptionerOptions) -> bool:

@@ -25,7 +25,7 @@ from edgecap import edgetpu_runtime, emulation, files, interpreter, trial_invoke
 from edgecap.devices import DeviceSpec, parse_device
 from edgecap.errors import ConfigError, EdgecapError, PlanError, RunCancelled
 from edgecap.modelfile import TensorSpec
-from edgecap.plan import Bus, Stage
+from edgecap.plans.plan import Bus, Stage
 from edgecap.tflite_verify import verify_tflite
 from edgecap.scheduler import sleep_until
 

@@ -104,7 +104,8 @@ class PipelineStats:
     stages and queues are the current pipeline's. ``switches`` counts the
     changes of plan made because the board measured its devices off the model
     (``failovers`` records of kind ``measured``), ``corrections`` what it
-    learned: plan device -> ``{"compute_scale", "link_bytes_per_s"}``.
+    learned: plan device -> ``{"speed", "compute_scale", "link_bytes_per_s"}``
+    (``compute_scale`` is ``1 / speed``, what the service's metric and API report).
     """
 
     frames_in: int

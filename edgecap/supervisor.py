@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Generator, Hashable, Iterator, List, Mapping, Optional, Tuple
 
 from edgecap import adapt, planner
 from edgecap.bundle import Bundle, WindowSpec
@@ -34,6 +34,8 @@ from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled
 from edgecap.failover import Prober
 from edgecap.options import CaptionerOptions
 from edgecap.planner import Choice
+from edgecap.plans.bundled import BundlePlans, bundle_plans
+from edgecap.plans.pricing import Correction
 from edgecap.scheduler import Pipeline
 from edgecap.sources import Frame, FrameSource
 from edgecap.stats import FailoverRecord, PipelineStats
@@ -98,6 +100,32 @@ def _resume_point(consumed: int, spec: WindowSpec, live: bool) -> Tuple[int, int
     first = -(-consumed // spec.stride)
     return consumed, first, max(0, first - earliest)
 
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """Why a pipeline run stops before its frames end: devices came back (no ``measured``), or a better plan was measured."""
+
+    measured: Optional[adapt.Proposal] = None
+
+
+@dataclass(frozen=True)
+class _Change:
+    """What a switch of pipelines answers, for its record and its log line.
+
+    Attributes:
+      device: The devices concerned, in words.
+      kind: ``measured``, ``returned``, or the failure's kind.
+      detail: One line saying what happened.
+      reprobe: For a failure, when its device is probed again.
+      back: The devices that came back.
+    """
+
+    device: str
+    kind: str
+    detail: str
+    reprobe: str = ""
+    back: Tuple[DeviceSpec, ...] = ()
 
 
 class _Source:
@@ -237,8 +265,8 @@ class Supervisor:
         # Failover may move onto any TPU of the board, not only those the plan uses.
         self._tpus = planner.board_tpus(start)
         self._by_name = {str(d): d for d in self._tpus}
-        self._candidates: Optional[planner.BundlePlans] = None  # loaded at the first failure
-        self._measured: Optional[planner.BundlePlans] = None  # loaded at the first re-plan from measurements
+        self._candidates: Optional[BundlePlans] = None  # loaded at the first failure
+        self._measured: Optional[BundlePlans] = None  # loaded at the first re-plan from measurements
         self._failed: List[DeviceSpec] = []
         self._workers = _board_workers(start, self._tpus)
         self._adapter = self._make_adapter(start)
@@ -285,49 +313,66 @@ class Supervisor:
         first = True
         pending: Optional[float] = None  # when the latest failover began, until a frame comes out
         while True:
-            run = Run(dict(windows), resume)
-            results = self.pipeline.run(source.jobs(run, resume), live=live)
+            results = self.pipeline.run(source.jobs(Run(dict(windows), resume), resume), live=live)
             if first:
                 # Not before: a run refused as busy must not replace the running one's source or stats.
                 self._source, first = src, False
                 self._failovers, self._carried, self._replayed = [], (0, 0, 0), 0
             switch: Optional[DeviceFailed] = None
-            returned = False
-            measured: Optional[adapt.Proposal] = None
-            adapter = self._adapter
+            stop: Optional[_Stop] = None
             try:
-                for job in results:
-                    if pending is not None:
-                        self._failovers[-1] = dataclasses.replace(
-                            self._failovers[-1], took_s=round(time.perf_counter() - pending, 4))
-                        pending = None
-                        _release_freed_memory()  # once the new pipeline runs: not in the failover's time
-                    if not source.consumed(job):
-                        continue
-                    if adapter is not None and job.frame is not None:
-                        adapter.observe(job.board_ms)
-                    yield job
-                    if self._returned:
-                        returned = True
-                        break
-                    if adapter is not None and adapter.proposal is not None:
-                        measured = adapter.take()
-                        # Priced against this choice with every device answering, or stale.
-                        if measured is not None and measured.base is self.choice and not self._failed:
-                            break
-                        measured = None
-                else:
+                stop = yield from self._frames(results, source, pending)
+                if stop is None:
                     return
             except DeviceFailed as exc:
                 if not self._fails_over(exc):
                     raise
                 switch = exc
             finally:
-                if switch is not None or returned or measured is not None:
+                replaced = switch is not None or stop is not None
+                if replaced:
                     self.pipeline.stop()  # first: the feeder then stops at once
-                results.close(wait=switch is None and not returned and measured is None)
+                results.close(wait=not replaced)
             pending = time.perf_counter()
-            resume = self._switch(switch, source, live, measured)
+            resume = self._switch(switch, source, live, stop.measured if stop is not None else None)
+
+    def _frames(self, results: Iterator[Any], source: "_Source",
+                pending: Optional[float]) -> Generator[Any, None, Optional["_Stop"]]:
+        """Yields one pipeline run's jobs, each once; returns why the run must stop early, or None at its end.
+
+        Args:
+          results: The pipeline's jobs as they come out.
+          source: The call's source (counts what came out).
+          pending: When the failover that started this run began, or None.
+        """
+        adapter = self._adapter
+        for job in results:
+            if pending is not None:
+                self._failovers[-1] = dataclasses.replace(
+                    self._failovers[-1], took_s=round(time.perf_counter() - pending, 4))
+                pending = None
+                _release_freed_memory()  # once the new pipeline runs: not in the failover's time
+            if not source.consumed(job):
+                continue
+            if adapter is not None and job.frame is not None:
+                adapter.observe(job.board_ms)
+            yield job
+            if self._returned:
+                return _Stop()
+            measured = self._proposed(adapter)
+            if measured is not None:
+                return _Stop(measured)
+        return None
+
+    def _proposed(self, adapter: Optional[adapt.Adapter]) -> Optional[adapt.Proposal]:
+        """The adapter's proposed switch, if it is still to make (once: it is taken either way)."""
+        if adapter is None or adapter.proposal is None:
+            return None
+        measured = adapter.take()
+        # Priced against this choice with every device answering, or stale.
+        if measured is not None and measured.base is self.choice and not self._failed:
+            return measured
+        return None
 
     def stats(self) -> Optional[PipelineStats]:
         """The current run's statistics, with the replaced pipelines' frames and the source's drops."""
@@ -380,6 +425,30 @@ class Supervisor:
         """
         t0, at = time.perf_counter(), time.time()
         before = self.choice.describe()
+        self._retire()
+        change = self._change(cause, measured)
+        resume, lost_windows = source.resume(live)
+        # Frames read that never came out, less those already counted as dropped
+        # (by a replaced pipeline's live head, or lost at an earlier switch).
+        lost_frames = max(0, source.in_flight() - self._carried[2]) if live else 0
+        replayed = source.replay_count(resume) if not live else 0
+        choice = self._adopt(*self._open_next(cause, measured, change.back))
+        self._replayed += replayed
+        record = FailoverRecord(device=change.device, kind=change.kind, detail=change.detail, at=at,
+                                took_s=None, plan_before=before, plan_after=choice.describe(),
+                                how=choice.how, replayed=replayed, lost_frames=lost_frames,
+                                lost_windows=lost_windows)
+        self._failovers.append(record)
+        fin, fout, drop = self._carried
+        self._carried = (fin, fout, drop + lost_frames)
+        if self._tracer is not None:
+            self._tracer.instant("failover", t0, {k: v for k, v in dataclasses.asdict(record).items()
+                                                  if k not in ("at", "took_s")})
+        _log.warning("edgecap: %s; now %s (%s)%s", change.detail, record.plan_after, choice.how, change.reprobe)
+        return resume
+
+    def _retire(self) -> None:
+        """Stops the running pipeline's emulated hangs and counts its frames; it is joined on close."""
         old = self.pipeline
         self._release.set()  # emulated hangs of the old pipeline end
         self._retired = [p for p in self._retired if p.running()] + [old]
@@ -387,36 +456,38 @@ class Supervisor:
         if s is not None:
             fin, fout, drop = self._carried
             self._carried = (fin + s.frames_in, fout + s.frames_out, drop + s.dropped)
-        back: List[DeviceSpec] = []
-        reprobe = ""
+
+    def _change(self, cause: Optional[DeviceFailed], measured: Optional[adapt.Proposal]) -> "_Change":
+        """What changed, for the record: a plan measured better, a device failed (now watched), or devices back."""
         if measured is not None:
-            device, kind, detail = ", ".join(measured.devices), "measured", measured.reason
-        elif cause is not None:
+            return _Change(", ".join(measured.devices), "measured", measured.reason)
+        if cause is not None:
             failed = self._by_name[cause.device]
-            device, kind, detail = cause.device, cause.kind, str(cause)
             self._failed.append(failed)
             wait = self._prober.watch(failed)
             strikes = self._prober.strikes(failed)
-            reprobe = f"; probing {device} again in {wait:g} s" + (
+            reprobe = f"; probing {cause.device} again in {wait:g} s" + (
                 f" (failure {strikes} in a row: damped)" if strikes > 1 else "")
-        else:
-            with self._lock:
-                back, self._returned = self._returned, []
-            device, kind = ", ".join(map(str, back)), "returned"
-            detail = f"{device}: returned: answers probes again"
-            self._failed = [d for d in self._failed if d not in back]
-        resume, lost_windows = source.resume(live)
-        # Frames read that never came out, less those already counted as dropped
-        # (by a replaced pipeline's live head, or lost at an earlier switch).
-        lost_frames = max(0, source.in_flight() - self._carried[2]) if live else 0
-        replayed = source.replay_count(resume) if not live else 0
+            return _Change(cause.device, cause.kind, str(cause), reprobe=reprobe)
+        with self._lock:
+            back, self._returned = self._returned, []
+        self._failed = [d for d in self._failed if d not in back]
+        device = ", ".join(map(str, back))
+        return _Change(device, "returned", f"{device}: returned: answers probes again", back=tuple(back))
+
+    def _open_next(self, cause: Optional[DeviceFailed], measured: Optional[adapt.Proposal],
+                   back: Tuple[DeviceSpec, ...]) -> Tuple[Choice, Pipeline]:
+        """Opens the next pipeline: the measured plan's, else the failover's; a device that fails as it opens fails again.
+
+        Raises:
+          EdgecapError: If a pipeline will not open for another reason.
+        """
         while True:
             choice = measured.choice if measured is not None else self._choose()
             measured = None  # if it will not open, the failover's choice comes next
             self._release = threading.Event()
             try:
-                pipeline = self._open(choice, self._release)
-                break
+                return choice, self._open(choice, self._release)
             except EdgecapError as exc:
                 # A device that fails as it opens is failed again: the one named,
                 # else (a device just back that will not open) those that came back.
@@ -431,6 +502,13 @@ class Supervisor:
                 for d in again:
                     self._failed.append(d)
                     self._prober.watch(d)
+
+    def _adopt(self, choice: Choice, pipeline: Pipeline) -> Choice:
+        """Makes ``choice`` and its opened pipeline the running ones, unless the captioner was closed meanwhile.
+
+        Raises:
+          RunCancelled: If ``close()`` ran during the switch (the new pipeline is closed).
+        """
         self.choice = choice
         if self._adapter is not None:
             self._adapter.started(choice, switching=not self._failed)
@@ -442,19 +520,7 @@ class Supervisor:
             pipeline.close()  # idempotent, if close() closed it too
             raise RunCancelled("the captioner was closed during a failover; "
                                "create a new EdgeCaptioner to caption more video")
-        self._replayed += replayed
-        record = FailoverRecord(device=device, kind=kind, detail=detail, at=at, took_s=None,
-                                plan_before=before, plan_after=choice.describe(),
-                                how=choice.how, replayed=replayed, lost_frames=lost_frames,
-                                lost_windows=lost_windows)
-        self._failovers.append(record)
-        fin, fout, drop = self._carried
-        self._carried = (fin, fout, drop + lost_frames)
-        if self._tracer is not None:
-            self._tracer.instant("failover", t0, {k: v for k, v in dataclasses.asdict(record).items()
-                                                  if k not in ("at", "took_s")})
-        _log.warning("edgecap: %s; now %s (%s)%s", detail, record.plan_after, choice.how, reprobe)
-        return resume
+        return choice
 
     def _make_adapter(self, start: Choice) -> Optional[adapt.Adapter]:
         """The start's adapter: measuring always, switching where measured times are the board's."""
@@ -469,7 +535,7 @@ class Supervisor:
         return adapt.Adapter(start.plan.board, corrections, self._rechoose, switching,
                              path if switching else None)
 
-    def _rechoose(self, current: Choice, corrections: Dict[str, adapt.Correction]
+    def _rechoose(self, current: Choice, corrections: Dict[str, Correction]
                   ) -> Optional[Tuple[Choice, str]]:
         """The planner's best plan under the corrections, if better than ``current`` by the margin."""
         if self._failed:  # the failover's to decide until every device answers
@@ -483,10 +549,10 @@ class Supervisor:
     def _choose(self) -> Choice:
         if self._failed and self._candidates is None:  # at the first failure
             board = self._start.plan.board
-            self._candidates = (planner.bundle_plans(self._bundle, self._window, board) if board
-                                else planner.BundlePlans())
+            self._candidates = (bundle_plans(self._bundle, self._window, board) if board
+                                else BundlePlans())
         return planner.choose_after(self._bundle, self._options, self._start, self._failed, self._tpus,
-                                    self._candidates or planner.BundlePlans())
+                                    self._candidates or BundlePlans())
 
 
 def _board_workers(start: Choice, tpus: List[DeviceSpec]) -> Dict[DeviceSpec, DeviceSpec]:

@@ -46,11 +46,6 @@ FAST_TESTS: Dict[str, List[str]] = {
         "test_balanced_split_keeps_every_op_on_the_tpus_and_balances_them",
         "test_an_unneeded_tpu_is_left_empty_at_the_end_of_the_chain",
         "test_a_busy_bus_is_the_bottleneck_and_moves_the_cut"],
-    # The pricing the running board re-chooses with; the compiler-backed tests take seconds.
-    "test_candidates.py": ["test_each_part_of_a_stage_scales_with_its_own_correction",
-                           "test_an_empty_stage_costs_nothing_and_an_older_plan_scales_its_prediction",
-                           "test_a_shared_bus_bounds_the_period_by_the_bytes_of_its_stages",
-                           "test_a_correction_out_of_range_is_refused_in_one_line"],
     # Which candidates the compiler chooses, against the partitioner (about a second).
     "test_compile_candidates.py": ["test_every_scenario_is_served_within_the_gain_that_ends_the_list"],
     # All but the exhaustive search (4 s) and the beam benchmark's run (4 s).
@@ -97,6 +92,7 @@ FAST_TESTS: Dict[str, List[str]] = {
                       "test_two_differently_made_stages_separate_compute_from_link",
                       "test_the_policy_is_read_from_its_data_file_with_its_reasons",
                       "test_corrections_are_kept_per_board_and_device",
+                      "test_a_corrections_file_of_version_1_reads_as_the_speeds_it_meant",
                       "test_a_corrupt_corrections_file_is_one_warning_and_ignored"],
     # The history's main paths in well under a second each (no CLI children, no kill -9 trials).
     "test_history.py": ["test_events_are_written_once_per_batch_and_found_newest_first",

@@ -2,7 +2,7 @@
 
 The runtime never imports the compiler; its tests may, to cut a model where
 they choose and check that every plan shape runs the same. Plans are written
-by the runtime's own writer, ``edgecap.plan.write_plan``.
+by the runtime's own writer, ``edgecap.plans.plan.write_plan``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 
 from edgecap.devices import parse_device
 from edgecap.modelfile import TensorSpec
-from edgecap.plan import Plan, Stage, write_plan as write_plan_file
+from edgecap.plans.plan import Plan, Stage, write_plan as write_plan_file
 from edgecap_compile.graph import read_graph
 from edgecap_compile.segments import write_segments
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Dict, List
@@ -11,12 +12,13 @@ import pytest
 from edgecap import adapt, planner
 from edgecap.adapt import Adapter, Observation, Policy, RunningMedian, load_policy, refit
 from edgecap.bundle import load_bundle
-from edgecap.candidates import Correction, price
 from edgecap.captioner import EdgeCaptioner
 from edgecap.emulation import ENV as TRUTH
 from edgecap.options import CaptionerOptions
-from edgecap.planner import BundlePlans, choose, choose_measured
-from edgecap.planning import plan_for_board
+from edgecap.planner import choose, choose_measured
+from edgecap.plans.bundled import BundlePlans
+from edgecap.plans.compiler import plan_for_board
+from edgecap.plans.pricing import Correction, price
 from edgecap.sources import open_source
 from edgecap.supervisor import _board_workers
 
@@ -57,28 +59,28 @@ def test_one_observation_splits_the_error_in_proportion_to_the_parts():
     # 3 ms of compute and invoke, 1 ms of link bytes at 1 MB/s: expected 4 ms, measured 8.
     obs = Observation(work_ms=3.0, link_bytes=1000, fixed_ms=0.0, measured_ms=8.0)
     c = refit(Correction(), 1e6, [obs])
-    assert c.compute_scale == pytest.approx(2.0)
+    assert c.speed == pytest.approx(0.5)
     assert c.link_bytes_per_s == pytest.approx(0.5e6)
     # Starting from a correction already learned, the factor applies to it.
-    c2 = refit(Correction(2.0, 0.5e6), 0.5e6, [Observation(3.0, 1000, 0.0, 16.0)])
-    assert c2.compute_scale == pytest.approx(4.0) and c2.link_bytes_per_s == pytest.approx(0.25e6)
+    c2 = refit(Correction(0.5, 0.5e6), 0.5e6, [Observation(3.0, 1000, 0.0, 16.0)])
+    assert c2.speed == pytest.approx(0.25) and c2.link_bytes_per_s == pytest.approx(0.25e6)
 
 
 def test_two_differently_made_stages_separate_compute_from_link():
-    # The truth: compute 1.5x slower, the link at 37 MB/s (USB 2) instead of 521.
-    scale, rate = 1.5, 37e6
+    # The truth: compute at 2/3 the speed, the link at 37 MB/s (USB 2) instead of 521.
+    speed, rate = 2 / 3, 37e6
 
     def seen(work_ms: float, link_bytes: int) -> Observation:
-        return Observation(work_ms, link_bytes, 0.2, work_ms * scale + link_bytes * 1e3 / rate + 0.2)
+        return Observation(work_ms, link_bytes, 0.2, work_ms / speed + link_bytes * 1e3 / rate + 0.2)
 
     c = refit(Correction(), 521e6, [seen(1.4, 15_000), seen(0.8, 600_000)])
-    assert c.compute_scale == pytest.approx(scale, rel=1e-6)
+    assert c.speed == pytest.approx(speed, rel=1e-6)
     assert c.link_bytes_per_s == pytest.approx(rate, rel=1e-6)
 
 
 def test_a_device_without_a_link_scales_its_compute_only():
     c = refit(Correction(), None, [Observation(2.0, 0, 0.0, 3.0)])
-    assert c == Correction(1.5, None)
+    assert c == Correction(2.0 / 3.0, None)
 
 
 def test_the_policy_is_read_from_its_data_file_with_its_reasons():
@@ -95,20 +97,42 @@ def test_the_policy_is_read_from_its_data_file_with_its_reasons():
 
 def test_corrections_are_kept_per_board_and_device(tmp_path):
     path = tmp_path / "state" / "corrections.json"
-    adapt.save_corrections(path, "devboard-usb", {"pci:0": Correction(2.0), "cpu": Correction(1.1)},
+    adapt.save_corrections(path, "devboard-usb", {"pci:0": Correction(0.5), "cpu": Correction(0.9)},
                            {"pci:0": (1.4, 2.8)})
     adapt.save_corrections(path, "rpi4-2usb", {"usb:1": Correction(1.0, 37e6)}, {})
     # Refitting one device of a board keeps the others and the other board.
-    adapt.save_corrections(path, "devboard-usb", {"pci:0": Correction(3.0), "cpu": Correction(1.1)},
+    adapt.save_corrections(path, "devboard-usb", {"pci:0": Correction(0.25), "cpu": Correction(0.9)},
                            {"pci:0": (1.4, 4.2)})
-    assert adapt.load_corrections(path, "devboard-usb") == {"pci:0": Correction(3.0), "cpu": Correction(1.1)}
+    assert adapt.load_corrections(path, "devboard-usb") == {"pci:0": Correction(0.25), "cpu": Correction(0.9)}
     assert adapt.load_corrections(path, "rpi4-2usb") == {"usb:1": Correction(1.0, 37e6)}
     assert adapt.load_corrections(path, "devboard") == {}
     (pci,) = [l for l in adapt.read_learned(path) if l.device == "pci:0"]
     assert (pci.predicted_ms, pci.measured_ms) == (1.4, 4.2) and pci.updated.endswith("Z")
 
 
+def test_a_corrections_file_of_version_1_reads_as_the_speeds_it_meant(tmp_path):
+    # Version 1 kept compute_scale, the inverse of a speed (2.0: half as fast); files
+    # written then still load, and the next save writes them as speeds (version 2).
+    path = tmp_path / "corrections.json"
+    path.write_text('{"version": 1, "boards": {"devboard-usb": {'
+                    '"pci:0": {"compute_scale": 2.0, "link_bytes_per_s": 37000000.0, "predicted_ms": 1.4, '
+                    '"measured_ms": 2.8, "updated": "2025-01-01T00:00:00Z"}, '
+                    '"cpu": {"compute_scale": 0.8, "link_bytes_per_s": null, "predicted_ms": null, '
+                    '"measured_ms": null, "updated": null}}}}')
+    assert adapt.load_corrections(path, "devboard-usb") == {"pci:0": Correction(0.5, 37e6),
+                                                            "cpu": Correction(1.25)}
+    adapt.save_corrections(path, "rpi4-2usb", {"usb:1": Correction(1.0, 37e6)}, {})
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2 and doc["boards"]["devboard-usb"]["pci:0"]["speed"] == 0.5
+    assert "compute_scale" not in doc["boards"]["devboard-usb"]["pci:0"]
+    assert adapt.load_corrections(path, "devboard-usb")["pci:0"] == Correction(0.5, 37e6)
+    (pci,) = [l for l in adapt.read_learned(path) if l.device == "pci:0"]
+    assert (pci.predicted_ms, pci.measured_ms, pci.updated) == (1.4, 2.8, "2025-01-01T00:00:00Z")
+
+
 @pytest.mark.parametrize("text", ["{not json", '{"version": 1, "boards": {"b": {"pci:0": {"compute_scale": -1}}}}',
+                                  '{"version": 2, "boards": {"b": {"pci:0": {"compute_scale": 2.0}}}}',
+                                  '{"version": 1, "boards": {"b": {"pci:0": {"speed": 0.5}}}}',
                                   '{"version": 7}', "[]"])
 def test_a_corrupt_corrections_file_is_one_warning_and_ignored(tmp_path, caplog, text):
     path = tmp_path / "corrections.json"
@@ -151,7 +175,7 @@ def start(bundle):
 
 def test_a_plan_split_under_corrections_keeps_the_profiles_predictions(bundle):
     nominal = plan_for_board(bundle, "devboard-usb")
-    slow = {"pci:0": Correction(4.0)}
+    slow = {"pci:0": Correction(0.25)}
     corrected = plan_for_board(bundle, "devboard-usb", corrections=slow)
     assert [s.device for s in corrected.active_stages] != [s.device for s in nominal.active_stages]
     # Its predictions are the profile's: what is measured is compared with them, and emulation paces to them.
@@ -163,7 +187,8 @@ def test_a_plan_split_under_corrections_keeps_the_profiles_predictions(bundle):
     rates = dict(zip(edgecap_compile.plan.plan_devices(profile), (t.link_bytes_per_s for t in profile.tpus)))
     assert all(s.cost.link_bytes_per_s == rates[s.device] for s in corrected.stages if s.spec.kind == "tpu")
     # ... and under the corrections it is the better plan.
-    assert price(corrected, slow) < price(nominal, slow) / 1.05
+    assert price(corrected, slow).period_ms < price(nominal, slow).period_ms / 1.05
+    assert price(corrected).prediction() == corrected.predicted
     # No correction at all is the plan as compiled for the profile.
     assert plan_for_board(bundle, "devboard-usb", corrections={}).stages == nominal.stages
 
@@ -173,9 +198,9 @@ def test_the_plan_best_under_the_corrections_runs_on_the_devices_own_workers(bun
     options = CaptionerOptions(board="devboard-usb", timing_only=True)
     assert choose_measured(bundle, options, start, {}, BundlePlans(), workers, 0.05) is None
     # Measured as the model says (within the margin): no switch.
-    assert choose_measured(bundle, options, start, {"pci:0": Correction(1.03)}, BundlePlans(), workers,
+    assert choose_measured(bundle, options, start, {"pci:0": Correction(1 / 1.03)}, BundlePlans(), workers,
                            0.05) is None
-    found = choose_measured(bundle, options, start, {"pci:0": Correction(4.0)}, BundlePlans(), workers, 0.05)
+    found = choose_measured(bundle, options, start, {"pci:0": Correction(0.25)}, BundlePlans(), workers, 0.05)
     assert found is not None
     choice, why = found
     assert choice.how == "measured" and "under the corrections" in why
@@ -190,7 +215,7 @@ def test_on_real_tpus_only_plans_edgetpu_compiler_compiled_are_chosen(bundle, st
     real = {DeviceSpec("tpu", 0, bus): DeviceSpec("tpu", 0, bus) for bus in ("pci", "usb")}
     options = CaptionerOptions(board="devboard-usb")
     # The re-partition made here has no compiled segments (no edgetpu_compiler): not for a real TPU.
-    assert choose_measured(bundle, options, start, {"pci:0": Correction(4.0)}, BundlePlans(), real, 0.05) is None
+    assert choose_measured(bundle, options, start, {"pci:0": Correction(0.25)}, BundlePlans(), real, 0.05) is None
 
 
 class _Recorder:
@@ -253,8 +278,8 @@ def test_a_device_that_stays_off_gets_its_correction_refitted_and_saved(start, t
     adapter.close()
     (corrections,) = recorder.calls[:1]
     assert set(corrections) == {"pci:0"}
-    assert corrections["pci:0"].compute_scale == pytest.approx(3.0, rel=0.02)
-    assert adapt.load_corrections(store, "devboard-usb")["pci:0"].compute_scale == pytest.approx(3.0, rel=0.02)
+    assert corrections["pci:0"].speed == pytest.approx(1 / 3, rel=0.02)
+    assert adapt.load_corrections(store, "devboard-usb")["pci:0"].speed == pytest.approx(1 / 3, rel=0.02)
     # Once refitted, what it measures is what it expects: no second refit.
     assert len(recorder.calls) == 1
 
@@ -277,9 +302,9 @@ def test_the_cpus_rnn_steps_are_its_time_when_it_runs_no_cnn_stage(bundle):
     start = choose(bundle, CaptionerOptions(plan=plan, emulate=True, timing_only=True))
     assert "cpu" not in start.workers
     corrections = _one_refit("devboard-usb", start, {"cpu": 3.0})
-    assert corrections["cpu"].compute_scale == pytest.approx(3.0, rel=0.02)
+    assert corrections["cpu"].speed == pytest.approx(1 / 3, rel=0.02)
     # ... and a plan's period counts them.
-    assert adapt.period_ms(start.plan, {"cpu": Correction(10.0)}) == pytest.approx(10 * start.plan.rnn_frame_ms)
+    assert price(start.plan, {"cpu": Correction(0.1)}).period_ms == pytest.approx(10 * start.plan.rnn_frame_ms)
 
 
 def test_an_older_plan_without_cost_parts_is_corrected_by_its_time_alone(shipped_bundle, bundle, tmp_path):
@@ -290,7 +315,7 @@ def test_an_older_plan_without_cost_parts_is_corrected_by_its_time_alone(shipped
     assert all(s.stage.cost is None for s in older.stages)
     corrections = _one_refit("test", older, {"emu-tpu:0": 2.0})
     assert set(corrections) == {"tpu:0"} and corrections["tpu:0"].link_bytes_per_s is None
-    assert corrections["tpu:0"].compute_scale == pytest.approx(2.0, rel=0.02)
+    assert corrections["tpu:0"].speed == pytest.approx(0.5, rel=0.02)
 
 
 def test_an_adapter_that_may_not_switch_only_measures(start):
@@ -352,7 +377,10 @@ def test_a_slowed_tpu_is_left_for_the_plan_best_for_the_board_and_remembered(shi
     record = next(f for f in stats.failovers if f.kind == "measured")
     assert record.how == "measured" and "pci:0" in record.device and "predicted" in record.detail
     assert "pci:0" not in {r.stage.device for r in final.stages}
-    assert stats.corrections["pci:0"]["compute_scale"] > 2.0
+    assert stats.corrections["pci:0"]["speed"] < 0.5
+    # The service's metric and API keep reading compute_scale, the inverse.
+    assert stats.corrections["pci:0"]["compute_scale"] == pytest.approx(1 / stats.corrections["pci:0"]["speed"],
+                                                                       rel=1e-3)
     # The next start begins on the plan best under what was learned.
     with EdgeCaptioner(shipped_bundle, board="devboard-usb", timing_only=True, corrections=store) as cap:
         assert cap.choice.how == "measured" and cap.choice.reason.startswith("learned corrections")

@@ -15,7 +15,7 @@ import pytest
 
 from edgecap import interpreter, modelfile
 from edgecap.errors import PlanError
-from edgecap.plan import load_plan
+from edgecap.plans.plan import load_plan
 from runtime_plans import write_plan
 
 TINY = Path(__file__).resolve().parent / "data" / "runtime" / "tiny_encoder.tflite"
@@ -234,7 +234,7 @@ def test_the_cli_prints_one_line_and_writes_nothing(plan_dir: Path, tmp_path: Pa
 
 
 def test_a_plan_built_in_memory_is_checked_by_check_segments(plan_dir: Path) -> None:
-    from edgecap.plan import check_segments
+    from edgecap.plans.plan import check_segments
 
     plan = load_plan(plan_dir)
     check_segments(plan)  # intact: nothing to say

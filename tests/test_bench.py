@@ -16,7 +16,7 @@ from edgecap.bundle import WindowSpec, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.cli import main
 from edgecap.errors import ConfigError
-from edgecap.planning import plan_for_board
+from edgecap.plans.compiler import plan_for_board
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +145,7 @@ def test_the_runtime_never_imports_the_compiler(shipped_bundle):
     code = (
         "import sys, numpy as np\n"
         "from edgecap.captioner import EdgeCaptioner\n"
-        "import edgecap.scheduler, edgecap.devices, edgecap.plan, edgecap.trace\n"
+        "import edgecap.scheduler, edgecap.devices, edgecap.plans.plan, edgecap.trace\n"
         f"with EdgeCaptioner({str(shipped_bundle)!r}) as cap:\n"
         "    cap.caption_frames(np.zeros((8, 32, 32, 3), np.uint8))\n"
         "assert 'edgecap_compile' not in sys.modules, 'compiler imported'\n"

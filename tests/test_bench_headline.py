@@ -13,8 +13,8 @@ from edgecap_lab.bench import (Row, bench_startup, check_outputs, goals, load_pu
 from edgecap.bundle import load_bundle
 from edgecap.errors import ConfigError
 from edgecap.modelfile import open_model
-from edgecap.plan import single_cpu_plan
-from edgecap.planning import plan_for_board
+from edgecap.plans.plan import single_cpu_plan
+from edgecap.plans.compiler import plan_for_board
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgecap import planning
+from edgecap.plans import compiler as planning
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ def test_plan_cache_is_a_private_directory_of_the_session(tmp_path_factory) -> N
 
 
 def test_cli_subprocesses_inherit_the_private_cache() -> None:
-    code = "from edgecap.planning import cache_root; print(cache_root())"
+    code = "from edgecap.plans.compiler import cache_root; print(cache_root())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert Path(out.stdout.strip()) == planning.cache_root()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgecap.cli import run as main
-from edgecap.plan import load_plan
+from edgecap.plans.plan import load_plan
 from edgecap_compile.boards import BOARDS_DIR
 from edgecap_compile.compiler import compile_model
 from edgecap_compile.cost_model import CostModel

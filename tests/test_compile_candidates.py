@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from edgecap.bundle import load_bundle
-from edgecap.candidates import CPU, price
 from edgecap.cli import main as cli_main
 from edgecap.cli import run as main
-from edgecap.plan import load_plan
-from edgecap_compile import candidates
+from edgecap.plans.plan import load_plan
+from edgecap.plans.pricing import CPU, price
+from edgecap_compile import scenario_plans
 from edgecap_compile.boards import BOARDS_DIR, PRICES, load_board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import read_graph
@@ -132,17 +132,17 @@ def test_each_distinct_segment_goes_through_edgetpu_compiler_once(stand_in, bund
     assert all(len(inodes) == 1 for inodes in compiled.values())
 
 
-def _changed_profile(tmp_path: Path, board, case: candidates.Scenario) -> Path:
+def _changed_profile(tmp_path: Path, board, case: scenario_plans.Scenario) -> Path:
     """The board's profile with the scenario's corrections written into it, as a board that really differs."""
     names = plan_devices(board)
 
     def change(doc):
         for key, c in case.corrections.items():
             device = doc["cpu"] if key == CPU else doc["tpus"][names.index(key)]
-            for _, field in PRICES:  # every price but the link's: rates divided, times multiplied
+            for _, field in PRICES:  # every price but the link's: rates times the speed, times divided
                 if field != "link_bytes_per_s" and device.get(field) is not None:
-                    device[field] = (device[field] / c.compute_scale if field.endswith("_per_s")
-                                     else device[field] * c.compute_scale)
+                    device[field] = (device[field] * c.speed if field.endswith("_per_s")
+                                     else device[field] / c.speed)
             if c.link_bytes_per_s:
                 device["link_bytes_per_s"] = c.link_bytes_per_s
         doc["tpus"] = doc["tpus"][:case.tpus]
@@ -160,21 +160,25 @@ def test_every_scenario_is_served_within_the_gain_that_ends_the_list(shipped_bun
     best = compile_model(bundle, board, tmp_path / "best").plan
     graph = read_graph(bundle.encoder)
     window = (bundle.window.frames, bundle.window.stride)
-    chosen = [best, *(c.plan for c in candidates.choose(graph, "encoder.tflite", board, best, window))]
-    cases = candidates.scenarios(board)
+    chosen = [best, *(c.plan for c in scenario_plans.choose(graph, "encoder.tflite", board, best, window))]
+    cases = scenario_plans.scenarios(board)
     # As profiled, each TPU at 3 speeds and on a slower link, the CPU at 2 speeds; one TPU only.
     assert len(cases) == 1 + 2 * 4 + 2 + 1
     for case in cases:
         changed = load_board(str(_changed_profile(tmp_path, board, case)))
-        cpu_scale = case.corrections.get(CPU).compute_scale if CPU in case.corrections else 1.0
-        model = CostModel(graph, [*changed.tpus, changed.cpu], best.rnn_ms * cpu_scale, window=window)
+        cpu_speed = case.corrections.get(CPU).speed if CPU in case.corrections else 1.0
+        model = CostModel(graph, [*changed.tpus, changed.cpu], best.rnn_ms / cpu_speed, window=window)
         optimum = partition([model.matrix(k) for k in range(len(model.devices))],
                             tpus=len(changed.tpus)).bottleneck_ms
         runs = [p for p in chosen if all(s.device in plan_devices(board)[:case.tpus]
                                          for s in p.active_stages if s.spec.kind == "tpu")]
-        served = min(price(p, case.corrections) for p in runs)
+        served = min(price(p, case.corrections).period_ms for p in runs)
+        # The board as the scenario says it runs is the profile that really differs so.
+        corrected = scenario_plans.corrected_board(board.with_tpus(case.tpus), case.corrections)
+        for ours, theirs in zip([*corrected.tpus, corrected.cpu], [*changed.tpus, changed.cpu]):
+            assert ours.coefficients() == pytest.approx(theirs.coefficients(), rel=1e-12), case.label
         assert served >= optimum * (1 - 1e-6), case.label
-        assert served * (1 - candidates.MIN_GAIN) <= optimum * (1 + 1e-6), case.label
+        assert served * (1 - scenario_plans.MIN_GAIN) <= optimum * (1 + 1e-6), case.label
 
 
 @pytest.mark.parametrize("args,message", [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgecap.interpreter import make_cpu_interpreter
-from edgecap.plan import load_plan
+from edgecap.plans.plan import load_plan
 from edgecap_compile.boards import BOARDS_DIR, load_board
 from edgecap.cli import run as main
 from edgecap.errors import EdgecapError

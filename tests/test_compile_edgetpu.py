@@ -218,7 +218,7 @@ def _slow_pcie_board(tmp_path: Path, link_bytes_per_s: float = None) -> str:
 
 
 def test_the_plan_names_the_tpus_in_the_order_the_split_runs_them(tmp_path):
-    from edgecap.plan import load_plan
+    from edgecap.plans.plan import load_plan
 
     result = compile_model(MODEL, _slow_pcie_board(tmp_path), tmp_path / "out", sram=20_000)
     plan = load_plan(result.plan_path)  # the runtime reads it

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from edgecap import planning
+from edgecap.plans import compiler as planning
 from edgecap.bundle import load_bundle
-from edgecap.plan import load_plan
+from edgecap.plans.plan import load_plan
 import edgecap_compile
 from edgecap_compile import compiler
 from edgecap_compile.errors import CompileError

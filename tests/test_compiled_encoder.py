@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from compiled_models import write_compiled
-from edgecap import compiled_encoder, planner
+from edgecap import planner
+from edgecap.plans import compiled_encoder
 from edgecap.bundle import load_bundle
 from edgecap.devices import DeviceInfo, Hardware
 from edgecap.errors import BundleError, EdgecapError, PlanError
 from edgecap.modelfile import open_model
 from edgecap.options import CaptionerOptions
-from edgecap.plan import single_cpu_plan
+from edgecap.plans.plan import single_cpu_plan
 
 CORAL = Path(__file__).resolve().parent / "data" / "coral"
 MIRROR = Path("/work/.mirror/google-coral+test_data/repo")

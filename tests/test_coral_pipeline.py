@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from compiled_models import write_compiled
-from edgecap import coral_pipeline
+from edgecap.plans import coral_pipeline
 from edgecap.errors import PlanError
-from edgecap.plan import load_plan, single_cpu_plan
+from edgecap.plans.plan import load_plan, single_cpu_plan
 from edgecap.stages import open_stage
 
 CORAL = Path(__file__).resolve().parent / "data" / "coral"

@@ -26,7 +26,7 @@ from edgecap import faults, isolation, scheduler
 from edgecap.bundle import load_bundle
 from edgecap.devices import parse_device
 from edgecap.errors import DeviceFailed, RunCancelled
-from edgecap.planning import plan_for_board
+from edgecap.plans.compiler import plan_for_board
 from edgecap.scheduler import Pipeline, Step, sleep_until
 from edgecap.sources import open_source
 

@@ -18,7 +18,7 @@ from edgecap.devices import DeviceSpec, list_devices, parse_device
 from edgecap.stages import open_stage
 from edgecap.errors import ConfigError, EdgecapError, PlanError
 from edgecap.interpreter import make_cpu_interpreter
-from edgecap.plan import load_plan
+from edgecap.plans.plan import load_plan
 from runtime_plans import write_plan
 from tpu_compare import MIN_CAPTION_AGREEMENT, assert_close_in_steps, caption_agreement, step_diff
 
@@ -333,7 +333,7 @@ def test_real_edgetpu_captions_like_the_cpu(shipped_bundle) -> None:
     from edgecap.bundle import load_bundle
     from edgecap.captioner import EdgeCaptioner
     from edgecap.options import CaptionerOptions
-    from edgecap.plan import single_cpu_plan
+    from edgecap.plans.plan import single_cpu_plan
     from edgecap.planner import choose, tpus_used
 
     bundle = load_bundle(shipped_bundle)
@@ -355,7 +355,7 @@ def _edited_stage(tmp_path: Path, edit, index: int = 0):
     path.write_text(json.dumps(doc))
     # load_plan refuses such a plan itself (tests/test_bad_plan.py); open_stage's own
     # check, which covers plans built in memory, is what these tests are about.
-    with mock.patch("edgecap.plan._check_files"), mock.patch("edgecap.plan._check_chain"):
+    with mock.patch("edgecap.plans.plan._check_files"), mock.patch("edgecap.plans.plan._check_chain"):
         return load_plan(path).stages[index]
 
 
@@ -394,19 +394,20 @@ def test_devices_command_prints_the_table_and_json(capsys) -> None:
 
 def test_devices_command_shows_what_the_board_learned(capsys, tmp_path: Path, caplog) -> None:
     from edgecap.adapt import save_corrections
-    from edgecap.candidates import Correction
+    from edgecap.plans.pricing import Correction
     from edgecap.cli import main
 
     path = tmp_path / "corrections.json"
     assert main(["devices", "--corrections", str(path)]) == 0
     assert f"learned corrections ({path}): none" in capsys.readouterr().out
-    save_corrections(path, "devboard-usb", {"pci:0": Correction(2.0, 37e6)}, {"pci:0": (1.4, 2.8)})
+    save_corrections(path, "devboard-usb", {"pci:0": Correction(0.5, 37e6)}, {"pci:0": (1.4, 2.8)})
     assert main(["devices", "--corrections", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "devboard-usb pci:0: compute x2.00, link 37.0 MB/s; last measured 2.80 ms a frame, predicted 1.40" in out
+    assert "devboard-usb pci:0: speed x0.50, link 37.0 MB/s; last measured 2.80 ms a frame, predicted 1.40" in out
     assert main(["devices", "--json", "--corrections", str(path)]) == 0
     (learned,) = json.loads(capsys.readouterr().out.splitlines()[-1])["corrections"]
-    assert (learned["device"], learned["compute_scale"], learned["measured_ms"]) == ("pci:0", 2.0, 2.8)
+    assert (learned["device"], learned["speed"], learned["measured_ms"]) == ("pci:0", 0.5, 2.8)
+    assert learned["compute_scale"] == 2.0  # what this output said before speeds, kept for its readers
     # A corrupt file: one warning line, and the command still answers.
     path.write_text("{")
     assert main(["devices", "--corrections", str(path)]) == 0

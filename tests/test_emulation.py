@@ -15,7 +15,7 @@ import pytest
 from edgecap import emulation
 from edgecap.devices import parse_device
 from edgecap.errors import ConfigError
-from edgecap.plan import Bus, CostParts, Stage
+from edgecap.plans.plan import Bus, CostParts, Stage
 from edgecap.stages import open_stage
 
 # What a loaded host may add to one paced invoke (a wake-up late, a thread descheduled).

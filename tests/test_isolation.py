@@ -23,7 +23,7 @@ from edgecap.bundle import load_bundle
 from edgecap.devices import parse_device
 from edgecap.isolation import IsolatedSegment
 from edgecap.errors import DeviceFailed, EdgecapError, PlanError
-from edgecap.planning import plan_for_board
+from edgecap.plans.compiler import plan_for_board
 from edgecap.scheduler import Pipeline, Step
 from edgecap.stages import open_stage
 from runtime_plans import write_plan

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edgecap.interpreter import make_cpu_interpreter
-from edgecap.plan import load_plan
+from edgecap.plans.plan import load_plan
 from edgecap.stages import open_stage
 from edgecap_compile.compiler import compile_model
 

@@ -14,7 +14,7 @@ from conftest import pipeline_threads
 from edgecap.bundle import load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.stages import open_stage
-from edgecap.plan import load_plan, single_cpu_plan
+from edgecap.plans.plan import load_plan, single_cpu_plan
 from edgecap.preprocess import Preprocessor
 from edgecap.errors import ConfigError, PlanError
 from edgecap.sources import ArraySource

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgecap.errors import PlanError
-from edgecap.plan import load_plan, single_cpu_plan
+from edgecap.plans.plan import load_plan, single_cpu_plan
 from runtime_plans import write_plan
 
 TINY = Path(__file__).resolve().parent / "data" / "runtime" / "tiny_encoder.tflite"
@@ -130,7 +130,7 @@ def test_fields_the_compiler_writes_are_checked_too(plan_dir: Path, edit, field:
 
 
 def test_a_written_plan_reads_back_equal(plan_dir: Path, tmp_path: Path) -> None:
-    from edgecap.plan import write_plan as write_plan_file
+    from edgecap.plans.plan import write_plan as write_plan_file
 
     plan = load_plan(plan_dir)
     again = load_plan(write_plan_file(plan, plan_dir).path)
@@ -170,7 +170,7 @@ def test_single_cpu_plan_needs_no_schema_bindings(monkeypatch) -> None:
 def test_the_writer_refuses_what_the_reader_would(plan_dir: Path, change, field) -> None:
     import dataclasses
 
-    from edgecap.plan import write_plan as write_plan_file
+    from edgecap.plans.plan import write_plan as write_plan_file
 
     before = (plan_dir / "plan.json").read_text()
     with pytest.raises(PlanError, match=f"field '{field}'"):
@@ -183,7 +183,7 @@ def test_the_writer_names_a_tensor_type_plan_json_cannot_carry(plan_dir: Path) -
     # format lacked died in a traceback (tools/real_files.py, Coral's DeepLab: int64).
     import dataclasses
 
-    from edgecap.plan import write_plan as write_plan_file
+    from edgecap.plans.plan import write_plan as write_plan_file
 
     plan = load_plan(plan_dir)
     last = plan.stages[-1]

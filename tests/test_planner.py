@@ -15,7 +15,7 @@ import pytest
 from edgecap import devices, faults, planner
 from edgecap.failover import load_recovery
 from edgecap.options import FIRST_INVOKE_GRACE, CaptionerOptions
-from edgecap.plan import ParamBytes
+from edgecap.plans.plan import ParamBytes
 from edgecap.planner import choose, tpus_used
 from edgecap.bundle import load_bundle
 from edgecap.captioner import EdgeCaptioner
@@ -301,7 +301,7 @@ def test_a_plan_must_be_the_bundles_encoders(shipped_bundle, tmp_path):
     from runtime_plans import write_plan
 
     from edgecap.errors import PlanError
-    from edgecap.plan import single_cpu_plan
+    from edgecap.plans.plan import single_cpu_plan
 
     bundle = load_bundle(shipped_bundle)
     tiny = Path(__file__).resolve().parent / "data" / "runtime" / "tiny_encoder.tflite"

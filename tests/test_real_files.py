@@ -144,7 +144,7 @@ MIRROR = Path("/work/.mirror/google-coral+test_data/repo")
 @pytest.mark.skipif(not MIRROR.is_dir(), reason="google-coral/test_data mirror not present")
 def test_coral_deeplab_compiled_imports_with_its_int64_argmax_output(tmp_path) -> None:
     # Found by tools/real_files.py: `plan import` died in a msgspec traceback on this file.
-    from edgecap.plan import load_plan
+    from edgecap.plans.plan import load_plan
 
     model = tmp_path / "deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite"
     model.write_bytes(subprocess.run(["git", "-C", str(MIRROR), "show", f"HEAD:{model.name}"], check=True,

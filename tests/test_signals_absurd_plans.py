@@ -21,7 +21,7 @@ import pytest
 
 from edgecap.cli import run
 from edgecap.command import EXIT_SIGINT, EXIT_SIGTERM
-from edgecap.plan import MAX_INVOKE_MS
+from edgecap.plans.plan import MAX_INVOKE_MS
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
                                 reason="counts a process's threads in /proc (Linux)")
@@ -32,7 +32,7 @@ SIGNALS = [(signal.SIGINT, EXIT_SIGINT), (signal.SIGTERM, EXIT_SIGTERM)]
 SCRIPT = """
 import dataclasses, sys
 from edgecap import cli, planner
-from edgecap.plan import load_plan
+from edgecap.plans.plan import load_plan
 ms = float(sys.argv[2])
 plan = load_plan(sys.argv[1])
 absurd = dataclasses.replace(plan, rnn_ms=ms,

@@ -69,7 +69,7 @@ def _load(kind: str, path: str) -> None:
         from edgecap.modelfile import open_model
         open_model(path)
     elif kind in ("plan.json", "plan segment"):
-        from edgecap.plan import load_plan
+        from edgecap.plans.plan import load_plan
         load_plan(path)
     elif kind in ("serve TOML", "token file"):
         from edgecap.service.config import load_config

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from edgecap import planner
+from edgecap import supervisor as supervisor_module
 from edgecap.bundle import WindowSpec, load_bundle
 from edgecap.options import CaptionerOptions
 from edgecap.sources import Frame
@@ -68,8 +69,8 @@ def test_the_bundles_plans_are_read_once_at_the_first_failure(bundle_with_plans,
     options = CaptionerOptions(board="devboard-usb", num_threads=1)
     start = planner.choose(bundle, options)
     calls = []
-    real = planner.bundle_plans
-    monkeypatch.setattr(planner, "bundle_plans", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = supervisor_module.bundle_plans
+    monkeypatch.setattr(supervisor_module, "bundle_plans", lambda *a, **k: calls.append(a) or real(*a, **k))
     supervisor = Supervisor(bundle, options, start, lambda choice, released: _Idle())
     try:
         assert supervisor._choose().how == "original" and calls == []  # nothing failed: nothing read

@@ -86,7 +86,7 @@ def test_a_plan_segment_that_crashes_the_interpreter_is_refused_before_it_opens(
     import dataclasses
 
     from edgecap.errors import PlanError
-    from edgecap.plan import load_plan
+    from edgecap.plans.plan import load_plan
     from edgecap.stages import open_stage
     from edgecap_compile import compile_model
 

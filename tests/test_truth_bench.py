@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from edgecap import emulation, planning
+from edgecap import emulation
+from edgecap.plans.compiler import plan_for_board
 from edgecap_lab import truth_bench
 from edgecap.bundle import load_bundle
 from edgecap.devices import parse_device
@@ -19,11 +20,11 @@ def bundle(shipped_bundle):
 
 @pytest.fixture(scope="module")
 def profiled(bundle):
-    return planning.plan_for_board(bundle, "devboard-usb")
+    return plan_for_board(bundle, "devboard-usb")
 
 
 def test_the_oracle_of_the_profile_is_the_planners_plan(bundle, profiled):
-    best = planning.oracle(bundle, "devboard-usb", emulation.Truth(), profiled)
+    best = truth_bench.oracle(bundle, "devboard-usb", emulation.Truth(), profiled)
     assert best.fps == profiled.predicted.fps
     assert [(s.device, s.ops) for s in best.plan.stages] == [(s.device, s.ops) for s in profiled.stages]
 
@@ -31,7 +32,7 @@ def test_the_oracle_of_the_profile_is_the_planners_plan(bundle, profiled):
 def test_the_oracle_moves_work_off_a_slowed_tpu(bundle, profiled):
     # The demo's plan runs the encoder's TPU part on pci:0; at half speed the USB accelerator is better.
     slow = profiled.active_stages[0].device
-    best = planning.oracle(bundle, "devboard-usb", emulation.parse("emu-tpu:0=speed:0.5"), profiled)
+    best = truth_bench.oracle(bundle, "devboard-usb", emulation.parse("emu-tpu:0=speed:0.5"), profiled)
     assert best.fps < profiled.predicted.fps
     assert best.plan.active_stages[0].device != slow
     assert best.board.tpus[0].macs_per_s == pytest.approx(0.5 * 583e9)
@@ -39,15 +40,13 @@ def test_the_oracle_moves_work_off_a_slowed_tpu(bundle, profiled):
 
 
 def test_the_oracle_counts_a_throttling_tpu_at_its_throttled_speed(bundle, profiled):
-    throttled = planning.oracle(bundle, "devboard-usb", emulation.parse("pci:0=throttle:60s"), profiled)
-    halved = planning.oracle(bundle, "devboard-usb", emulation.parse("pci:0=speed:0.5"), profiled)
+    throttled = truth_bench.oracle(bundle, "devboard-usb", emulation.parse("pci:0=throttle:60s"), profiled)
+    halved = truth_bench.oracle(bundle, "devboard-usb", emulation.parse("pci:0=speed:0.5"), profiled)
     assert throttled.fps == halved.fps
 
 
 def test_a_usb2_link_sets_the_tpus_link_rate_and_keeps_its_name():
-    import edgecap_compile
-
-    board = planning.true_board(edgecap_compile.make_board("devboard-usb"), emulation.parse("usb:0=link:usb2"))
+    board = truth_bench.true_board("devboard-usb", emulation.parse("usb:0=link:usb2"))
     assert board.tpus[1].link_bytes_per_s == 37e6 and board.tpus[1].link == "usb3"
 
 
@@ -55,7 +54,7 @@ def test_the_oracle_refuses_a_tpu_the_board_lacks(bundle, profiled):
     from edgecap.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"usb:3 is no EdgeTPU of board devboard-usb \(its TPUs: pci:0, usb:0\)"):
-        planning.oracle(bundle, "devboard-usb", emulation.parse("usb:3=speed:0.5"), profiled)
+        truth_bench.oracle(bundle, "devboard-usb", emulation.parse("usb:3=speed:0.5"), profiled)
 
 
 @pytest.mark.parametrize("spec", ["pci:0=speed:0.5", "emu-tpu:0=link:usb2;cpu=speed:0.5", "usb:0=speed:0.3"])
@@ -65,7 +64,7 @@ def test_pacing_charges_each_stage_what_the_true_board_predicts_for_it(bundle, p
     import edgecap_compile
 
     truth = emulation.resolve(emulation.parse(spec), profiled)
-    real = planning.true_board(edgecap_compile.make_board("devboard-usb"), truth)
+    real = truth_bench.true_board("devboard-usb", truth)
     by_name = {name: i for i, name in enumerate(edgecap_compile.plan.plan_devices(real))}
     ranges = [None] * len(profiled.stages)
     for s in profiled.stages:
@@ -155,7 +154,7 @@ def test_the_start_plans_fps_under_a_truth_is_its_slowest_stage_repriced(profile
 def test_an_oversubscribed_bus_caps_the_start_plans_fps(profiled):
     import dataclasses
 
-    from edgecap.plan import Bus
+    from edgecap.plans.plan import Bus
 
     tpu = profiled.active_stages[0]
     on_bus = dataclasses.replace(tpu, cost=dataclasses.replace(tpu.cost, bus="lane"))

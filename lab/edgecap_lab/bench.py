@@ -60,9 +60,9 @@ from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError, EdgecapError
 from edgecap.limits import DEFAULT_BEAM, DEFAULT_HOST_ROUNDS
 from edgecap.options import CaptionerOptions
-from edgecap.plan import Plan
+from edgecap.plans.plan import Plan
 from edgecap.planner import Choice, HostSchedule
-from edgecap.planning import plan_for_board
+from edgecap.plans.compiler import plan_for_board
 from edgecap.preprocess import Preprocessor
 from edgecap.scheduler import Pipeline, Step
 from edgecap.sources import open_source

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from edgecap.bundle import DEMO_DIR, load_bundle
 from edgecap.errors import EdgecapError
-from edgecap.plan import PLAN_FILE, load_plan
+from edgecap.plans.plan import PLAN_FILE, load_plan
 from edgecap.service.config import load_config, tomllib
 
 REPO = Path(__file__).resolve().parents[2]

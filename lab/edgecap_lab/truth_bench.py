@@ -5,7 +5,7 @@ its emulated devices slower, their links narrower or their clocks throttle;
 the runtime starts from the plan made for the profile. The run streams the
 clips (file mode, repeated) for a set time and reports how its fps compares
 with the oracle's: the partitioner's best plan under the true costs
-(``planning.oracle``), what a runtime that corrects its plan from what it
+(``oracle``), what a runtime that corrects its plan from what it
 measures should reach. Plan switches are read from the captioner's stats.
 
 Every figure is *modelled*: emulated stages compute nothing and sleep to what
@@ -33,7 +33,8 @@ from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError
 from edgecap.options import CaptionerOptions
 from edgecap.outputs import write_text
-from edgecap.planning import oracle as oracle_for
+from edgecap.plans.compiler import board_profile, plan_for_board
+from edgecap.plans.plan import Plan
 from edgecap.sources import Frame, open_source
 
 TRUTHS = Path(__file__).parent / "data" / "truths.json"
@@ -65,6 +66,66 @@ def truth_table(board: str, path: Path = TRUTHS) -> List[Tuple[str, str]]:
         raise ConfigError(f"--truth-table: {path.name} has no truths for board {board!r} (it has "
                           f"{', '.join(doc.boards)}); pick one of them with --board, or pass --truth SPEC")
     return [(row.truth, row.what) for row in doc.boards[board]]
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The partitioner's best plan under an emulated board's true costs.
+
+    Attributes:
+      plan: The plan (its ``predicted`` figures are the true costs').
+      fps: Its predicted fps under the truth (*modelled*).
+      board: The board profile with the truth applied (an ``edgecap_compile`` ``Board``).
+    """
+
+    plan: Plan
+    fps: float
+    board: object
+
+
+def true_board(board: str, truth: emulation.Truth, plan: Optional[Plan] = None) -> object:
+    """The board profile as the truth makes it (``edgecap.plans.compiler.board_profile``).
+
+    Each device runs at the speed it settles at (a throttling one throttled)
+    and, given a link kind, at that kind's usable rate; the devices keep their
+    profile's names and link kinds, so plans still name them ``pci:N`` / ``usb:N``.
+
+    Args:
+      board: A board profile name of the compiler.
+      truth: The truth.
+      plan: The plan the emulated run starts with, to name ``emu-tpu:N``
+        (``emulation.resolve``); None: the truth names no ``emu-tpu:N``.
+
+    Returns:
+      The ``edgecap_compile`` ``Board`` as it really is.
+
+    Raises:
+      ConfigError: If the truth names a TPU the board lacks, or the compiler is missing.
+    """
+    if plan is not None:
+        truth = emulation.resolve(truth, plan)
+    return board_profile(board, truth.corrections())
+
+
+def oracle(bundle: Bundle, board: str, truth: emulation.Truth, plan: Optional[Plan] = None) -> Oracle:
+    """The partitioner's best plan for ``board`` under ``truth`` (the compiler never sees it otherwise).
+
+    Args:
+      bundle: The bundle.
+      board: A board profile name of the compiler.
+      truth: The emulated board's truth.
+      plan: The plan the emulated run starts with (maps ``emu-tpu:N``; see ``true_board``).
+
+    Returns:
+      The ``Oracle``: the plan, compiled into the plan cache, and its fps.
+
+    Raises:
+      ConfigError: As ``plan_for_board``, or if the truth names a TPU the board lacks.
+    """
+    real = true_board(board, truth, plan)
+    best = plan_for_board(bundle, real)
+    fps = best.predicted.fps if best.predicted is not None and best.predicted.fps else 0.0
+    return Oracle(plan=best, fps=fps, board=real)
 
 
 @dataclass
@@ -192,7 +253,7 @@ def run_adapt(bundle: Bundle, truth: str, board: str = "devboard-usb", seconds: 
     # The plan the run starts with (the planner reads no truth): it numbers emu-tpu:N.
     start_plan = planner.choose(bundle, options).plan
     resolved = emulation.resolve(given, start_plan, "--truth")
-    best = oracle_for(bundle, board, resolved)
+    best = oracle(bundle, board, resolved)
     times: List[float] = []
     with emulation.emulating(resolved), EdgeCaptioner(bundle, options) as cap:
         t0, w0 = time.perf_counter(), time.time()

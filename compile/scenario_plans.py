@@ -2,15 +2,16 @@
 
 A running board cannot compile, so the plans it may switch to are chosen
 here. Each *scenario* is a way the board may differ from its profile, in the
-runtime's own terms (``edgecap.candidates.Correction`` per device): one TPU
+runtime's own terms (``edgecap.plans.pricing.Correction`` per device): one TPU
 at 0.5x, 0.7x or 1.5x its profile's speed, one TPU's link slower (a USB one
 at USB 2's usable rate, a PCIe one trained down to Gen1), the CPU at half or
 twice its speed, or fewer TPUs attached. The pool is the
 partitioner's optimum under each scenario (exact, over cuts and TPU orders)
 plus the optimum in each TPU order under the profile; plans that run the
 same op ranges on the same devices are one. Every plan is priced under every
-scenario with ``edgecap.candidates.price``, the function the running board
-re-chooses with, so what is chosen here is what wins there.
+scenario with ``edgecap.plans.pricing.price``, the function the running board
+re-chooses with, so what is chosen here is what wins there. ``corrected_board``
+is the board as a scenario (or a measurement, or an emulated truth) says it runs.
 
 Candidates are then ranked greedily from the best plan: first those that
 give a plan to a TPU count nothing chosen can run on (a board with a TPU
@@ -21,27 +22,28 @@ scenario up by ``MIN_GAIN`` or more is not worth its bytes and ends the list.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap.candidates import CPU, Correction, price
 from edgecap.links import link_kinds
-from edgecap.plan import EdgeTpuReport, Plan
+from edgecap.plans.plan import EdgeTpuReport, Plan
+from edgecap.plans.pricing import AS_PROFILED, CPU, Correction, Corrections, price
 from edgecap_compile.boards import PRICES, Board, Device
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import Graph
 from edgecap_compile.partitioner import Partition, evaluate, orders, partition
 from edgecap_compile.plan import build_plan, plan_devices
 
-# TPU compute factors tried (``Correction.compute_scale``): a TPU at 0.5x and
-# 0.7x its profile's speed (thermal throttling halves the clock; another
-# libedgetpu build or clock setting), and at 1.5x (libedgetpu-max on a board
-# profiled at the standard clock).
-TPU_SCALES = (2.0, 1 / 0.7, 1 / 1.5)
-# CPU factors tried: a governor at half speed, a core twice as fast.
-CPU_SCALES = (2.0, 0.5)
+# TPU speeds tried (``Correction.speed``): a TPU at 0.5x and 0.7x its
+# profile's speed (thermal throttling halves the clock; another libedgetpu
+# build or clock setting), and at 1.5x (libedgetpu-max on a board profiled at
+# the standard clock).
+TPU_SPEEDS = (0.5, 0.7, 1.5)
+# CPU speeds tried: a governor at half speed, a core twice as fast.
+CPU_SPEEDS = (0.5, 2.0)
 # The link a USB TPU falls back to on a USB 2 port, or a USB 3 port that
 # trains at high speed (edgecap/data/links.json).
 SLOW_LINK = "usb2"
@@ -99,9 +101,9 @@ def scenarios(board: Board) -> List[Scenario]:
     """Returns the ways the board may differ from its profile that candidates are chosen for.
 
     With every TPU attached: the profile as it is, each TPU at each
-    ``TPU_SCALES`` factor and with a slower link (a USB one at ``SLOW_LINK``'s
+    ``TPU_SPEEDS`` speed and with a slower link (a USB one at ``SLOW_LINK``'s
     rate where that is slower, any other at ``DOWNTRAINED`` times its rate),
-    and the CPU at each ``CPU_SCALES`` factor; then, for each smaller TPU
+    and the CPU at each ``CPU_SPEEDS`` speed; then, for each smaller TPU
     count, the profile with only the first TPUs attached.
 
     Args:
@@ -115,9 +117,8 @@ def scenarios(board: Board) -> List[Scenario]:
     every = len(board.tpus)
     out = [Scenario("as profiled", every, {})]
     for name, tpu in zip(names, board.tpus):
-        for scale in TPU_SCALES:
-            out.append(Scenario(f"{name} at {1 / scale:.2g}x speed", every,
-                                {name: Correction(compute_scale=scale)}))
+        for speed in TPU_SPEEDS:
+            out.append(Scenario(f"{name} at {speed:.2g}x speed", every, {name: Correction(speed=speed)}))
         if (tpu.link or "").startswith("usb"):
             if (tpu.link_bytes_per_s or 0) > usb2:
                 out.append(Scenario(f"{name} on {SLOW_LINK}", every,
@@ -125,22 +126,47 @@ def scenarios(board: Board) -> List[Scenario]:
         elif tpu.link_bytes_per_s:
             out.append(Scenario(f"{name} link at {DOWNTRAINED:g}x", every, {name: Correction(
                 link_bytes_per_s=tpu.link_bytes_per_s * DOWNTRAINED)}))
-    for scale in CPU_SCALES:
-        out.append(Scenario(f"cpu at {1 / scale:.2g}x speed", every, {CPU: Correction(compute_scale=scale)}))
+    for speed in CPU_SPEEDS:
+        out.append(Scenario(f"cpu at {speed:.2g}x speed", every, {CPU: Correction(speed=speed)}))
     # A TPU missing: the profile's optimum for those left. Combined with a device
     # off its profile too it would cost a whole encoder's bytes for a rare case.
     out += [Scenario(f"{t} of {every} TPUs attached", t, {}) for t in range(every - 1, 0, -1)]
     return out
 
 
-def _corrected(device: Device, c: Correction) -> Device:
-    # The profile device as the correction says it runs: every price but the
-    # link's times the scale (what a stage's compute and invoke time is made
-    # of), the link at the corrected rate.
+def corrected_board(board: Board, corrections: Corrections = AS_PROFILED) -> Board:
+    """Returns the board as the corrections say it runs.
+
+    A device's ``speed`` divides every price of its work but the link's (the
+    MAC, element, per-op, per-invoke and memory costs that a stage's compute
+    and invoke time are made of, as ``edgecap.plans.pricing`` re-prices
+    them); its ``link_bytes_per_s`` replaces its link rate. It keeps its name
+    and link kind.
+
+    Args:
+      board: The board profile.
+      corrections: Plan device (``plan_devices``: ``pci:0``, ``usb:0``;
+        ``cpu``) -> its ``Correction``; a name the board lacks is ignored.
+
+    Returns:
+      The corrected board.
+    """
+    names = plan_devices(board)
+    return dataclasses.replace(
+        board, cpu=_corrected(board.cpu, corrections.get(CPU)),
+        tpus=[_corrected(t, corrections.get(n)) for t, n in zip(board.tpus, names)])
+
+
+def _corrected(device: Device, c: Optional[Correction]) -> Device:
+    if c is None:
+        return device
     prices = device.coefficients()
-    scaled = prices * c.compute_scale
-    scaled[_LINK] = prices[_LINK] if c.link_bytes_per_s is None else 1e3 / c.link_bytes_per_s
-    return device.with_coefficients(scaled)
+    slowed = prices / c.speed
+    slowed[_LINK] = prices[_LINK]
+    device = device.with_coefficients(slowed) if c.speed != 1.0 else device
+    if c.link_bytes_per_s and device.link_bytes_per_s is not None:
+        device = dataclasses.replace(device, link_bytes_per_s=c.link_bytes_per_s)
+    return device
 
 
 @dataclass(frozen=True)
@@ -191,13 +217,10 @@ def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
                                bus=None if bus is None else [bus[d] for d in order])
             add(_option(graph, model_file, board_t, nominal, evaluate(
                 costs, within.cuts, tuple(order[d] for d in within.order), bus=bus)))
-        names = dict(zip(plan_devices(board_t), board_t.tpus))
         for case in (c for c in cases if c.tpus == t):
-            corrected = [_corrected(d, case.corrections.get(name, Correction()))
-                         for name, d in names.items()]
-            cpu = case.corrections.get(CPU, Correction())
-            model = CostModel(graph, [*corrected, _corrected(board_t.cpu, cpu)],
-                              rnn_ms * cpu.compute_scale, window=window)
+            fixed = corrected_board(board_t, case.corrections)
+            model = CostModel(graph, [*fixed.tpus, fixed.cpu],
+                              rnn_ms / case.corrections.get(CPU, Correction()).speed, window=window)
             split = partition([model.matrix(k) for k in range(len(devices))], tpus=t,
                               bus=model.bus_matrices(board_t.buses))
             add(_option(graph, model_file, board_t, nominal,
@@ -230,7 +253,7 @@ def choose(graph: Graph, model_file: str, board: Board, best: Plan,
     names = plan_devices(board)
     usable = np.array([[_runs_on(p, names[:c.tpus]) for c in cases]
                        for p in [best, *(o.plan for o in pool)]])
-    priced = np.array([[price(p, c.corrections) for c in cases]
+    priced = np.array([[price(p, c.corrections).period_ms for c in cases]
                        for p in [best, *(o.plan for o in pool)]])
     priced = np.where(usable, priced, np.inf)
     oracle = priced.min(axis=0)

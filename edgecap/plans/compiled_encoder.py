@@ -13,7 +13,7 @@ from __future__ import annotations
 from edgecap.bundle import Bundle
 from edgecap.devices import DeviceSpec
 from edgecap.errors import EdgecapError
-from edgecap.plan import Plan, Stage, single_cpu_plan
+from edgecap.plans.plan import Plan, Stage, single_cpu_plan
 
 
 def describe(bundle: Bundle) -> str:

@@ -22,20 +22,22 @@ has no CPU kernel), so emulated runs of an imported plan are timing-only.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from edgecap.devices import DeviceSpec
 from edgecap.errors import PlanError
 from edgecap.modelfile import ModelFile, TensorSpec, open_model
-from edgecap.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage, write_plan
+from edgecap.plans.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Stage, write_plan
+from edgecap.plans.pricing import price
 from edgecap.tflite_verify import EDGETPU_CUSTOM_OP
 
 _NAME = re.compile(r"^(?P<stem>.+)_segment_(?P<k>\d+)_of_(?P<n>\d+)_edgetpu\.tflite$")
@@ -154,41 +156,47 @@ def chain(segments: Sequence[Segment]) -> List[Tuple[Tuple[TensorSpec, ...], Tup
       PlanError: One line naming the segment and the tensor that does not chain.
     """
     written: Dict[str, Tuple[int, TensorSpec]] = {t.name: (-1, t) for t in segments[0].model.inputs}
-    readers: Dict[str, int] = {}
+    for seg in segments:
+        for t in seg.model.inputs:
+            _check_read(seg, t, written.get(t.name), segments)
+        for t in seg.model.outputs:
+            written[t.name] = (seg.index, t)
+    readers: Dict[str, int] = {}  # each tensor's last reader
     for seg in segments:
         for t in seg.model.inputs:
             readers[t.name] = seg.index
-    for seg in segments:
-        for t in seg.model.inputs:
-            found = written.get(t.name)
-            if found is None:
-                later = [s.index for s in segments if s.index > seg.index
-                         and t.name in {o.name for o in s.model.outputs}]
-                why = (f"which segment {later[0]} writes after it: the files are out of order" if later
-                       else "which no earlier segment writes: the segments are not from one model")
-                raise PlanError(f"{seg.path.name}: segment {seg.index} reads {t.name!r}, {why}; {_FIX}")
-            k, spec = found
-            if (t.shape, t.dtype, t.quantization) != (spec.shape, spec.dtype, spec.quantization):
-                source = "the pipeline's input" if k < 0 else f"segment {k}"
-                raise PlanError(f"{seg.path.name}: segment {seg.index} reads {t.name!r} as {_says(t)}, "
-                                f"{source} writes {_says(spec)}: the segments come from different "
-                                f"compilations; {_FIX}")
-        for t in seg.model.outputs:
-            written[t.name] = (seg.index, t)
-    last = segments[-1].index
     # What leaves the pipeline: the last segment's outputs, and any earlier output nothing reads.
     final = {t.name for t in segments[-1].model.outputs}
     final |= {name for name, (k, _) in written.items() if k >= 0 and readers.get(name, -1) <= k}
-    stages = []
-    for seg in segments:
-        before = {name: spec for name, (k, spec) in written.items() if k < seg.index}
-        own_out = {t.name for t in seg.model.outputs}
-        passing = [spec for name, spec in before.items()
-                   if name not in own_out and (readers.get(name, -1) > seg.index or name in final)]
-        own_in = {t.name for t in seg.model.inputs}
-        inputs = seg.model.inputs + tuple(t for t in passing if t.name not in own_in)
-        stages.append((inputs, seg.model.outputs + tuple(passing)))
-    return stages
+    return [_stage_io(seg, written, readers, final) for seg in segments]
+
+
+def _check_read(seg: Segment, t: TensorSpec, found: Optional[Tuple[int, TensorSpec]],
+                segments: Sequence[Segment]) -> None:
+    """Raises PlanError unless ``seg``'s input ``t`` is ``found`` written before it, as it reads it."""
+    if found is None:
+        later = [s.index for s in segments if s.index > seg.index and t.name in {o.name for o in s.model.outputs}]
+        why = (f"which segment {later[0]} writes after it: the files are out of order" if later
+               else "which no earlier segment writes: the segments are not from one model")
+        raise PlanError(f"{seg.path.name}: segment {seg.index} reads {t.name!r}, {why}; {_FIX}")
+    k, spec = found
+    if (t.shape, t.dtype, t.quantization) != (spec.shape, spec.dtype, spec.quantization):
+        source = "the pipeline's input" if k < 0 else f"segment {k}"
+        raise PlanError(f"{seg.path.name}: segment {seg.index} reads {t.name!r} as {_says(t)}, "
+                        f"{source} writes {_says(spec)}: the segments come from different "
+                        f"compilations; {_FIX}")
+
+
+def _stage_io(seg: Segment, written: Mapping[str, Tuple[int, TensorSpec]], readers: Mapping[str, int],
+              final: Set[str]) -> Tuple[Tuple[TensorSpec, ...], Tuple[TensorSpec, ...]]:
+    """One stage's inputs and outputs: its segment's, and the tensors it forwards past it."""
+    before = {name: spec for name, (k, spec) in written.items() if k < seg.index}
+    own_out = {t.name for t in seg.model.outputs}
+    passing = [spec for name, spec in before.items()
+               if name not in own_out and (readers.get(name, -1) > seg.index or name in final)]
+    own_in = {t.name for t in seg.model.inputs}
+    inputs = seg.model.inputs + tuple(t for t in passing if t.name not in own_in)
+    return inputs, seg.model.outputs + tuple(passing)
 
 
 def _tensor_bytes(tensors: Sequence[TensorSpec]) -> int:
@@ -230,12 +238,12 @@ def import_pipeline(paths: Sequence[Path], out: Path, board: str, board_version:
         if seg.path.resolve() != target.resolve():
             shutil.copyfile(seg.path, target)
         digest.update(bytes.fromhex(seg.model.sha256))
-        price = prices[min(seg.index, len(prices) - 1)]
-        cached = min(seg.size, price.sram_bytes)
-        cost = CostParts(compute_ms=round(compute_ms[seg.index], 6), invoke_ms=price.invoke_ms,
+        tpu = prices[min(seg.index, len(prices) - 1)]
+        cached = min(seg.size, tpu.sram_bytes)
+        cost = CostParts(compute_ms=round(compute_ms[seg.index], 6), invoke_ms=tpu.invoke_ms,
                          link_bytes=_tensor_bytes(seg.model.inputs) + _tensor_bytes(seg.model.outputs)
                          + seg.size - cached,
-                         link_bytes_per_s=price.link_bytes_per_s, link=price.link)
+                         link_bytes_per_s=tpu.link_bytes_per_s, link=tpu.link)
         end = start + seg.model.ops
         cpu_ops = [{"op": op, "count": n, "reason": "left on the CPU by edgetpu_compiler"}
                    for op, n in Counter(seg.cpu_ops).items()]
@@ -251,15 +259,11 @@ def import_pipeline(paths: Sequence[Path], out: Path, board: str, board_version:
     final = stages[-1].outputs
     stages.append(Stage(index=len(stages), spec=DeviceSpec("cpu"), segment=None, ops=(start, start),
                         inputs=final, outputs=final, predicted_ms=0.0))
-    times = [s.predicted_ms for s in stages[:-1]]
-    slowest = int(np.argmax(times))
     name = board if len(segments) <= len(prices) else f"{board} with {len(segments)} EdgeTPUs"
     plan = Plan(path=None, board=name, model_file=f"{stem}.tflite", model_sha256=digest.hexdigest(),
                 stages=tuple(stages), board_version=board_version, model_ops=start,
-                predicted=Prediction(fps=round(1e3 / times[slowest], 2), latency_ms=round(sum(times), 4),
-                                     bottleneck_ms=times[slowest], bottleneck_stage=slowest),
                 board_tpus=max(len(segments), len(prices)))
-    return write_plan(plan, out)
+    return write_plan(dataclasses.replace(plan, predicted=price(plan).prediction()), out)
 
 
 def describe(plan: Plan) -> str:
