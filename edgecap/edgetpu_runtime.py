@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import msgspec
 
@@ -362,16 +362,20 @@ def _run_probe(library: str, device: str, backend: str,
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return ProbeResult("error", f"the probe did not finish within {timeout:.0f} s")
-    report: Dict[str, object] = {}
+    report: Dict[str, Any] = {}
     for line in done.stdout.splitlines():
         if line.startswith(_TAG):
             report.update(json.loads(line[len(_TAG):]))
-    version, path = report.get("version"), report.get("path")
-    step = str(report.get("step") or "")
-    found = tuple((str(k), str(p)) for k, p in report.get("devices") or ())  # type: ignore[union-attr]
+    version, path, step = report.get("version"), report.get("path"), str(report.get("step") or "")
     if report.get("kind"):
-        return ProbeResult(str(report["kind"]), str(report.get("message") or ""), version,  # type: ignore[arg-type]
-                           path, step, found)  # type: ignore[arg-type]
+        found = tuple((str(k), str(p)) for k, p in report.get("devices") or ())
+        return ProbeResult(str(report["kind"]), str(report.get("message") or ""), version, path, step, found)
+    return _died(done, version, path, step)
+
+
+def _died(done: "subprocess.CompletedProcess[str]", version: Optional[str], path: Optional[str],
+          step: str) -> ProbeResult:
+    """What a child that reported no result died of: an abort (libedgetpu's LOG(FATAL)) or a crash."""
     fatal = _fatal_line(done.stderr)
     if done.returncode < 0:
         try:
@@ -380,11 +384,11 @@ def _run_probe(library: str, device: str, backend: str,
             name = f"signal {-done.returncode}"
         kind = "abort" if fatal or -done.returncode == signal.SIGABRT else "crash"
         return ProbeResult(kind, f"the probe was killed by {name}" + (f" ({fatal})" if fatal else ""),
-                           version, path, step)  # type: ignore[arg-type]
+                           version, path, step)
     last = one_line(done.stderr).rsplit("; ", 1)[-1] if done.stderr.strip() else ""
     # Windows reports an access violation as exit status 0xC0000005, not a signal.
     return ProbeResult("abort" if fatal else "crash", f"the probe exited with status {done.returncode}"
-                       + (f" ({fatal or last})" if fatal or last else ""), version, path, step)  # type: ignore[arg-type]
+                       + (f" ({fatal or last})" if fatal or last else ""), version, path, step)
 
 
 def _fatal_line(stderr: str) -> str:
