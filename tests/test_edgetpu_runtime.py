@@ -110,6 +110,7 @@ def test_the_edgetpu_runtime_command_says_what_is_installed(fakes, monkeypatch, 
         report = json.loads(capsys.readouterr().out)
         assert report["library"] == str(library) and report["loads"] == loads, report
         assert (report["edgetpu_version"] or "").startswith("BuildLabel(COMPILER=fake") == (loads == "ok")
+        assert "usb_clock_mhz" in report and report["usb_clock"]  # std (250) or max (500), or why unknown
 
 
 def test_the_probe_runs_once_per_library_and_device(fakes, monkeypatch) -> None:
