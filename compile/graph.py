@@ -158,6 +158,12 @@ class Graph:
         return inputs, outputs
 
 
+
+def _seq(vector):
+    """A flatbuffer vector of the schema's object API, or () for an absent one: ai-edge-litert
+    2.1 (the last for Python 3.9) gives numpy arrays, whose truth `x or ()` cannot take."""
+    return () if vector is None else vector
+
 def _shape(tensor: schema.TensorT) -> Tuple[int, ...]:
     return tuple(int(d) for d in (tensor.shape if tensor.shape is not None else ()))
 
@@ -266,9 +272,9 @@ def read_graph(
             "Coral's own segments with `edgecap plan import`")
     sub = model.subgraphs[0]
     tensors = [_tensor(model, i, t) for i, t in enumerate(sub.tensors or [])]
-    inputs, outputs = tuple(sub.inputs or ()), tuple(sub.outputs or ())
+    inputs, outputs = tuple(_seq(sub.inputs)), tuple(_seq(sub.outputs))
     # An LSTM's quantization intermediates carry only scales (shape [0] or []), never data.
-    intermediates = {int(i) for op in sub.operators or [] for i in (op.intermediates or ())}
+    intermediates = {int(i) for op in sub.operators or [] for i in _seq(op.intermediates)}
     for t in tensors:
         if not t.constant and t.index not in intermediates and any(d < 1 for d in t.shape) and t.shape:
             raise CompileError(
@@ -293,10 +299,10 @@ def read_graph(
     unknown = []
     for index, op in enumerate(sub.operators or []):
         op_type = _op_type(model, op.opcodeIndex)
-        ins = tuple(int(i) for i in (op.inputs or ()) if i >= 0)
-        outs = tuple(int(i) for i in (op.outputs or ()) if i >= 0)
+        ins = tuple(int(i) for i in _seq(op.inputs) if i >= 0)
+        outs = tuple(int(i) for i in _seq(op.outputs) if i >= 0)
         shapes = OpShapes(
-            inputs=[tensors[i].shape if i >= 0 else None for i in (op.inputs or ())],
+            inputs=[tensors[i].shape if i >= 0 else None for i in _seq(op.inputs)],
             outputs=[tensors[i].shape for i in outs],
             options=op.builtinOptions,
         )
