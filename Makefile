@@ -2,7 +2,7 @@
 # virtual environment on first use (.venv, .venv-test) and reuses it afterwards.
 PYTHON ?= python3
 
-.PHONY: demo test test-fast clean
+.PHONY: demo test test-fast docs-api clean
 
 demo: .venv/.installed
 	.venv/bin/edgecap caption
@@ -16,6 +16,14 @@ test: .venv-test/.installed
 # rewriting 80 test files again on every run costs ~10 s here.
 test-fast: .venv-test/.installed
 	PYTHONDONTWRITEBYTECODE= .venv-test/bin/python -m pytest -q -m "fast and not slow and not tf and not tpu"
+
+# The API reference, from the public face's docstrings (pdoc; edgecap's __all__), in build/api/.
+# `make test` builds the same (tests/test_api_docs.py) and fails on a docstring reference that
+# names nothing; this target runs that check, then writes the pages.
+docs-api: .venv-test/.installed
+	.venv-test/bin/python -m pytest -q -p no:cacheprovider tests/test_api_docs.py
+	rm -rf build/api
+	.venv-test/bin/python -m pdoc -d google -o build/api edgecap
 
 .venv/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv
