@@ -204,10 +204,12 @@ def sample_story() -> Story:
     return Story(frames, truths, per_window)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def story() -> Story:
-    """The sample story (``sample_story``), rendered once per test module."""
-    return sample_story()
+    """The sample story (``sample_story``), rendered once per session; its frames are read-only."""
+    made = sample_story()
+    made.frames.setflags(write=False)  # shared by every module that asks: none may change it
+    return made
 
 
 @pytest.fixture(scope="module")
