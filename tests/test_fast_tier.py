@@ -33,8 +33,9 @@ def _pytest(tmp_path: Path, listed: list, *args: str,
     shutil.copy(HERE / "conftest.py", tests / "conftest.py")
     (tests / "fast_tier.py").write_text(f"FAST_FILES = {files!r}\nFAST_TESTS = {{'test_a.py': {listed!r}}}\n")
     (tests / "test_a.py").write_text(TESTS)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    # Without hypothesis's plugin (a third of pytest's start here): the tree has no property test.
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args]
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
 
 
 def test_a_listed_test_that_is_gone_stops_a_full_collection(tmp_path) -> None:
