@@ -4,7 +4,7 @@
 # bench, soak, eval, the compiler's benchmark), which the tests measure too.
 PYTHON ?= python3
 
-.PHONY: demo test test-fast test-numpy1 test-boards clean
+.PHONY: demo test test-fast test-numpy1 test-boards docs-api clean
 
 demo: .venv/.installed
 	.venv/bin/edgecap caption
@@ -30,6 +30,14 @@ test-numpy1:
 # minutes each, and the first run downloads ~200 MiB and needs root). Writes a table.
 test-boards:
 	$(PYTHON) tools/test_boards.py --out .cache/boards/test-boards.md
+
+# The API reference, from the public face's docstrings (pdoc; edgecap's __all__), in build/api/.
+# `make test` builds the same (tests/test_api_docs.py) and fails on a docstring reference that
+# names nothing; this target runs that check, then writes the pages.
+docs-api: .venv-test/.installed
+	.venv-test/bin/python -m pytest -q -p no:cacheprovider tests/test_api_docs.py
+	rm -rf build/api
+	.venv-test/bin/python -m pdoc -d google -o build/api edgecap
 
 .venv/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv
