@@ -658,9 +658,9 @@ class Clock:
 PROFILED_MHZ = 500
 
 
-def usb_compute_scale(clock: Clock) -> float:
-    """The factor on a USB TPU's compute and invoke time at ``clock`` against the profiles' (1.0 unknown)."""
-    return PROFILED_MHZ / clock.mhz if clock.mhz else 1.0
+def usb_speed(clock: Clock) -> float:
+    """A USB TPU's speed at ``clock`` against the profiles' (0.5 at 250 MHz; 1.0 where unknown)."""
+    return clock.mhz / PROFILED_MHZ if clock.mhz else 1.0
 
 
 def usb_clock(package: Optional[Tuple[str, str]] = None, library: Optional[Path] = None) -> Clock:

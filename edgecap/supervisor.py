@@ -562,10 +562,10 @@ def _clock_prior(start: Choice) -> Dict[str, adapt.Correction]:
     the profiles' 500): a correction of their compute and invoke time, before anything is measured."""
     from edgecap import edgetpu_runtime
 
-    scale = edgetpu_runtime.usb_compute_scale(edgetpu_runtime.usb_clock())
-    if scale == 1.0:
+    speed = edgetpu_runtime.usb_speed(edgetpu_runtime.usb_clock())
+    if speed == 1.0:
         return {}
-    return {s.device: adapt.Correction(compute_scale=scale) for s in start.plan.active_stages
+    return {s.device: adapt.Correction(speed=speed) for s in start.plan.active_stages
             if s.spec.kind == "tpu" and s.cost is not None and (s.cost.link or "").startswith("usb")}
 
 

@@ -366,7 +366,7 @@ def test_tpu_stages_open_one_at_a_time(reordering) -> None:
 def test_the_usb_clock_follows_the_installed_package(package, mhz) -> None:
     clock = edgetpu_runtime.usb_clock(package)
     assert clock.mhz == mhz and package[0] in clock.describe()
-    assert edgetpu_runtime.usb_compute_scale(clock) == 500 / mhz
+    assert edgetpu_runtime.usb_speed(clock) == mhz / 500
 
 
 def test_without_a_package_the_librarys_own_bytes_tell_the_build(tmp_path, monkeypatch) -> None:
@@ -392,7 +392,7 @@ def test_usb_stages_start_priced_at_the_installed_clock(monkeypatch) -> None:
         stage("pci:0", "pcie"), stage("usb:0", "usb3"), stage("cpu", None)]))
     monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: ("libedgetpu1-std", "16.0"))
     prior = supervisor._clock_prior(start)
-    assert list(prior) == ["usb:0"] and prior["usb:0"].compute_scale == 2.0  # PCIe is not throttled
+    assert list(prior) == ["usb:0"] and prior["usb:0"].speed == 0.5  # PCIe is not throttled
     monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: ("libedgetpu1-max", "16.0"))
     assert supervisor._clock_prior(start) == {}
 
