@@ -57,7 +57,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "models" / "demo" / "sample.mp4"
@@ -79,7 +79,9 @@ if step:
 period = os.environ.get("FAULTS_RETENTION_PERIOD_S")
 if period:
     from edgecap.service import history
-    history.RETENTION_PERIOD_S = float(period)
+    for module in (history, getattr(history, "writer", None)):
+        if module is not None:
+            module.RETENTION_PERIOD_S = float(period)
     init = history.HistorySink.__init__
     names = [p for p in inspect.signature(init).parameters]
     if "retention_period_s" in names and init.__defaults__:
@@ -149,7 +151,7 @@ class Case:
         self.runs = 0
 
     def config(self, history: str = "history.db", jsonl: Optional[Path] = None, mqtt: Optional[int] = None,
-               source: Path = SAMPLE, extra: str = "", name: str = "edgecap.toml") -> Path:
+               source: Any = SAMPLE, extra: str = "", name: str = "edgecap.toml") -> Path:
         jsonl = jsonl or self.dir / "captions.jsonl"
         lines = [f'bundle = "{BUNDLE}"', 'log_level = "info"', extra, "[http]", "port = 0", "",
                  "[sinks.stdout]", "enabled = true", "",
@@ -275,8 +277,17 @@ def events_closed_on(case: Case, jsonl: Path, minimum: int, timeout: float) -> b
 # --- mounts (in the bench's own mount namespace) -----------------------------------------------------------
 
 
+_MOUNTS: List[Path] = []
+
+
 def mount_tmpfs(path: Path, size: str) -> None:
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], check=True)
+    _MOUNTS.append(path)
+
+
+def unmount_all() -> None:
+    while _MOUNTS:
+        subprocess.run(["umount", "-l", str(_MOUNTS.pop())], check=False)
 
 
 def remount(path: Path, mode: str) -> None:
@@ -286,39 +297,69 @@ def remount(path: Path, mode: str) -> None:
 def fill(directory: Path) -> Path:
     """Fills the file system of ``directory`` to the last byte; returns the filler."""
     filler = directory / "filler.bin"
-    with open(filler, "wb") as f:
-        chunk = b"\0" * 65536
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(chunk)
-                f.flush()
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0")
-                f.flush()
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
     return filler
+
+
+@contextlib.contextmanager
+def ext4(path: Path, megabytes: int = 64) -> Any:
+    """An ext4 file system on a loop device at ``path`` (errors=remount-ro, as a board's SD card)."""
+    image = path.parent / (path.name + ".img")
+    with open(image, "wb") as f:
+        f.truncate(megabytes << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(image), str(path)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        image.unlink()
+
+
+def ext4_error(path: Path) -> None:
+    """Makes the kernel take ``path``'s ext4 file system read-only at once, as after an SD card's write error."""
+    source = subprocess.run(["findmnt", "-no", "SOURCE", str(path)], capture_output=True, text=True).stdout
+    Path(f"/sys/fs/ext4/{Path(source.strip()).name}/trigger_fs_error").write_text("1")
 
 
 # --- the cases ------------------------------------------------------------------------------------------
 
 
+def _unchanged(before: Optional[Tuple[int, int, int, bytes]], after: Optional[Tuple[int, int, int, bytes]],
+               appended: bool) -> bool:
+    """Same inode and mode, and the same bytes (or, for a file edgecap may append to, the old bytes first)."""
+    if before is None or after is None:
+        return before == after
+    if appended:
+        return before[:2] == after[:2] and after[3].startswith(before[3])
+    return before == after
+
+
 def _ownership(base: Path, name: str, fault: str, make: Callable[[Case], Path],
-               history: Callable[[Case, Path], str] = lambda case, target: str(target)) -> Row:
+               history: Callable[[Case, Path], str] = lambda case, target: str(target),
+               appended: bool = False) -> Row:
     """``[history] path`` names something not edgecap's: refused at start, the thing untouched."""
     row = Row(name, fault, "exit 2 at start, one line; the file untouched")
     case = Case(base, name)
     target = make(case)
     before, listing = snapshot(target), sorted(p.name for p in target.parent.iterdir())
     config = case.config(history=history(case, target))
+    listing.append(config.name)
     serve = case.serve(config)
     ended = wait_until(serve.exited, 12.0) is not None
     code, _ = serve.stop()
     row.exit_code = code
     row.unexpected_exits = 0 if (ended and code == 2) else 1
     after = sorted(p.name for p in target.parent.iterdir())
-    appeared = [n for n in after if n not in listing and not n.startswith(("stdout-", "stderr-", "captions"))
-                and n not in ("edgecap.toml",)]
-    changed = snapshot(target) != before
+    appeared = [n for n in after if n not in listing and not re.match(r"(stdout|stderr)-\d+\.txt$", n)]
+    changed = not _unchanged(before, snapshot(target), appended)
     row.foreign_touched = int(changed) + len([n for n in appeared if ".corrupt-" in n])
     lines = [line for line in serve.stderr_text().splitlines() if line.strip()]
     row.note = (f"{'changed' if changed else 'untouched'}; new: {', '.join(appeared) or 'none'}; "
@@ -354,7 +395,8 @@ def case_history_jsonl(base: Path) -> Row:
         path = case.dir / "captions.jsonl"
         path.write_text('{"camera": "front", "text": "a caption from yesterday"}\n')
         return path
-    return _ownership(base, "history_is_the_jsonl_file", "[history] path = the JSON-lines captions file", make)
+    return _ownership(base, "history_is_the_jsonl_file", "[history] path = the JSON-lines captions file", make,
+                      appended=True)
 
 
 def case_history_text(base: Path) -> Row:
@@ -514,38 +556,48 @@ def case_disk_full_forever(base: Path) -> Row:
     return _disk_full(base, "disk_full_for_good", None)
 
 
-def _read_only(base: Path, name: str, ro_at: float, rw_at: float) -> Row:
-    fault = ("the state directory is read-only at start (remounted), writable again at "
-             f"{rw_at:g} s") if ro_at == 0 else f"the state directory turns read-only at {ro_at:g} s, writable at {rw_at:g} s"
-    row = Row(name, fault, "captions go on; every event kept")
-    case = Case(base, name)
+def case_read_only_at_start(base: Path) -> Row:
+    row = Row("state_read_only_at_start", "the state directory is read-only at start (a tmpfs remounted ro), "
+              "writable again at 10 s", "captions go on; every event kept")
+    case = Case(base, row.case)
     mount_tmpfs(case.state, "64m")
-    history = case.state / "history.db"
-    if ro_at == 0:
-        remount(case.state, "ro")
+    remount(case.state, "ro")
 
     def during(serve: Serve) -> None:
-        if ro_at:
-            time.sleep(ro_at)
-            remount(case.state, "ro")
-        time.sleep(rw_at - ro_at)
+        time.sleep(10.0)
         remount(case.state, "rw")
 
-    serve, code, ended = _run(case, case.config(), rw_at + 14.0, during=during)
+    serve, code, ended = _run(case, case.config(), 24.0, during=during)
     row.exit_code = code
     row.unexpected_exits = int(ended or code != 0)
-    _count(row, case, serve, case.dir / "captions.jsonl", [], history)
+    _count(row, case, serve, case.dir / "captions.jsonl", [], case.state / "history.db")
     lines = [line for line in serve.stderr_text().splitlines() if line.strip()]
     row.note = f"said: {lines[-1][-140:] if ended and lines else 'ran on'}"
     return row
 
 
-def case_read_only_at_start(base: Path) -> Row:
-    return _read_only(base, "state_read_only_at_start", 0.0, 10.0)
-
-
 def case_read_only_mid_run(base: Path) -> Row:
-    return _read_only(base, "state_read_only_mid_run", 6.0, 16.0)
+    row = Row("state_read_only_mid_run", "the state directory's ext4 (a loop device, errors=remount-ro) fails "
+              "6 s into the run and the kernel makes it read-only for good", "captions go on; what is not "
+              "written is counted")
+    case = Case(base, row.case)
+    status: Dict[str, Any] = {}
+    with ext4(case.state):
+        def during(serve: Serve) -> None:
+            time.sleep(6.0)
+            ext4_error(case.state)
+            time.sleep(12.0)
+            status.update(api(serve, "/api/stats") or {})
+
+        serve, code, ended = _run(case, case.config(), 20.0, during=during)
+        _count(row, case, serve, case.dir / "captions.jsonl", [], case.state / "history.db")
+    row.exit_code = code
+    row.unexpected_exits = int(ended or code != 0)
+    counters = (status.get("sinks") or {}).get("history") if status else None
+    said = [line for line in serve.stderr_text().splitlines() if "history" in line.lower()]
+    row.note = (f"history counters in /api/stats: {json.dumps(counters) if counters else 'none'}; "
+                f"log: {said[-1][-140:] if said else '(nothing)'}")
+    return row
 
 
 def case_sighup(base: Path) -> Row:
@@ -647,17 +699,20 @@ def _connects(port: int) -> bool:
     return False
 
 
-def _retained(port: int, topics: List[str], timeout: float) -> Dict[str, bytes]:
-    """The retained messages of ``topics`` a fresh subscriber gets within ``timeout``."""
+def _retained(port: int, topics: List[str], listen_s: float = 2.0) -> Dict[str, bytes]:
+    """The retained messages of ``topics`` that a subscriber connecting now gets within ``listen_s``."""
     import paho.mqtt.client as mqtt
 
     got: Dict[str, bytes] = {}
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"faults-sub-{os.getpid()}-{time.time_ns()}")
     client.on_message = lambda c, u, m: got.__setitem__(m.topic, m.payload) if m.retain else None
     client.on_connect = lambda c, u, f, r, p: [c.subscribe(t, qos=1) for t in topics]
-    client.connect("127.0.0.1", port)
+    try:
+        client.connect("127.0.0.1", port)
+    except OSError:
+        return got
     client.loop_start()
-    wait_until(lambda: all(t in got for t in topics), timeout)
+    wait_until(lambda: all(t in got for t in topics), listen_s)
     client.loop_stop()
     client.disconnect()
     return got
@@ -681,11 +736,12 @@ def case_broker_restart(base: Path) -> Row:
     clip = _static_clip(case.dir / "still.mp4")
     serve = case.serve(case.config(mqtt=port, source=clip))
     topics = ["faults/front/event", "faults/front/event/thumbnail"]
-    first = _retained(port, topics, 30.0)
+    first = wait_until(lambda: len(_retained(port, topics)) == 2 and _retained(port, topics), 40.0, 1.0) or {}
     broker.terminate()
     broker.wait(5)
     broker = _mosquitto(port, case.dir)
-    again = _retained(port, topics, 10.0)
+    time.sleep(10.0)  # the sink reconnects (backoff up to 2 s here... 30 s at most) and may re-send
+    again = _retained(port, topics, 3.0)
     code, ended = serve.stop()
     broker.terminate()
     broker.wait(5)
@@ -797,7 +853,7 @@ def case_password_in_messages(base: Path) -> Row:
     case = Case(base, row.case)
     secret = "S3cretPassw0rd"
     url = f"rtsp://viewer:{secret}@127.0.0.1:9/live"
-    config = case.config(source=Path(url))
+    config = case.config(source=url)
     proc = subprocess.run([sys.executable, "-m", "edgecap.cli", "serve", "--config", str(config)],
                           capture_output=True, text=True, timeout=60, cwd=case.dir,
                           env=dict(os.environ, STATE_DIRECTORY=str(case.state)))
@@ -931,6 +987,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 row = run(base)
             except Exception as exc:  # one case's trouble is a row, not the end of the bench
                 row = Row(name, "", "", note=f"bench error: {type(exc).__name__}: {exc}")
+            finally:
+                unmount_all()
             row.seconds = round(time.monotonic() - t0, 1)
             rows.append(row)
             print(f"{name}: {row.note}", file=sys.stderr, flush=True)
