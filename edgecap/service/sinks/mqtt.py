@@ -438,11 +438,11 @@ class MqttSink(Sink):
             log.warning("MQTT %s not sent: %s: %s", what, type(exc).__name__, exc)
 
     def counters(self) -> Dict[str, Any]:
-        """Returns connected, published, buffered, dropped, errors and connects."""
+        """Returns sent (published), dropped, errors, waiting (buffered), connected, connects."""
         with self._lock:
-            return {"connected": self._connected, "published": self._published,
-                    "buffered": len(self._buffer), "dropped": self._dropped,
-                    "errors": self._errors, "connects": self._connects}
+            return {"sent": self._published, "dropped": self._dropped, "errors": self._errors,
+                    "waiting": len(self._buffer), "connected": self._connected, "published": self._published,
+                    "buffered": len(self._buffer), "connects": self._connects}
 
     def close(self, timeout: float = 2.0) -> None:
         """Publishes ``offline`` (retained) if connected, disconnects and stops paho's thread."""
