@@ -26,7 +26,7 @@ from edgecap import __version__, files
 from edgecap.argtypes import Parser, float_in, int_in, int_list_in, int_or_auto
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
-from edgecap.errors import EdgecapError
+from edgecap.errors import EdgecapError, RunFailure
 from edgecap.limits import (DEFAULT_BEAM, DEFAULT_CANDIDATES, DEFAULT_CANDIDATES_MB, DEFAULT_HOST_ROUNDS,
                             MAX_BEAM, MAX_CANDIDATES, MAX_CANDIDATES_MB, MAX_HOST_ROUNDS, MAX_QUEUE,
                             MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES)
@@ -147,6 +147,10 @@ def _cmd_caption(args: argparse.Namespace) -> int:
         if truth.is_file():
             doc = json.loads(files.read_bytes(truth, what="ground truth", fix="reinstall edgecap"))
             expected = [w["caption"] for w in doc["windows"]]
+    if args.command == "camera":  # opened here, to say why its frames ended
+        from edgecap.sources import ReconnectingSource, open_source
+
+        source = ReconnectingSource(source) if args.reconnect else open_source(source)
     captions = []
     with EdgeCaptioner(bundle, _captioner_options(args)) as cap:
         weights = cap.bundle.weights
@@ -163,10 +167,13 @@ def _cmd_caption(args: argparse.Namespace) -> int:
                     ok = "ok" if c.text == expected[c.window] else "MISS"
                     line += f"   (truth: {expected[c.window]}; {ok})"
                 print(line, flush=True)
+    if captions and not args.json:
+        print(_timing_table(captions, cap.window.frames, cap.stats()))
+    if args.command == "camera":  # a camera has no end of its own: Ctrl-C ends it, or this
+        raise RunFailure(f"{source.name}: {getattr(source, 'ended', '') or 'no more frames'}; start it again, "
+                         "or pass --reconnect to wait for it")
     if not captions:
         print(f"edgecap: {source}: shorter than one window; no caption", file=sys.stderr)
-    elif not args.json:
-        print(_timing_table(captions, cap.window.frames, cap.stats()))
     return 0
 
 
@@ -754,6 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("camera", help="caption a live camera, e.g. /dev/video0, 0 or rtsp://host/stream")
     p.add_argument("source", help="camera device path, index (0 to 9999) or network stream URL "
                                   "(rtsp, rtmp, http, https, udp, tcp, srt)")
+    p.add_argument("--reconnect", action="store_true",
+                   help="when the camera or stream stops, open it again (1 s, 2 s ... 30 s apart) "
+                        "instead of exiting 1")
     _add_window_args(p)
     p.set_defaults(func=_cmd_caption)
 

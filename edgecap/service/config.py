@@ -613,9 +613,11 @@ def _check_names(path: Path, text: str, config: ServiceConfig, applied: Sequence
                 "give each camera its own name"))
         seen[camera.name] = i
         if "://" in camera.source:
+            from edgecap.sources import redact  # here: it loads OpenCV
+
             raise ConfigError(_message(
                 path, text, ("cameras", i, "source"),
-                f"{camera.source!r} is a network stream, which edgecap does not read yet", applied,
+                f"{redact(camera.source)!r} is a network stream, which edgecap does not read yet", applied,
                 "use a V4L2 device (/dev/videoN), a camera index or a video file"))
 
 
