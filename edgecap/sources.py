@@ -108,16 +108,78 @@ class ArraySource(FrameSource):
 
     Each image is taken as ``preprocess.as_bgr`` takes it: BGR, gray (2-D or
     one channel) or BGRA, any size; anything else raises ``SourceError``.
+
+    An iterator (a generator) is read on a thread of its own (``edgecap-frames``),
+    one image when the consumer asks for it, so that ``close()`` from any thread
+    ends the iteration at once even while the iterator blocks; the iterator
+    itself is then closed by that thread when its ``next()`` returns.
     """
 
     def __init__(self, frames: Iterable[np.ndarray], fps: float):
         super().__init__()
         self._frames = frames
         self.fps = fps
+        self._closed = threading.Event()
+        self._cond = threading.Condition()
 
     def __iter__(self) -> Iterator[Frame]:
-        for i, image in enumerate(self._frames):
+        images = self._read_ahead() if isinstance(self._frames, Iterator) else iter(self._frames)
+        for i, image in enumerate(images):
             yield Frame(i, i / self.fps, as_bgr(image, f"frame {i}"))
+
+    def _read_ahead(self) -> Iterator[np.ndarray]:
+        """The iterator's images, each read on the reading thread when the consumer asks for it (none ahead)."""
+        box: List[Any] = []  # ("image", x), ("end", None) or ("error", exc)
+        wanted = [False]
+        frames = self._frames
+
+        def read() -> None:
+            try:
+                while True:
+                    with self._cond:
+                        self._cond.wait_for(lambda: wanted[0] or self._closed.is_set())
+                        if self._closed.is_set():
+                            return
+                        wanted[0] = False
+                    try:
+                        item: Any = ("image", next(frames))  # type: ignore[call-overload]
+                    except StopIteration:
+                        item = ("end", None)
+                    except BaseException as exc:  # raised again in the consumer's thread
+                        item = ("error", exc)
+                    with self._cond:
+                        box.append(item)
+                        self._cond.notify_all()
+                    if item[0] != "image":
+                        return
+            finally:
+                close = getattr(frames, "close", None)
+                if close is not None:
+                    close()
+
+        threading.Thread(target=read, name="edgecap-frames", daemon=True).start()
+        try:
+            while True:
+                with self._cond:
+                    wanted[0] = True
+                    self._cond.notify_all()
+                    self._cond.wait_for(lambda: box or self._closed.is_set())
+                    if self._closed.is_set():
+                        return
+                    kind, value = box.pop()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                yield value
+        finally:
+            self.close()  # a consumer that stops early lets the reading thread go too
+
+    def close(self) -> None:
+        """Ends the iteration at once, from any thread (a generator that blocks is left to return)."""
+        with self._cond:
+            self._closed.set()
+            self._cond.notify_all()
 
 
 def _check_openable(path: Path) -> None:
