@@ -22,7 +22,7 @@ import numpy as np
 from edgecap import devices, emulation, faults, planner, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
 from edgecap.events import Event, EventRule, EventTracker
-from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
+from edgecap.errors import ConfigError, DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
 from edgecap.isolation import IsolatedSegment
 from edgecap.options import CaptionerOptions
 from edgecap.plan import Plan
@@ -386,8 +386,13 @@ class EdgeCaptioner:
         pending = faults.current()
         if pending:
             pending.check(planner.board_tpus(choice))
-        if choice.emulated:
-            emulation.current()  # a malformed truth is refused here, not by a worker opening its stage
+        truth = emulation.current()  # a malformed truth is refused here, not by a worker opening its stage
+        if truth.devices:  # one for a device this run lacks could never apply: refused, not ignored
+            if not choice.emulated:
+                raise ConfigError(f"{emulation.ENV}: this run emulates no board (its plan runs on "
+                                  f"{', '.join(sorted(set(s.device for s in choice.plan.stages)))}); unset it, or "
+                                  "run an emulated board (devices emu-tpu:N)")
+            emulation.resolve(truth, choice.plan)
         model_in, model_out = choice.plan.inputs[0], choice.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
         self._output_quantization = model_out.quantization
