@@ -200,6 +200,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from edgecap.compiled_encoder import describe
 
     b = load_bundle(args.bundle or default_bundle())
+    from edgecap.plan import load_plan
+
+    for board in sorted(b.plans):  # each board's plan read as `auto` reads it: a corrupt one is no "ok"
+        load_plan(b.plans[board])
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
           f"{b.feature_size} features, vocabulary {len(b.vocab)}, window {b.window.frames} "
           f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps, {describe(b)}")
@@ -361,6 +365,9 @@ def _cmd_history_search(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise EdgecapError(f"history: no history database at {path}; give the service's with --db PATH or "
                            "--config FILE (its [history] path)")
+    if args.since is not None and args.until is not None and args.since > args.until:
+        raise EdgecapError("history search: --since is after --until, so no event can match; give --since "
+                           "the earlier time")
     events = History(path).search(args.query, camera=args.camera, since=args.since, until=args.until,
                                   limit=args.limit)
     if args.json:
@@ -390,8 +397,8 @@ def _add_history(p: argparse.ArgumentParser) -> None:
                        description="Search the service's event history (read-only: it runs beside "
                                    "the service).")
     s.add_argument("query", nargs="?", default="",
-                   help='words and "quoted phrases" that must all be in the caption (word* is a prefix); '
-                        "empty: every event")
+                   help='words and "quoted phrases" that must all be in the caption (whole words: no '
+                        'prefixes); empty: every event')
     where = s.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="the history database file")
     where.add_argument("--config", type=Path, help="the service's TOML config (its [history] path)")
