@@ -175,8 +175,7 @@ def test_a_fresh_history_is_private_whatever_the_umask(tmp_path, umask):
     try:
         sink = HistorySink(path)
         write(sink, [event(RECENT)])
-        sink.opened.wait(10)
-        time.sleep(1.5)  # a commit: the -wal and -shm exist
+        _wait_for(lambda: sink.counters()["commits"] >= 1)  # the -wal and -shm exist
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
         sink.close(timeout=10)
     finally:
