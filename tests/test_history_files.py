@@ -13,7 +13,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Tuple
 
 import pytest
 
@@ -407,3 +407,21 @@ def test_step_watch_follows_a_slew_and_tells_a_step() -> None:
     assert watch.check() == pytest.approx(3600.0)
     wall[0] -= 3600.0  # set right again
     assert watch.check() == 0.0
+
+
+@pytest.mark.parametrize("other", ["jsonl", "config"])
+def test_a_history_that_is_the_jsonl_file_or_the_config_is_a_config_error(tmp_path, other):
+    # The JSON-lines file may not exist yet, when the history's own check cannot tell: two
+    # writers of one file would make it neither.
+    from edgecap.service.config import load_config
+
+    config = tmp_path / "edgecap.toml"
+    target = tmp_path / ("captions.jsonl" if other == "jsonl" else "edgecap.toml")
+    config.write_text(f'[sinks.jsonl]\npath = "{tmp_path / "captions.jsonl"}"\n[history]\npath = "{target}"\n'
+                      '[[cameras]]\nname = "front"\nsource = "/dev/video0"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    message = str(info.value)
+    assert message.startswith(f"{config}:4: history.path: {target} is ") and "give the history a file of its own" in message
+    assert not (tmp_path / "captions.jsonl").exists()
+

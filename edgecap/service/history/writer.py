@@ -269,10 +269,8 @@ class _Writer:
         self.sink.opened.set()
         commit_by: Optional[float] = None  # when what waits is written (unless writing is stopped)
         while True:
-            write_at = self.retry_at if self.outage else commit_by
-            waits = [t for t in (write_at, self.retain_at if self.db and not self.outage else None) if t is not None]
             try:
-                item = self.sink._queue.get(timeout=max(0.0, min(waits) - time.monotonic()) if waits else None)
+                item = self.sink._queue.get(timeout=self._timeout(commit_by))
             except queue.Empty:
                 item = None
             if item is _STOP:
@@ -291,6 +289,13 @@ class _Writer:
                 commit_by = None
             if self.db is not None and not self.outage and now >= self.retain_at:
                 self._retain()
+
+    def _timeout(self, commit_by: Optional[float]) -> Optional[float]:
+        """Seconds until the next write, retry or retention is due; None when nothing is."""
+        write_at = self.retry_at if self.outage else commit_by
+        retain_at = self.retain_at if self.db is not None and not self.outage else None
+        due = [t for t in (write_at, retain_at) if t is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else None
 
     def _retry(self) -> None:
         """Tries the file again after an outage: opens it if need be, then writes what waits."""

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SILENCE_WARN_S = 10.0  # a broker that has not answered a connection this long is warned of
+SILENCE_WARN_S = 8.0  # a broker that has not answered a connection this long is warned of (10 s from the start)
 
 
 def topic_level(name: str) -> str:
