@@ -115,12 +115,15 @@ class ArraySource(FrameSource):
     itself is then closed by that thread when its ``next()`` returns.
     """
 
+    CLOSE_TIMEOUT_S = 0.5
+
     def __init__(self, frames: Iterable[np.ndarray], fps: float):
         super().__init__()
         self._frames = frames
         self.fps = fps
         self._closed = threading.Event()
         self._cond = threading.Condition()
+        self._reader: Optional[threading.Thread] = None
 
     def __iter__(self) -> Iterator[Frame]:
         images = self._read_ahead() if isinstance(self._frames, Iterator) else iter(self._frames)
@@ -157,7 +160,8 @@ class ArraySource(FrameSource):
                 if close is not None:
                     close()
 
-        threading.Thread(target=read, name="edgecap-frames", daemon=True).start()
+        self._reader = threading.Thread(target=read, name="edgecap-frames", daemon=True)
+        self._reader.start()
         try:
             while True:
                 with self._cond:
@@ -176,10 +180,16 @@ class ArraySource(FrameSource):
             self.close()  # a consumer that stops early lets the reading thread go too
 
     def close(self) -> None:
-        """Ends the iteration at once, from any thread (a generator that blocks is left to return)."""
+        """Ends the iteration, from any thread; waits up to ``CLOSE_TIMEOUT_S`` for the reading thread.
+
+        A generator that blocks is left to return, on its daemon thread.
+        """
         with self._cond:
             self._closed.set()
             self._cond.notify_all()
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(self.CLOSE_TIMEOUT_S)
 
 
 def _check_openable(path: Path) -> None:
