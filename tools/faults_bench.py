@@ -543,11 +543,16 @@ def _disk_full(base: Path, name: str, free_at: Optional[float]) -> Row:
     row.exit_code = code
     row.unexpected_exits = int(ended or code != 0)
     _count(row, case, serve, case.dir / "captions.jsonl", [], history)
+    row.note = _history_note(serve, status)
+    return row
+
+
+def _history_note(serve: Serve, status: Dict[str, Any]) -> str:
+    """The history's counters as /api/stats showed them, and the service's last line about it."""
     counters = (status.get("sinks") or {}).get("history") if status else None
     said = [line for line in serve.stderr_text().splitlines() if "history" in line.lower()]
-    row.note = (f"history counters in /api/stats: {json.dumps(counters) if counters else 'none'}; "
-                f"log: {said[-1][-140:] if said else '(nothing)'}")
-    return row
+    return (f"history counters in /api/stats: {json.dumps(counters) if counters else 'none'}; "
+            f"log: {said[-1][-140:] if said else '(nothing)'}")
 
 
 def case_disk_full_recovers(base: Path) -> Row:
@@ -595,10 +600,7 @@ def case_read_only_mid_run(base: Path) -> Row:
         _count(row, case, serve, case.dir / "captions.jsonl", [], case.state / "history.db")
     row.exit_code = code
     row.unexpected_exits = int(ended or code != 0)
-    counters = (status.get("sinks") or {}).get("history") if status else None
-    said = [line for line in serve.stderr_text().splitlines() if "history" in line.lower()]
-    row.note = (f"history counters in /api/stats: {json.dumps(counters) if counters else 'none'}; "
-                f"log: {said[-1][-140:] if said else '(nothing)'}")
+    row.note = _history_note(serve, status)
     return row
 
 

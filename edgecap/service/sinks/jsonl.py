@@ -72,12 +72,7 @@ class JsonlSink(Sink):
         """
         if self._closed:
             return
-        file, self._file = self._file, None
-        if file is not None:
-            try:
-                file.close()
-            except OSError as exc:
-                log.warning("closing %s: %s", self._path, exc)
+        self._close_file()
         self._file = self._open()
         self._size = self._file.tell()
         self._reopens += 1
@@ -152,6 +147,9 @@ class JsonlSink(Sink):
     def close(self, timeout: float = 2.0) -> None:
         """Flushes and closes the file; later captions are ignored."""
         self._closed = True
+        self._close_file()
+
+    def _close_file(self) -> None:
         file, self._file = self._file, None
         if file is not None:
             try:
