@@ -315,7 +315,7 @@ def save_corrections(path: Path, board: str, corrections: Corrections,
     except OSError as exc:
         raise ConfigError(f"{path.parent}: cannot create it ({exc.strerror}); set STATE_DIRECTORY "
                           "or XDG_CACHE_HOME to a directory you can write") from None
-    outputs.write_text(path, schema.encode(_CorrectionsDoc(CORRECTIONS_VERSION, boards)).decode())
+    outputs.write_state(path, schema.encode(_CorrectionsDoc(CORRECTIONS_VERSION, boards)).decode())
 
 
 # ---------------------------------------------------------------------------

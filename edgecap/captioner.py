@@ -22,7 +22,7 @@ import numpy as np
 from edgecap import devices, emulation, faults, planner, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
 from edgecap.events import Event, EventRule, EventTracker
-from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
+from edgecap.errors import ConfigError, DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
 from edgecap.isolation import IsolatedSegment
 from edgecap.options import CaptionerOptions
 from edgecap.plans.plan import Plan
@@ -30,7 +30,7 @@ from edgecap.planner import TPU_KINDS, Choice, StageRun
 from edgecap.preprocess import Preprocessor
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
 from edgecap.scheduler import Pipeline, Step
-from edgecap.sources import Frame, SourceLike, open_source, sample
+from edgecap.sources import Frame, FrameSource, SourceLike, open_source, sample
 from edgecap.stats import PipelineStats
 from edgecap.supervisor import Run, Supervisor
 from edgecap.trace import Tracer
@@ -386,8 +386,13 @@ class EdgeCaptioner:
         pending = faults.current()
         if pending:
             pending.check(planner.board_tpus(choice))
-        if choice.emulated:
-            emulation.current()  # a malformed truth is refused here, not by a worker opening its stage
+        truth = emulation.current()  # a malformed truth is refused here, not by a worker opening its stage
+        if truth.devices:  # one for a device this run lacks could never apply: refused, not ignored
+            if not choice.emulated:
+                raise ConfigError(f"{emulation.ENV}: this run emulates no board (its plan runs on "
+                                  f"{', '.join(sorted(set(s.device for s in choice.plan.stages)))}); unset it, or "
+                                  "run an emulated board (devices emu-tpu:N)")
+            emulation.resolve(truth, choice.plan)
         model_in, model_out = choice.plan.inputs[0], choice.plan.outputs[0]
         self._input_name, self._output_name = model_in.name, model_out.name
         self._output_quantization = model_out.quantization
@@ -396,6 +401,7 @@ class EdgeCaptioner:
         )
         self._tracer = Tracer() if opts.trace is not None else None
         self._closed = False
+        self._source: Optional[FrameSource] = None  # of the stream in progress
         try:
             self._supervisor = Supervisor(self.bundle, opts, choice, self._open, self._tracer)
         except EdgecapError as exc:
@@ -514,6 +520,7 @@ class EdgeCaptioner:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         in_memory_rate = fps or self.window.sample_fps or 30.0
         src = open_source(source, fps=in_memory_rate)
+        self._source = src  # closed by close() from another thread: a read that blocks ends at once
         frames = sample(src, self.window.sample_fps)
         try:
             # Not ``yield from``: a caller that stops reading closes the source
@@ -528,8 +535,14 @@ class EdgeCaptioner:
                 self._write_trace()
             raise
         finally:
-            frames.close()
+            try:
+                frames.close()
+            except ValueError:  # "generator already executing": the feeder's read returns into a closed source
+                pass
             src.close()
+            self._source = None
+        if self._closed:  # the source ended because close() closed it: not a stream that finished
+            raise RunCancelled("the run was stopped by close() before its end; start a new run to process more")
         self._write_trace()
 
     def _job(self, stream: Tuple[Run, Optional[Hashable]], frame: Optional[Frame], pos: int) -> _FrameJob:
@@ -585,8 +598,15 @@ class EdgeCaptioner:
         return stats
 
     def close(self) -> None:
-        """Stops the run in progress and joins every worker thread; idempotent."""
+        """Stops the run in progress and joins every worker thread; idempotent, from any thread.
+
+        A ``stream()`` waiting on its source (a camera, or a generator of the
+        caller's that blocks) ends at once with ``RunCancelled``.
+        """
         self._closed = True
+        source = self._source
+        if source is not None:  # first: the feeder waiting on it returns before the pipeline joins it
+            source.close()
         self._supervisor.close()
 
     def _write_trace(self) -> None:

@@ -27,7 +27,7 @@ from edgecap import __version__, files
 from edgecap.argtypes import Parser, float_in, int_in, int_list_in, int_or_auto
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
-from edgecap.errors import EdgecapError
+from edgecap.errors import EdgecapError, RunFailure
 from edgecap.limits import (DEFAULT_BEAM, DEFAULT_CANDIDATES, DEFAULT_CANDIDATES_MB, DEFAULT_HOST_ROUNDS,
                             MAX_BEAM, MAX_CANDIDATES, MAX_CANDIDATES_MB, MAX_HOST_ROUNDS, MAX_QUEUE,
                             MAX_SAMPLE_FPS, MAX_THREADS, MAX_WINDOW_FRAMES)
@@ -148,6 +148,10 @@ def _cmd_caption(args: argparse.Namespace) -> int:
         if truth.is_file():
             doc = json.loads(files.read_bytes(truth, what="ground truth", fix="reinstall edgecap"))
             expected = [w["caption"] for w in doc["windows"]]
+    if args.command == "camera":  # opened here, to say why its frames ended
+        from edgecap.sources import ReconnectingSource, open_source
+
+        source = ReconnectingSource(source) if args.reconnect else open_source(source)
     captions = []
     with EdgeCaptioner(bundle, _captioner_options(args)) as cap:
         weights = cap.bundle.weights
@@ -164,10 +168,13 @@ def _cmd_caption(args: argparse.Namespace) -> int:
                     ok = "ok" if c.text == expected[c.window] else "MISS"
                     line += f"   (truth: {expected[c.window]}; {ok})"
                 print(line, flush=True)
+    if captions and not args.json:
+        print(_timing_table(captions, cap.window.frames, cap.stats()))
+    if args.command == "camera":  # a camera has no end of its own: Ctrl-C ends it, or this
+        raise RunFailure(f"{source.name}: {getattr(source, 'ended', '') or 'no more frames'}; start it again, "
+                         "or pass --reconnect to wait for it")
     if not captions:
         print(f"edgecap: {source}: shorter than one window; no caption", file=sys.stderr)
-    elif not args.json:
-        print(_timing_table(captions, cap.window.frames, cap.stats()))
     return 0
 
 
@@ -193,6 +200,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from edgecap.plans.compiled_encoder import describe
 
     b = load_bundle(args.bundle or default_bundle())
+    from edgecap.plan import load_plan
+
+    for board in sorted(b.plans):  # each board's plan read as `auto` reads it: a corrupt one is no "ok"
+        load_plan(b.plans[board])
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
           f"{b.feature_size} features, vocabulary {len(b.vocab)}, window {b.window.frames} "
           f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps, {describe(b)}")
@@ -378,6 +389,9 @@ def _cmd_history_search(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise EdgecapError(f"history: no history database at {path}; give the service's with --db PATH or "
                            "--config FILE (its [history] path)")
+    if args.since is not None and args.until is not None and args.since > args.until:
+        raise EdgecapError("history search: --since is after --until, so no event can match; give --since "
+                           "the earlier time")
     events = History(path).search(args.query, camera=args.camera, since=args.since, until=args.until,
                                   limit=args.limit)
     if args.json:
@@ -407,8 +421,8 @@ def _add_history(p: argparse.ArgumentParser) -> None:
                        description="Search the service's event history (read-only: it runs beside "
                                    "the service).")
     s.add_argument("query", nargs="?", default="",
-                   help='words and "quoted phrases" that must all be in the caption (word* is a prefix); '
-                        "empty: every event")
+                   help='words and "quoted phrases" that must all be in the caption (whole words: no '
+                        'prefixes); empty: every event')
     where = s.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="the history database file")
     where.add_argument("--config", type=Path, help="the service's TOML config (its [history] path)")
@@ -796,6 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("camera", help="caption a live camera, e.g. /dev/video0, 0 or rtsp://host/stream")
     p.add_argument("source", help="camera device path, index (0 to 9999) or network stream URL "
                                   "(rtsp, rtmp, http, https, udp, tcp, srt)")
+    p.add_argument("--reconnect", action="store_true",
+                   help="when the camera or stream stops, open it again (1 s, 2 s ... 30 s apart) "
+                        "instead of exiting 1")
     _add_window_args(p)
     p.set_defaults(func=_cmd_caption)
 

@@ -91,7 +91,8 @@ def run_command(prog: str, body: Callable[[], int], sigterm_exit: int = EXIT_SIG
     try:
         with _signals_stop_once():
             code = body()
-            sys.stdout.flush()  # a full disk under stdout shows here, not in a traceback at exit
+            if sys.stdout is not None:  # None when the command runs with stdout closed (`>&-`)
+                sys.stdout.flush()  # a full disk under stdout shows here, not in a traceback at exit
             return code
     except EdgecapError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

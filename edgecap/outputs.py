@@ -148,3 +148,35 @@ def write_text(path: PathLike, text: str) -> None:
             tmp.write_text(text, encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{path}: cannot write ({e.strerror}); nothing was written") from None
+
+
+def write_state(path: PathLike, text: str, mode: int = 0o600) -> None:
+    """Writes one of edgecap's own state files whole or not at all, ``mode`` whatever the umask.
+
+    Unlike an output the user names (``write_text``), a state file (learned
+    corrections) is edgecap's alone: a symbolic link or anything but a plain
+    file in its place is not followed nor replaced.
+
+    Raises:
+      ConfigError: If ``path`` is a symbolic link or not a regular file, or
+        cannot be written (e.g. the disk is full); nothing was written.
+    """
+    target = Path(path)
+    if os.path.islink(target) or (os.path.lexists(target) and not target.is_file()):
+        what = "a symbolic link" if os.path.islink(target) else "not a regular file"
+        raise ConfigError(f"{target}: is {what}; edgecap writes its state only to a plain file of its own: "
+                          "remove it, and edgecap writes a new one")
+    try:
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        raise ConfigError(f"{target}: cannot write ({e.strerror}): choose a directory you can write") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(text)
+        os.replace(name, target)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise ConfigError(f"{target}: cannot write ({e.strerror}); nothing was written") from None
+

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, List, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -111,16 +111,88 @@ class ArraySource(FrameSource):
 
     Each image is taken as ``preprocess.as_bgr`` takes it: BGR, gray (2-D or
     one channel) or BGRA, any size; anything else raises ``SourceError``.
+
+    An iterator (a generator) is read on a thread of its own (``edgecap-frames``),
+    one image when the consumer asks for it, so that ``close()`` from any thread
+    ends the iteration at once even while the iterator blocks; the iterator
+    itself is then closed by that thread when its ``next()`` returns.
     """
+
+    CLOSE_TIMEOUT_S = 0.5
 
     def __init__(self, frames: Iterable[np.ndarray], fps: float):
         super().__init__()
         self._frames = frames
         self.fps = fps
+        self._closed = threading.Event()
+        self._cond = threading.Condition()
+        self._reader: Optional[threading.Thread] = None
 
     def __iter__(self) -> Iterator[Frame]:
-        for i, image in enumerate(self._frames):
+        images = self._read_ahead() if isinstance(self._frames, Iterator) else iter(self._frames)
+        for i, image in enumerate(images):
             yield Frame(i, i / self.fps, as_bgr(image, f"frame {i}"))
+
+    def _read_ahead(self) -> Iterator[np.ndarray]:
+        """The iterator's images, each read on the reading thread when the consumer asks for it (none ahead)."""
+        box: List[Any] = []  # ("image", x), ("end", None) or ("error", exc)
+        wanted = [False]
+        frames = self._frames
+
+        def read() -> None:
+            try:
+                while True:
+                    with self._cond:
+                        self._cond.wait_for(lambda: wanted[0] or self._closed.is_set())
+                        if self._closed.is_set():
+                            return
+                        wanted[0] = False
+                    try:
+                        item: Any = ("image", next(frames))  # type: ignore[call-overload]
+                    except StopIteration:
+                        item = ("end", None)
+                    except BaseException as exc:  # raised again in the consumer's thread
+                        item = ("error", exc)
+                    with self._cond:
+                        box.append(item)
+                        self._cond.notify_all()
+                    if item[0] != "image":
+                        return
+            finally:
+                close = getattr(frames, "close", None)
+                if close is not None:
+                    close()
+
+        self._reader = threading.Thread(target=read, name="edgecap-frames", daemon=True)
+        self._reader.start()
+        try:
+            while True:
+                with self._cond:
+                    wanted[0] = True
+                    self._cond.notify_all()
+                    self._cond.wait_for(lambda: box or self._closed.is_set())
+                    if self._closed.is_set():
+                        return
+                    kind, value = box.pop()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                yield value
+        finally:
+            self.close()  # a consumer that stops early lets the reading thread go too
+
+    def close(self) -> None:
+        """Ends the iteration, from any thread; waits up to ``CLOSE_TIMEOUT_S`` for the reading thread.
+
+        A generator that blocks is left to return, on its daemon thread.
+        """
+        with self._cond:
+            self._closed.set()
+            self._cond.notify_all()
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(self.CLOSE_TIMEOUT_S)
 
 
 def _check_openable(path: Path) -> None:
@@ -328,6 +400,7 @@ class CameraSource(FrameSource):
 
     def __init__(self, device: Union[int, str]):
         super().__init__()
+        self.ended = ""  # why the frames ended, once they have (a camera has no end of its own)
         url = isinstance(device, str) and is_stream_url(device)
         self.name = redact(device) if url else f"camera {device}"
         if isinstance(device, int):
@@ -373,6 +446,10 @@ class CameraSource(FrameSource):
             while not self._stop.is_set():
                 ok, image = self._cap.read()
                 if not ok:
+                    if not self._stop.is_set():
+                        self.ended = (f"the stream ended (no frame within {STREAM_TIMEOUT_MS // 1000} s, or the "
+                                      "server closed it)" if self._fit is not None else
+                                      "the camera sent no more frames (unplugged?)")
                     break
                 now = time.monotonic()
                 self._t0 = now if self._t0 is None else self._t0
@@ -408,14 +485,113 @@ class CameraSource(FrameSource):
         self._thread.join(timeout=self.CLOSE_TIMEOUT_S)
 
 
+class ReconnectingSource(FrameSource):
+    """A camera or stream opened again, with backoff, whenever it ends or fails: it ends only when closed.
+
+    What ``edgecap camera --reconnect`` reads. Each outage is one warning on
+    the ``edgecap`` logger (the cause, and when it tries again: after 1 s, 2 s,
+    4 s ... up to ``backoff[1]``, from the first after a frame came); frames
+    are numbered and timed across reopens, as one source.
+
+    Args:
+      device: A camera index, device path or stream URL (``open_source``'s).
+      backoff: The first and the longest wait between attempts, in seconds.
+      opener: Opens ``device``; raises ``SourceError`` when it cannot.
+    """
+
+    live = True
+
+    def __init__(self, device: Union[int, str], backoff: Tuple[float, float] = (1.0, 30.0),
+                 opener: Callable[[Union[int, str]], FrameSource] = lambda device: CameraSource(device)) -> None:
+        super().__init__()
+        self.name = redact(device) if isinstance(device, str) and is_stream_url(device) else f"camera {device}"
+        self.ended = ""
+        self.reconnects = 0
+        self._device, self._backoff, self._opener = device, backoff, opener
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._current: Optional[FrameSource] = None
+        self._dropped_before = 0
+
+    @property  # type: ignore[override]
+    def dropped(self) -> int:  # noqa: D401 (FrameSource's attribute)
+        current = self._current
+        return self._dropped_before + (current.dropped if current is not None else 0)
+
+    @dropped.setter
+    def dropped(self, value: int) -> None:
+        self._dropped_before = value
+
+    def __iter__(self) -> Iterator[Frame]:
+        t0, index, delay = time.monotonic(), 0, self._backoff[0]
+        while not self._stop.is_set():
+            got, why = 0, ""
+            try:
+                source = self._opener(self._device)
+            except SourceError as exc:
+                why = str(exc)
+            else:
+                with self._lock:
+                    self._current = source
+                try:
+                    for frame in source:
+                        yield Frame(index, time.monotonic() - t0, frame.image)
+                        index, got = index + 1, got + 1
+                    why = getattr(source, "ended", "") or "no more frames"
+                except SourceError as exc:
+                    why = str(exc)
+                finally:
+                    with self._lock:
+                        self._current = None
+                        self._dropped_before += source.dropped
+                    source.close()
+            if self._stop.is_set():
+                return
+            delay = self._backoff[0] if got else delay
+            _log.warning("%s: %s; trying again in %g s", self.name, why.replace(f"{self.name}: ", ""), delay)
+            self.reconnects += 1
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, self._backoff[1])
+
+    def close(self) -> None:
+        """Ends the iteration: the wait between attempts, or the read of the source open now."""
+        self._stop.set()
+        with self._lock:
+            current = self._current
+        if current is not None:
+            current.close()
+
+
 def is_stream_url(text: str) -> bool:
     """True for a network stream URL OpenCV's FFmpeg backend opens (``rtsp://``, ``http://``, ...)."""
     return bool(_URL.match(text))
 
 
 def redact(url: str) -> str:
-    """Returns a URL with its password (``user:secret@``) replaced, for messages and logs."""
-    return re.sub(r"^([a-z]+://[^/@:]*):[^/@]*@", r"\1:***@", url, flags=re.IGNORECASE)
+    """Returns a URL with its secrets replaced by ``***``, for messages and logs.
+
+    The password of ``scheme://user:secret@host`` (up to the last ``@`` before
+    the path, so a password holding ``@`` or ``:`` is hidden whole) and the
+    values of query parameters that name a secret (``password``, ``pass``,
+    ``pwd``, ``token``, ``key``, ``secret``, ``auth``, ``signature``).
+
+    Args:
+      url: Any text; what is not a URL comes back unchanged.
+    """
+    match = _AUTHORITY.match(url)
+    if match is None:
+        return url
+    scheme, authority, rest = match.groups()
+    user, at, host = authority.rpartition("@")
+    if at and ":" in user:
+        authority = f"{user.split(':', 1)[0]}:***@{host}"
+    return scheme + authority + _SECRET_PARAM.sub(r"\1***", rest)
+
+
+_AUTHORITY = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/?#]*)(.*)$", re.IGNORECASE | re.DOTALL)
+_SECRET_PARAM = re.compile(r"([?&;](?:password|passwd|pass|pwd|token|access_token|key|apikey|api_key|secret|auth|"
+                           r"signature|sig)=)[^&;#]*", re.IGNORECASE)
 
 
 def check_camera_index(index: int) -> None:

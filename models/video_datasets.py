@@ -24,11 +24,13 @@ read as ``val``.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+from edgecap import files
 from edgecap.dataset import Dataset
 from edgecap.errors import ConfigError
 
@@ -107,7 +109,11 @@ def read_msvd(csv_path: Path, videos: Path, language: str = "English") -> Corpus
     """
     csv_path, videos = Path(csv_path), _need_dir(Path(videos))
     try:
-        with csv_path.open(newline="", encoding="utf-8") as f:
+        # Read whole and bounded: a FIFO or /dev/zero named as the CSV is one line, not a hang.
+        data = files.read_bytes(csv_path, what="file", kind="text", error=ConfigError,
+                                fix="give MSVD's 'MSR Video Description Corpus.csv'",
+                                missing_fix="give MSVD's 'MSR Video Description Corpus.csv' (--msvd)")
+        with io.StringIO(data.decode("utf-8"), newline="") as f:
             rows = csv.reader(f)
             header = tuple(next(rows, ()))
             if header[: len(MSVD_COLUMNS)] != MSVD_COLUMNS:
@@ -124,9 +130,6 @@ def read_msvd(csv_path: Path, videos: Path, language: str = "English") -> Corpus
                 if lang != language or not text:
                     continue
                 captions.setdefault(f"{video}_{start}_{end}", []).append(text)
-    except FileNotFoundError:
-        raise ConfigError(f"{csv_path}: no such file (--msvd): give MSVD's "
-                          "'MSR Video Description Corpus.csv'") from None
     except (UnicodeDecodeError, csv.Error) as e:
         raise ConfigError(f"{csv_path}: not a readable CSV ({e}): give MSVD's description CSV") from None
     if not captions:
@@ -152,12 +155,14 @@ def read_msrvtt(json_path: Path, videos: Path) -> CorpusDataset:
     """
     json_path, videos = Path(json_path), _need_dir(Path(videos))
     fix = "give MSR-VTT's train_val_videodatainfo.json"
+    data = files.read_bytes(json_path, what="file", kind="json", error=ConfigError, fix=fix,
+                            missing_fix=f"{fix} (--msrvtt)")
     try:
-        doc = json.loads(json_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{json_path}: no such file (--msrvtt): {fix}") from None
+        doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"{json_path}: not valid JSON ({e}): {fix}") from None
+    except RecursionError:  # nested deeper than the parser recurses
+        raise ConfigError(f"{json_path}: not MSR-VTT's JSON (nested too deep to read): {fix}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("videos"), list) \
             or not isinstance(doc.get("sentences"), list):
         raise ConfigError(f"{json_path}: has no 'videos' and 'sentences' lists: {fix}")

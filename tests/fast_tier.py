@@ -29,6 +29,7 @@ FAST_FILES: FrozenSet[str] = frozenset({
     "test_http_events.py", "test_metrics.py", "test_notify.py", "test_plan.py", "test_preprocess.py", "test_scheduler.py",
     "test_service_config.py", "test_service_devices.py", "test_service_state.py", "test_sinks.py",
     "test_sources.py", "test_startup.py", "test_tflite_verify.py", "test_windows.py", "test_imports.py",
+    "test_state_files.py", "test_serve_faults.py",
 })
 
 FAST_TESTS: Dict[str, List[str]] = {
@@ -104,6 +105,21 @@ FAST_TESTS: Dict[str, List[str]] = {
                         "test_a_corrupt_file_is_moved_aside_with_one_warning_and_a_new_history_starts",
                         "test_an_event_left_open_by_a_crash_is_closed_at_the_next_start",
                         "test_bad_history_keys_are_one_line_errors_naming_the_key"],
+    # The history's own file, its lock and the clock (issue 28); the waits for a lock, a full
+    # disk and a read-only mount (4-7 s each) are in the full suite.
+    "test_history_files.py": ["test_a_path_that_is_not_edgecaps_history_is_refused_untouched",
+                              "test_companions_that_are_not_plain_files_are_refused",
+                              "test_a_history_written_before_the_application_id_is_still_edgecaps",
+                              "test_a_second_writer_of_one_history_is_refused_in_one_line",
+                              "test_what_is_still_waiting_at_the_end_is_counted_and_said",
+                              "test_waiting_events_shed_thumbnails_before_events",
+                              "test_a_clock_behind_the_newest_event_deletes_nothing_by_age",
+                              "test_after_a_backward_step_new_events_still_list_first",
+                              "test_step_watch_follows_a_slew_and_tells_a_step"],
+    "test_elsewhere.py": ["test_validate_reads_each_bundled_plan_and_a_corrupt_one_is_no_ok",
+                          "test_plan_import_of_a_segment_the_interpreter_refuses_is_one_line",
+                          "test_a_truth_for_devices_the_run_lacks_is_refused_not_ignored",
+                          "test_history_search_with_since_after_until_is_one_line"],
     "test_bad_media.py": ["test_a_clip_damaged_in_the_middle_says_where_it_stopped",
                           "test_an_intact_clip_ends_without_an_error"],
     # Videos as they come: timestamps, a cut-off file, indices OpenCV must not see.

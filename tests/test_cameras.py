@@ -200,6 +200,49 @@ def test_a_camera_that_never_sends_a_frame_is_offline_after_stall_seconds() -> N
     assert rec.statuses()[1] == ("offline", "no frame for 0.1 s; retrying in 0.05 s")
 
 
+def test_a_camera_whose_open_hangs_is_tried_again_beside_it(caplog) -> None:
+    # Before: the supervisor waited for the hung open to return before the next try, so a
+    # camera whose open hung (a wedged driver) stayed offline for good.
+    release = threading.Event()
+
+    def hangs() -> FrameSource:
+        release.wait()
+        return FakeCamera(0)
+
+    rec = Recorder()
+    script = Script(hangs, lambda: FakeCamera(50, then="stall"))
+    feed = rec.feed(_spec(stall_seconds=0.2), script)
+    feed.start()
+    try:
+        with caplog.at_level("WARNING", logger="edgecap.service.cameras"):
+            rec.wait_for(lambda: ("online", "receiving frames") in rec.statuses(), timeout=5.0)
+        assert len(script.calls) == 2 and rec.statuses()[1][0] == "offline"
+        said = [r.getMessage() for r in caplog.records if "has not returned" in r.getMessage()]
+        assert len(said) == 1 and "the open of fake has not returned for 0 s; left behind (1 at once)" in said[0]
+    finally:
+        release.set()
+        feed.stop()
+
+
+def test_no_more_than_two_hung_opens_are_left_behind() -> None:
+    release = threading.Event()
+
+    def hangs() -> FrameSource:
+        release.wait()
+        return FakeCamera(0)
+
+    rec = Recorder()
+    script = Script(hangs)
+    feed = rec.feed(_spec(stall_seconds=0.1), script)
+    feed.start()
+    try:
+        time.sleep(1.5)  # many stall periods: still only the opens the cap allows
+        assert len(script.calls) == 2
+    finally:
+        release.set()
+        feed.stop()
+
+
 def test_a_missing_device_is_reported_in_one_line() -> None:
     rec = Recorder()
     feed = rec.feed(_spec(source="/dev/video97"))  # the default opener

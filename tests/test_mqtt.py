@@ -609,6 +609,52 @@ def test_discovery_is_retained_on_connect_and_sent_again_when_the_broker_lost_it
         sink.close()
 
 
+def test_the_last_event_and_thumbnail_are_retained_again_after_a_broker_forgot_them(broker):
+    # Before: a broker restarted without its store lost the retained event and thumbnail, and a
+    # camera whose event did not change never sent them again (Home Assistant showed "unknown").
+    prefix = "edgecap-" + uuid.uuid4().hex[:6]
+    sink = MqttSink(sink_config(broker.port, prefix), reconnect_delay=FAST)
+    try:
+        wait_for(lambda: sink.connected, 5.0, "the sink to connect")
+        event = make_event(thumbnail=b"\xff\xd8jpeg\xff\xd9")
+        sink.event("front", event, "opened")
+        assert retained_message(broker.port, f"{prefix}/front/event")[1]
+        broker.stop()
+        (broker.directory / "mosquitto.db").unlink()
+        broker.start()
+        wait_for(lambda: sink.counters()["connects"] == 2 and sink.connected, 10.0, "the sink to reconnect")
+        payload, retain = retained_message(broker.port, f"{prefix}/front/event")
+        assert retain and json.loads(payload) == record(event, "opened")
+        assert retained_message(broker.port, f"{prefix}/front/event/thumbnail") == (b"\xff\xd8jpeg\xff\xd9", True)
+    finally:
+        sink.close()
+
+
+def test_a_broker_that_accepts_and_never_answers_is_warned_of(monkeypatch, caplog):
+    # Before: a broker that accepts TCP and never sends CONNACK gave no warning at all.
+    from edgecap.service.sinks import mqtt as mqtt_module
+
+    monkeypatch.setattr(mqtt_module, "SILENCE_WARN_S", 0.5)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    held = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    sink = MqttSink(sink_config(listener.getsockname()[1], "silent"), reconnect_delay=FAST)
+    try:
+        with caplog.at_level(logging.WARNING, logger="edgecap.service.sinks.mqtt"):
+            line = wait_for(lambda: warnings_of(caplog, "has not accepted the connection"), 5.0, "the warning")
+            time.sleep(1.0)
+            assert len(warnings_of(caplog, "has not accepted the connection")) == 1
+        assert f"127.0.0.1:{listener.getsockname()[1]} has not accepted the connection within 0 s" in line[0]
+        assert not sink.connected
+    finally:
+        sink.close()
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
 def test_the_service_announces_its_configured_cameras_before_any_event(broker, tmp_path):
     path = tmp_path / "edgecap.toml"
     path.write_text('[[cameras]]\nname = "front"\nsource = "0"\n[[cameras]]\nname = "door"\nsource = "1"\n')

@@ -47,7 +47,7 @@ def test_stdout_writes_one_plain_line_per_caption(monkeypatch):
         "front [   1.00s -    1.88s] a red star moves right",
         "back [   2.00s -    2.88s] two lines",
     ]
-    assert sink.counters() == {"written": 2}
+    assert sink.counters() == {"sent": 2, "dropped": 0, "errors": 0, "written": 2}
 
 
 def test_stdout_to_the_journal_carries_priority_prefixes(journal_file):
@@ -136,7 +136,7 @@ def test_jsonl_rotates_by_size_and_keeps_backups(tmp_path):
     assert windows(tmp_path / "captions.jsonl.1") == [6, 7, 8]
     assert windows(tmp_path / "captions.jsonl.2") == [3, 4, 5]
     assert not (tmp_path / "captions.jsonl.3").exists()  # [0-2] rotated away
-    assert sink.counters() == {"written": 10, "rotations": 3}
+    assert sink.counters() == {"sent": 10, "dropped": 0, "errors": 0, "written": 10, "rotations": 3, "reopens": 0}
     assert all(p.stat().st_size <= max_bytes for p in tmp_path.glob("captions.jsonl*"))
 
 
@@ -230,7 +230,8 @@ def test_a_failing_sink_is_logged_once_counted_and_the_others_go_on(caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "broken sink failed (caption)" in warnings[0]
     assert "No space left on device" in warnings[0]
-    assert sinks.counters() == {"broken": {"failures": 4}, "recorder": {"failures": 0}}
+    assert sinks.counters() == {"broken": {"sent": 0, "dropped": 0, "errors": 4, "failures": 4},
+                                "recorder": {"sent": 0, "dropped": 0, "errors": 0, "failures": 0}}
     sinks.close(timeout=1.5)  # a close that raises does not stop the others' close
     assert recorder.closed is not None and 0 < recorder.closed <= 1.5
     sinks.caption("front", make_caption(9))  # closed: nothing left to deliver to

@@ -151,8 +151,14 @@ def test_the_page_shows_the_latest_caption_the_frame_and_the_devices(profile: Pa
     state.devices([{"device": "tpu:0", "kind": "pci", "busy": 0.25, "temperature_c": 51.5,
                     "predicted_ms": 1.41, "measured_ms": 2.83, "compute_scale": 2.0},
                    {"device": "cpu", "kind": "cpu", "busy": 0.5, "predicted_ms": 1.18, "measured_ms": 1.2}])
+    state.sinks({"jsonl": {"sent": 41, "dropped": 0, "errors": 0},
+                 "mqtt": {"sent": 7, "dropped": 3, "errors": 1, "waiting": 12, "connected": False}})
     with StatusServer(state, None, port=0) as srv:
         dom = browse(srv.url, profile, "--dump-dom")
+    # Each sink's counters (before issue 28 they reached neither the page nor /api/stats).
+    assert "<tr><td>jsonl</td><td>41</td><td>–</td><td>0</td><td>0</td></tr>" in dom
+    assert ('<tr><td>mqtt (not connected)</td><td>7</td><td class="hot">12</td><td class="hot">3</td>'
+            '<td class="hot">1</td></tr>') in dom
     # Each device's predicted and measured time a frame; one off its prediction stands out.
     assert '<td class="hot">1.41 / 2.83 ms (learned ×2.00)</td>' in dom
     assert "<td>1.18 / 1.20 ms</td>" in dom

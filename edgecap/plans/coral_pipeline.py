@@ -127,7 +127,11 @@ def read_segments(paths: Sequence[Path]) -> Tuple[str, List[Segment]]:
                         f"0..{count - 1} (SEG_0 ... SEG_{count - 1})")
     segments = []
     for p, _, k, n in named:
-        model, interp = open_model(p, error=PlanError)
+        try:
+            model, interp = open_model(p, error=PlanError)
+        except (ValueError, RuntimeError) as exc:  # the interpreter refused what the verifier let through
+            raise PlanError(f"{p}: the TFLite interpreter refuses it ({' '.join(str(exc).split())[:200]}); "
+                            "pass the _edgetpu.tflite files edgetpu_compiler wrote") from None
         if not model.edgetpu:
             raise PlanError(f"{p}: has no {EDGETPU_CUSTOM_OP}, so edgetpu_compiler did not compile it; "
                             "pass the _edgetpu.tflite files it wrote")

@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 
 import cv2
 
-from edgecap.errors import EdgecapError
-from edgecap.sources import (CameraSource, Frame, FrameSource, is_camera_path, is_stream_url, open_source,
+from edgecap.errors import EdgecapError, RunFailure
+from edgecap.sources import (CameraSource, Frame, FrameSource, is_camera_path, is_stream_url, open_source, redact,
                              sample)
 
 STARTING, ONLINE, OFFLINE = "starting", "online", "offline"
@@ -34,6 +34,8 @@ STARTING, ONLINE, OFFLINE = "starting", "online", "offline"
 # A file that falls this far behind its real-time schedule (a slow disk, a
 # paused process) skips ahead as a camera would, instead of delivering a burst.
 _MAX_LAG_S = 0.5
+# Opens that hung and were left behind, at most, before the feed waits for one to return.
+MAX_HUNG_OPENS = 2
 
 _log = logging.getLogger(__name__)
 
@@ -188,7 +190,7 @@ def _ignore(*args: Any) -> None:
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    return text if isinstance(exc, EdgecapError) and text else f"{type(exc).__name__}: {text}"
+    return text if isinstance(exc, (EdgecapError, RunFailure)) and text else f"{type(exc).__name__}: {text}"
 
 
 class _Connection:
@@ -265,6 +267,7 @@ class CameraFeed:
         self._latest: Optional[Frame] = None
         self._listeners: List[Callable[[], None]] = []
         self._stopping = False
+        self._hung: List[_Connection] = []  # readers left inside an open that did not return
         self._t0 = 0.0
         self._thread = threading.Thread(target=self._run, name=f"edgecap-feed-{spec.name}",
                                         daemon=True)
@@ -318,7 +321,7 @@ class CameraFeed:
 
     def _supervise(self) -> None:
         spec = self.spec
-        self._report(STARTING, f"opening {spec.source}")
+        self._report(STARTING, f"opening {redact(spec.source)}")
         failures = 0
         conn: Optional[_Connection] = None
         while True:
@@ -341,8 +344,7 @@ class CameraFeed:
             delay = min(spec.backoff_initial_seconds * 2 ** min(failures, 30), spec.backoff_max_seconds)
             failures += 1
             self._report(OFFLINE, f"{why}; retrying in {delay:g} s")
-            # The previous reader must have let go of the device before the next open.
-            if self._wait(self._clock() + delay) or self._wait_ended(conn):
+            if self._wait(self._clock() + delay) or self._let_go(conn):
                 break
         if conn is not None and conn.thread is not None:
             # Bounded: an open that hangs (a wedged V4L2 driver) must not keep this thread.
@@ -392,9 +394,25 @@ class CameraFeed:
                 self._cond.wait(remaining)
             return True
 
-    def _wait_ended(self, conn: _Connection) -> bool:
+    def _let_go(self, conn: _Connection) -> bool:
+        """Waits for the last reader to let go of the source; True when the feed stops first.
+
+        The next open should find the device free; but a reader still inside
+        its open ``stall_seconds`` later (a wedged V4L2 driver, a host that
+        never answers) is left behind, with one warning, and the camera tried
+        again beside it, up to ``MAX_HUNG_OPENS`` such readers at once: then the
+        feed waits for one of them to return.
+        """
         with self._cond:
-            self._cond.wait_for(lambda: conn.ended or self._stopping)
+            self._cond.wait_for(lambda: conn.ended or self._stopping, self.spec.stall_seconds)
+            if self._stopping or conn.ended:
+                return self._stopping
+            self._hung = [c for c in self._hung if not c.ended] + [conn]
+            hung = len(self._hung)
+        _log.warning("camera %s: the open of %s has not returned for %.0f s; left behind (%d at once), "
+                     "trying again", self.name, redact(self.spec.source), self.spec.stall_seconds, hung)
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or sum(not c.ended for c in self._hung) < MAX_HUNG_OPENS)
             return self._stopping
 
     def _report(self, status: str, reason: str) -> None:

@@ -367,6 +367,7 @@ def load_config(path: "str | os.PathLike[str]", overrides: Mapping[str, Any] = {
     if config.history.path:
         config = msgspec.structs.replace(config, history=msgspec.structs.replace(
             config.history, path=str(state_directory() / config.history.path)))
+    _check_history_path(path, text, config, applied)
     _check_sources(path, text, config, applied)
     return _check_http(path, text, config, applied)
 
@@ -613,9 +614,11 @@ def _check_names(path: Path, text: str, config: ServiceConfig, applied: Sequence
                 "give each camera its own name"))
         seen[camera.name] = i
         if "://" in camera.source:
+            from edgecap.sources import redact  # here: it loads OpenCV
+
             raise ConfigError(_message(
                 path, text, ("cameras", i, "source"),
-                f"{camera.source!r} is a network stream, which edgecap does not read yet", applied,
+                f"{redact(camera.source)!r} is a network stream, which edgecap does not read yet", applied,
                 "use a V4L2 device (/dev/videoN), a camera index or a video file"))
 
 
@@ -692,6 +695,18 @@ def _check_tls_file(path: Path, text: str, name: str, file: Path, private: bool,
     if not os.access(file, os.R_OK):
         raise ConfigError(_message(path, text, key, f"cannot read {file} (permission denied)", applied,
                                    "make it readable by the service's user (its group may read it)"))
+
+
+def _check_history_path(path: Path, text: str, config: ServiceConfig, applied: Sequence[Key]) -> None:
+    """Refuses a history that would be the JSON-lines file or the config: two writers of one file."""
+    history = config.history.path
+    if not history:
+        return
+    for key, other in ((("sinks", "jsonl", "path"), config.sinks.jsonl.path), ((), str(path))):
+        if other and os.path.abspath(history) == os.path.abspath(other):
+            what = "the JSON-lines file (sinks.jsonl.path)" if key else "this config file"
+            raise ConfigError(_message(path, text, ("history", "path"), f"{history} is {what}", applied,
+                                       "give the history a file of its own"))
 
 
 def _check_sources(path: Path, text: str, config: ServiceConfig, applied: Sequence[Key]) -> None:

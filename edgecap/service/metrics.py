@@ -9,7 +9,7 @@ EdgeTPU temperatures and throttle states are read when a scrape asks, not on a t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -142,6 +142,15 @@ class Metrics:
             if c.get("link_bytes_per_s") is not None:
                 self._link.labels(device).set(c["link_bytes_per_s"])
 
+    def watch_sinks(self, counters: Callable[[], Dict[str, Dict[str, Any]]]) -> None:
+        """Exports the sinks' counters, read at each scrape.
+
+        Args:
+          counters: Returns ``SinkSet.counters()``: by sink, ``sent``,
+            ``dropped``, ``errors`` and, for a sink that buffers, ``waiting``.
+        """
+        self.registry.register(_SinkCollector(counters))
+
     def render(self) -> Tuple[bytes, str]:
         """Returns the exposition text of every metric and its Content-Type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -172,3 +181,30 @@ class _ScrapeCollector:
             throttled.add_metric([state.name], state.level)
         yield temp
         yield throttled
+
+
+class _SinkCollector:
+    """``edgecap_sink_{sent,dropped,errors}_total{sink}`` and ``edgecap_sink_waiting{sink}``, read per scrape."""
+
+    def __init__(self, counters: Callable[[], Dict[str, Dict[str, Any]]]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[object]:
+        families = {
+            "sent": CounterMetricFamily("edgecap_sink_sent", "Captions, events and messages a sink delivered "
+                                        "(journal lines, JSON lines, MQTT messages, history rows).", labels=["sink"]),
+            "dropped": CounterMetricFamily("edgecap_sink_dropped", "What a sink let go undelivered (a full "
+                                           "buffer, a disk that stayed full), counted.", labels=["sink"]),
+            "errors": CounterMetricFamily("edgecap_sink_errors", "Failed deliveries and writes of a sink (each "
+                                          "retried or counted as dropped).", labels=["sink"]),
+        }
+        waiting = GaugeMetricFamily("edgecap_sink_waiting", "Messages or events a sink holds until it can "
+                                    "deliver them (a broker away, a history that cannot be written).",
+                                    labels=["sink"])
+        for sink, counts in sorted(self._counters().items()):
+            for key, family in families.items():
+                family.add_metric([sink], counts.get(key, 0))
+            if "waiting" in counts:
+                waiting.add_metric([sink], counts["waiting"])
+        yield from families.values()
+        yield waiting

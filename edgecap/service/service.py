@@ -54,7 +54,7 @@ from edgecap.service.history import History, open_history
 from edgecap.service.http import StatusServer
 from edgecap.service.metrics import Metrics
 from edgecap.service.notify import Notifier
-from edgecap.service.sinks import open_sinks
+from edgecap.service.sinks import SinkSet, open_sinks
 from edgecap.service.state import ServiceState
 from edgecap.stats import PipelineStats
 
@@ -85,16 +85,26 @@ class Service:
     def __init__(self, config: ServiceConfig, notifier: Optional[Notifier] = None,
                  stdout: Optional[TextIO] = None, sysfs: str = "/sys") -> None:
         self.config = config
+        self.sinks: Optional[SinkSet] = None
+        # SIGHUP (logrotate's postrotate, `systemctl reload`) reopens the JSON-lines file; by
+        # default it would end the process at once, unflushed, as systemd's clean stop.
+        self._old_hup = _on_signal(signal.SIGHUP, lambda *_: threading.Thread(
+            target=self.reopen, name="edgecap-sighup", daemon=True).start())
         self.notifier = notifier or Notifier()
         names = [c.name for c in config.cameras]
         self.state = ServiceState(names)
         self.metrics = Metrics(sysfs=sysfs)
         self._sysfs = sysfs
         self._throttle = devices.ThrottleWatch(_log)
-        bundle = load_bundle(config.bundle or default_bundle())
-        options = CaptionerOptions(plan=config.plan or None, board=config.board,
-                                   on_missing_tpu=config.on_missing_tpu, beam=config.beam)
-        self.sinks = open_sinks(config, stdout, open_history(config.history))
+        try:
+            bundle = load_bundle(config.bundle or default_bundle())
+            options = CaptionerOptions(plan=config.plan or None, board=config.board,
+                                       on_missing_tpu=config.on_missing_tpu, beam=config.beam)
+            self.sinks = open_sinks(config, stdout, open_history(config.history))
+        except BaseException:
+            _on_signal(signal.SIGHUP, self._old_hup)
+            raise
+        self.metrics.watch_sinks(self.sinks.counters)
         # The history's read side: the page's /api/events.
         self.history = History(config.history.path) if config.history.path else None
         self._closers: List[Any] = [self.sinks]
@@ -159,6 +169,17 @@ class Service:
 
     def _on_reconnect(self, camera: str) -> None:
         self.metrics.camera_reconnect(camera)
+
+    def reopen(self) -> None:
+        """Reopens the sinks' files (SIGHUP, after logrotate moved them); re-reads nothing else."""
+        sinks = self.sinks
+        if sinks is None:
+            _log.info("edgecap: SIGHUP before the sinks opened: nothing to reopen")
+            return
+        sinks.reopen()
+        path = self.config.sinks.jsonl.path
+        _log.info("edgecap: SIGHUP: %s; the config is not re-read (restart the service for that)",
+                  f"reopened {path}" if path else "no file to reopen")
 
     def stop(self) -> None:
         """Starts a graceful stop; safe from a signal handler or another thread."""
@@ -285,6 +306,7 @@ class Service:
                          "compute_scale": learned.get(plan_device.get(worker, ""), {}).get("compute_scale")})
         rows += tpu_rows(self._tpus, self._sysfs, self._throttle)
         self.state.devices(rows)
+        self.state.sinks(self.sinks.counters())
         if stats is not None:
             for q in stats.queues:
                 self.metrics.queue_depth(q.name, q.mean_depth)
@@ -332,6 +354,7 @@ class Service:
         self._close_all()
 
     def _close_all(self) -> None:
+        _on_signal(signal.SIGHUP, self._old_hup)
         for thing in reversed(self._closers):
             try:
                 if thing is self.sinks:
@@ -341,6 +364,13 @@ class Service:
             except Exception as exc:  # closing must go on: the sinks hold unflushed captions
                 _log.warning("edgecap: closing %s failed: %s", type(thing).__name__, exc)
         self._closers = []
+
+
+def _on_signal(signum: int, handler: Any) -> Any:
+    """Sets a signal's handler from the main thread (only it may); returns the one it replaced."""
+    if threading.current_thread() is not threading.main_thread() or handler is None:
+        return None
+    return signal.signal(signum, handler)
 
 
 def _step_sum(steps: List[Any], field: str) -> Optional[float]:

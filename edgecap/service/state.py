@@ -79,6 +79,7 @@ class ServiceState:
         }
         self._thumbnails: Dict[str, bytes] = {}  # event id -> JPEG, for the events the cameras keep
         self._devices: List[Dict[str, Any]] = []
+        self._sinks: Dict[str, Dict[str, Any]] = {}
         self._version = 0  # bumped on every write: lets a reader skip an unchanged snapshot
 
     @property
@@ -198,6 +199,16 @@ class ServiceState:
             self._devices = table
             self._version += 1
 
+    def sinks(self, counters: Dict[str, Dict[str, Any]]) -> None:
+        """Replaces the sinks' counters (``SinkSet.counters()``: by sink, ``sent``, ``dropped``, ``errors``, ...).
+
+        Args:
+          counters: JSON-ready dicts by sink name.
+        """
+        with self._lock:
+            self._sinks = {name: dict(c) for name, c in counters.items()}
+            self._version += 1
+
     def pipeline(self, camera: str, stats: Dict[str, Any]) -> None:
         """Replaces a camera's pipeline figures (fps_in, fps_out, dropped, latency_ms, ...).
 
@@ -231,7 +242,8 @@ class ServiceState:
           ``{"version", "started", "uptime_s", "cameras": {name: {...}},
           "captions": {name: [newest first]}, "events": {name: {"current":
           event or None, "recent": [closed events, newest first]}},
-          "devices": [...]}`` (events as the module docstring says). Each camera
+          "devices": [...], "sinks": {name: {"sent", "dropped", "errors", ...}}}``
+          (events as the module docstring says). Each camera
           has ``status``, ``reason``, ``status_age_s``, ``frame_seq`` (bumped
           per frame: a page reloads the image when it changes), ``frame_t``,
           ``frame_age_s``, ``caption_age_s``, ``captions`` (count) and
@@ -265,6 +277,7 @@ class ServiceState:
                 "captions": captions,
                 "events": events,
                 "devices": [dict(d) for d in self._devices],
+                "sinks": {name: dict(c) for name, c in self._sinks.items()},
             }
 
     def health(self, max_caption_age_s: float) -> Tuple[bool, str]:

@@ -70,8 +70,11 @@ class Sink:
         """Delivers the service's stats (a JSON-ready dict), called every few seconds."""
 
     def counters(self) -> Dict[str, Any]:
-        """Returns what the sink has done (written, dropped, ...), JSON-ready."""
-        return {}
+        """Returns what the sink has done, JSON-ready: at least ``sent``, ``dropped`` and ``errors``."""
+        return {"sent": 0, "dropped": 0, "errors": 0}
+
+    def reopen(self) -> None:
+        """Reopens what the sink writes to (SIGHUP, after logrotate moved a file); never raises."""
 
     def close(self, timeout: float = 2.0) -> None:
         """Flushes and releases everything within ``timeout`` seconds; never raises."""
@@ -126,10 +129,25 @@ class SinkSet(Sink):
                         sink.name, what, type(exc).__name__, exc)
 
     def counters(self) -> Dict[str, Any]:
-        """Returns each sink's counters plus ``failures`` (calls that raised), by sink name."""
+        """Returns each sink's counters by sink name; ``errors`` includes the calls that raised (``failures``)."""
         with self._lock:
-            return {sink.name: {**sink.counters(), "failures": self._failures.get(sink.name, 0)}
-                    for sink in self.sinks}
+            out = {}
+            for sink in self.sinks:
+                counts = {"sent": 0, "dropped": 0, "errors": 0, **sink.counters()}
+                failures = self._failures.get(sink.name, 0)
+                counts["failures"] = failures
+                counts["errors"] += failures
+                out[sink.name] = counts
+            return out
+
+    def reopen(self) -> None:
+        """Reopens every sink's files (SIGHUP)."""
+        with self._lock:
+            for sink in self.sinks:
+                try:
+                    sink.reopen()
+                except Exception as exc:
+                    self._failed(sink, "reopen", exc)
 
     def close(self, timeout: float = 2.0) -> None:
         """Closes every sink within ``timeout`` seconds overall."""

@@ -54,6 +54,7 @@ class JsonlSink(Sink):
         self._events = events
         self._written = 0
         self._rotations = 0
+        self._reopens = 0
         self._closed = False
         try:
             self._file: Optional[TextIO] = self._open()
@@ -62,6 +63,19 @@ class JsonlSink(Sink):
                               f"create its directory, writable by the service's user, "
                               f"or change sinks.jsonl.path") from None
         self._size = self._file.tell()
+
+    def reopen(self) -> None:
+        """Closes the file and opens ``path`` again (created if logrotate moved it away); appends go there.
+
+        Raises:
+          OSError: It cannot be opened now (``SinkSet`` counts it; the next line tries again).
+        """
+        if self._closed:
+            return
+        self._close_file()
+        self._file = self._open()
+        self._size = self._file.tell()
+        self._reopens += 1
 
     def _open(self, truncate: bool = False) -> TextIO:
         # Captions say what the camera saw: not for every user's eyes (0640).
@@ -91,14 +105,23 @@ class JsonlSink(Sink):
             return
         line = json.dumps(record, ensure_ascii=False) + "\n"
         size = len(line.encode("utf-8"))
-        # No file: the last rotation failed half-way; try it again.
-        if self._file is None or (self._size and self._size + size > self._max_bytes):
+        if self._file is None:  # a rotation or a reopen that failed: open the file again
+            self._file = self._open()
+            self._size = self._file.tell()
+        if self._size and self._size + size > self._max_bytes and self._is_regular():
             self._rotate()
         assert self._file is not None
         self._file.write(line)
         self._file.flush()
         self._size += size
         self._written += 1
+
+    def _is_regular(self) -> bool:
+        """Whether ``path`` is a plain file: a FIFO or a device the user named is written, never renamed."""
+        try:
+            return self._path.is_file()
+        except OSError:
+            return False
 
     def _rotate(self) -> None:
         """Shifts path.N-1 -> path.N ... path -> path.1 and starts an empty path."""
@@ -117,12 +140,16 @@ class JsonlSink(Sink):
         self._rotations += 1
 
     def counters(self) -> Dict[str, Any]:
-        """Returns ``{"written": lines, "rotations": n}``."""
-        return {"written": self._written, "rotations": self._rotations}
+        """Returns ``sent`` (lines written), ``dropped``, ``errors`` (a failed write raises), ``rotations``, ``reopens``."""
+        return {"sent": self._written, "dropped": 0, "errors": 0, "written": self._written,
+                "rotations": self._rotations, "reopens": self._reopens}
 
     def close(self, timeout: float = 2.0) -> None:
         """Flushes and closes the file; later captions are ignored."""
         self._closed = True
+        self._close_file()
+
+    def _close_file(self) -> None:
         file, self._file = self._file, None
         if file is not None:
             try:

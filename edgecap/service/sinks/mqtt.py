@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SILENCE_WARN_S = 8.0  # a broker that has not answered a connection this long is warned of (10 s from the start)
+
 
 def topic_level(name: str) -> str:
     """A camera's name as one MQTT topic level.
@@ -241,6 +243,8 @@ class MqttSink(Sink):
         self._unreachable_said = False
         self._cameras: Set[str] = set(cameras)
         self._thumbnails: Dict[str, bytes] = {}  # by camera: the last one sent or buffered (b"": none)
+        self._events: Dict[str, bytes] = {}  # by camera: the last event record sent or buffered
+        self._silence: Optional[threading.Timer] = None  # warns of a connection the broker does not answer
         self._discovery_prefix = config.discovery_prefix.rstrip("/") if config.discovery else ""
 
         client_id = config.client_id or f"edgecap-{socket.gethostname()}"
@@ -268,6 +272,7 @@ class MqttSink(Sink):
         self._client = client
         self._mqtt = mqtt
         client.connect_async(config.host, config.port, keepalive=keepalive)
+        self._watch_silence()
         client.loop_start()
 
     @property
@@ -308,6 +313,7 @@ class MqttSink(Sink):
                 if self._thumbnails.get(camera, b"") != event.thumbnail:
                     self._thumbnails[camera] = event.thumbnail
                     self._deliver(f"{topic}/thumbnail", event.thumbnail, buffer=True, retain=True, latest_only=True)
+                self._events[camera] = payload
                 self._deliver(topic, payload, buffer=True, retain=True)
         except Exception as exc:
             self._error("event", exc)
@@ -391,13 +397,48 @@ class MqttSink(Sink):
             # On every connect: a broker that lost its retained messages gets them back.
             for camera in sorted(self._cameras):
                 self._announce(camera)
+            flushed = {message[0] for message in self._buffer}
             while self._buffer:
                 self._publish(*self._buffer.popleft())
+            self._republish(flushed)
             self._connected = True
             self._connects += 1
             self._unreachable_said = False
             self._last_error = ""
         log.info("MQTT connected to %s%s", self._where, " over TLS" if self._tls else "")
+
+    def _republish(self, flushed: Set[str]) -> None:
+        """Publishes each camera's last event and thumbnail again, retained, unless just flushed (lock held).
+
+        A broker restarted without persistence has forgotten them, and a camera
+        whose event does not change would otherwise leave Home Assistant "unknown".
+        """
+        for camera, payload in sorted(self._events.items()):
+            topic = f"{self._prefix}/{topic_level(camera)}/event"
+            if f"{topic}/thumbnail" not in flushed and camera in self._thumbnails:
+                self._publish(f"{topic}/thumbnail", self._thumbnails[camera], retain=True)
+            if topic not in flushed:
+                self._publish(topic, payload, retain=True)
+
+    def _watch_silence(self) -> None:
+        """Warns if the broker has not accepted the connection within ``SILENCE_WARN_S`` (once per outage)."""
+        if self._closing:
+            return
+        timer = threading.Timer(SILENCE_WARN_S, self._silent)
+        timer.daemon = True
+        old, self._silence = self._silence, timer
+        if old is not None:
+            old.cancel()
+        timer.start()
+
+    def _silent(self) -> None:
+        if self._connected or self._closing or self._unreachable_said:
+            return
+        self._unreachable_said = True
+        log.warning("MQTT broker %s has not accepted the connection within %.0f s (%s); retrying with backoff, "
+                    "buffering up to %d messages", self._where, SILENCE_WARN_S,
+                    self._last_error or "no answer: check the host and port, and that it is the broker",
+                    self._capacity)
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         # No lock: paho may call this while holding its own locks that publish() takes.
@@ -405,6 +446,7 @@ class MqttSink(Sink):
         if self._closing:
             return
         if was:
+            self._watch_silence()  # a new outage: a broker that comes back silent is warned of too
             self._unreachable_said = True  # one line per outage
             log.warning("MQTT connection to %s lost (%s); buffering up to %d messages and reconnecting",
                         self._where, reason, self._capacity)
@@ -438,11 +480,11 @@ class MqttSink(Sink):
             log.warning("MQTT %s not sent: %s: %s", what, type(exc).__name__, exc)
 
     def counters(self) -> Dict[str, Any]:
-        """Returns connected, published, buffered, dropped, errors and connects."""
+        """Returns sent (published), dropped, errors, waiting (buffered), connected, connects."""
         with self._lock:
-            return {"connected": self._connected, "published": self._published,
-                    "buffered": len(self._buffer), "dropped": self._dropped,
-                    "errors": self._errors, "connects": self._connects}
+            return {"sent": self._published, "dropped": self._dropped, "errors": self._errors,
+                    "waiting": len(self._buffer), "connected": self._connected, "published": self._published,
+                    "buffered": len(self._buffer), "connects": self._connects}
 
     def close(self, timeout: float = 2.0) -> None:
         """Publishes ``offline`` (retained) if connected, disconnects and stops paho's thread."""
@@ -452,9 +494,12 @@ class MqttSink(Sink):
                 self._closing = True
                 info = self._publish(self.availability_topic, b"offline", retain=True) \
                     if self._connected else None
+                if self._silence is not None:
+                    self._silence.cancel()
                 if self._buffer:
                     log.warning("MQTT: %d messages (captions, events) not sent (broker %s away at shutdown)",
                                 len(self._buffer), self._where)
+                    self._dropped += len(self._buffer)
                     self._buffer.clear()
             if info is not None:
                 info.wait_for_publish(max(0.0, deadline - time.monotonic()))

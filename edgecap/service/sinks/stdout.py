@@ -84,8 +84,8 @@ class StdoutSink(Sink):
         self._written += 1
 
     def counters(self) -> Dict[str, Any]:
-        """Returns ``{"written": lines}``."""
-        return {"written": self._written}
+        """Returns ``sent`` (lines written), ``dropped`` and ``errors`` (none: a failed write raises)."""
+        return {"sent": self._written, "dropped": 0, "errors": 0, "written": self._written}
 
     def close(self, timeout: float = 2.0) -> None:
         """Flushes the stream (it is not ours to close)."""

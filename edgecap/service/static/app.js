@@ -217,6 +217,21 @@ function renderDevices(rows) {
   }));
 }
 
+function renderSinks(sinks) {
+  const names = Object.keys(sinks);
+  if (!names.length) return;
+  document.querySelector("#sinks tbody").replaceChildren(...names.map((name) => {
+    const s = sinks[name];
+    const tr = el("tr");
+    tr.append(el("td", null, name + (s.connected === false ? " (not connected)" : "")),
+              el("td", null, String(s.sent ?? 0)),
+              el("td", s.waiting ? "hot" : null, typeof s.waiting === "number" ? String(s.waiting) : "–"),
+              el("td", s.dropped ? "hot" : null, String(s.dropped ?? 0)),
+              el("td", s.errors ? "hot" : null, String(s.errors ?? 0)));
+    return tr;
+  }));
+}
+
 function render(snap) {
   document.getElementById("uptime").textContent = duration(snap.uptime_s);
   const events = snap.events || {};  // per camera: {current, recent}, where the service tracks events
@@ -224,6 +239,7 @@ function render(snap) {
     renderCamera(name, cam, snap.captions[name] || [], events[name] || {});
   }
   renderDevices(snap.devices || []);
+  renderSinks(snap.sinks || {});
 }
 
 function link(text, cls) {
