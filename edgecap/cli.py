@@ -196,11 +196,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from edgecap.bundle import load_bundle
-
     from edgecap.plans.compiled_encoder import describe
+    from edgecap.plans.plan import load_plan
 
     b = load_bundle(args.bundle or default_bundle())
-    from edgecap.plan import load_plan
 
     for board in sorted(b.plans):  # each board's plan read as `auto` reads it: a corrupt one is no "ok"
         load_plan(b.plans[board])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from edgecap import coral_pipeline
+from edgecap.plans import coral_pipeline
 from edgecap.cli import main
 from edgecap.errors import ConfigError
 
