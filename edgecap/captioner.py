@@ -29,7 +29,7 @@ from edgecap.plans.plan import Plan
 from edgecap.planner import TPU_KINDS, Choice, StageRun
 from edgecap.preprocess import Preprocessor
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
-from edgecap.scheduler import Pipeline, Step
+from edgecap.scheduler import Pipeline, Replicas, Step
 from edgecap.sources import Frame, SourceLike, open_source, sample
 from edgecap.stats import PipelineStats
 from edgecap.supervisor import Run, Supervisor
@@ -424,10 +424,15 @@ class EdgeCaptioner:
         worker = planner.PREPROCESS_WORKER
         preprocess = functools.partial(_Preprocess, self._preprocess, self._input_name)
         steps = [Step("preprocess", worker, _guarded("preprocess", worker, preprocess))]
-        steps += [Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
-                                                          functools.partial(_CnnStage, run, released)),
-                      deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
-                 for run in choice.stages]
+        for run in choice.stages:
+            step = Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
+                                                             functools.partial(_CnnStage, run, released)),
+                        deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s, weight=run.share)
+            if not run.copy:
+                steps.append(step)
+            else:  # the copies of one stage: dealt frames by share, put back in order before the RNN
+                first = steps.pop()
+                steps.append(Replicas((*(first.copies if isinstance(first, Replicas) else (first,)), step)))
         rnn = functools.partial(_RnnStep, self.bundle, self.window, choice.rnn_pace_ms, self._output_name,
                                 self._output_quantization, compute=choice.rnn_compute,
                                 float_rnn=self.options.float_rnn)

@@ -49,7 +49,8 @@ def _slow_cpu_board(tmp_path: Path) -> Path:
 
 def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path):
     out = tmp_path / "out"
-    plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "-o", out)
+    plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "--pipeline-only",
+                    "-o", out)
     assert plan["plan_version"] == 1
     assert plan["model"]["file"] == MODEL.name and plan["model"]["ops"] == 21
     assert plan["board"] == {"name": "devboard-usb", "version": load_board("devboard-usb").version, "tpus": 2}
@@ -98,7 +99,7 @@ def test_cpu_only_and_more_tpus_than_the_profile(tmp_path):
     plan = _compile(MODEL, "--board", "devboard-usb", "--tpus", "0", "-o", tmp_path / "a")
     assert [(s["device"], s["ops"]) for s in plan["stages"]] == [("cpu", [0, 21])]
     assert plan["sram_bytes"] is None
-    plan = _compile(MODEL, "--board", "rpi4-2usb", "--tpus", "4", "-o", tmp_path / "b")
+    plan = _compile(MODEL, "--board", "rpi4-2usb", "--tpus", "4", "--pipeline-only", "-o", tmp_path / "b")
     # TPUs beyond the profile copy its last one, a USB Accelerator.
     assert [s["device"] for s in plan["stages"]] == ["usb:0", "usb:1", "usb:2", "usb:3", "cpu"]
 

@@ -31,7 +31,8 @@ from edgecap.plans.pricing import AS_PROFILED, CPU, Correction, Corrections, pri
 # Bumped when plan.json gains an optional field the runtime relies on: a plan
 # cached before stages recorded their cost parts (``Stage.cost``) cannot be
 # re-priced by the running board (edgecap.adapt) nor paced by a truth.
-CACHE_FORMAT = 2
+# 3: a bundle's plan charges the RNN step the runtime runs (the int8 one where shipped), not the float one.
+CACHE_FORMAT = 3
 
 
 def cache_root() -> Path:
@@ -104,6 +105,8 @@ def plan_for_board(
     # The bundle recorded both models' hashes when it validated them.
     key.update(bundle.encoder_model.sha256.encode())
     key.update(bundle.encoder_step_model.sha256.encode())
+    # The step the plan charges (``Bundle.steps``: the int8 one where shipped).
+    key.update(hashlib.sha256(bundle.steps().encoder_step.read_bytes()).hexdigest().encode())
     # A plan made without edgetpu_compiler, or by another compiler or plan
     # version, must not be reused once that changes (edgecap_compile ships in
     # the edgecap distribution, so its version is edgecap's). CACHE_FORMAT marks

@@ -1,0 +1,119 @@
+"""The schedule search (pipelines, copies, hybrids) against brute force, and what it picks for the demo."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from edgecap_compile import schedules
+from edgecap_compile.boards import load_board
+from edgecap_compile.compiler import rnn_step_ms
+from edgecap_compile.cost_model import CostModel
+from edgecap_compile.graph import read_graph
+from edgecap_compile.partitioner import partition
+from tests.test_compile_bus_search import _bus_boards
+from tests.test_compile_partitioner import _boards, _no_worse
+
+
+def _same(a, b):
+    assert a.bottleneck_ms == pytest.approx(b.bottleneck_ms, rel=1e-9, abs=1e-12)
+    assert a.latency_ms == pytest.approx(b.latency_ms, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_boards())
+def test_the_search_equals_brute_force_over_groups_cuts_and_cpu_copies(board):
+    tpus, costs = board
+    ours = schedules.search(costs, tpus)
+    _same(ours, schedules.exhaustive(costs, tpus))
+    # Never worse than the best pipeline, which it returns on a tie.
+    pipe = partition(costs, tpus)
+    assert _no_worse(ours, pipe)
+    if not ours.replicated:
+        assert ours == pipe
+
+
+@settings(max_examples=100, deadline=None)
+@given(_bus_boards())
+def test_the_search_equals_brute_force_with_a_shared_bus(board):
+    tpus, costs, bus = board
+    if tpus == 4 and costs[0].shape[0] > 4:  # 75 group sequences times every cut: the slow tier's
+        return
+    _same(schedules.search(costs, tpus, bus), schedules.exhaustive(costs, tpus, bus))
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None)
+@given(_bus_boards())
+def test_the_search_equals_brute_force_with_a_shared_bus_on_four_tpus(board):
+    tpus, costs, bus = board
+    _same(schedules.search(costs, tpus, bus), schedules.exhaustive(costs, tpus, bus))
+
+
+def test_ordered_groups_are_the_ordered_set_partitions():
+    # Fubini numbers: 1, 3, 13, 75 ordered set partitions of 1-4 TPUs.
+    assert [len(list(schedules.ordered_groups(t))) for t in (1, 2, 3, 4)] == [1, 3, 13, 75]
+    assert set(schedules.ordered_groups(2)) == {((0,), (1,)), ((1,), (0,)), ((0, 1),)}
+
+
+def test_a_group_of_copies_sustains_the_sum_of_their_rates():
+    inf = np.inf
+    a = np.array([[0, 2.0], [inf, 0]])
+    b = np.array([[0, 6.0], [inf, 0]])
+    period, latency, moved = schedules.group_matrices([a, b], (0, 1), [np.full((2, 2), 1.0), np.full((2, 2), 3.0)])
+    assert period[0, 1] == pytest.approx(1 / (1 / 2 + 1 / 6))  # 1.5 ms a frame
+    assert latency[0, 1] == 6.0  # a frame passes one copy: the slowest bounds it
+    assert moved[0, 1] == pytest.approx(0.75 * 1 + 0.25 * 3)  # each copy's bus time for its share
+    assert period[0, 0] == 0 and latency[0, 0] == 0 and period[1, 0] == inf
+    assert schedules.shares_of([a, b], (0, 1), 0, 1) == pytest.approx((0.75, 0.25))
+
+
+def test_the_cpu_takes_whole_frames_only_where_it_has_time_beside_the_rnn():
+    inf = np.inf
+    tpu = np.array([[0, 2.0], [inf, 0]])
+    cpu = lambda rnn: np.array([[rnn, 8.0 + rnn], [inf, rnn]])
+    found = schedules.cpu_copies([tpu, cpu(0.5)], (0,))
+    # TPU 2 ms a frame alone; with the CPU (8 ms a frame plus 0.5 ms of RNN every frame):
+    # P = (c + r) / (c / t + 1) = 8.5 / 5 = 1.7 ms, the CPU's load s c + r = P.
+    assert found.bottleneck_ms == pytest.approx(1.7)
+    (tpu_share, cpu_share), _ = found.shares
+    assert tpu_share * 2.0 == pytest.approx(1.7) and cpu_share * 8.0 + 0.5 == pytest.approx(1.7)
+    assert schedules.cpu_copies([tpu, cpu(2.5)], (0,)) is None  # the RNN alone is over 2 ms
+
+
+@pytest.fixture(scope="module")
+def demo_costs():
+    from pathlib import Path
+
+    from edgecap_compile.model_source import resolve_source
+
+    source = resolve_source(Path(__file__).resolve().parents[1] / "models" / "demo" / "bundle")
+    graph = read_graph(source.encoder)
+
+    def costs(name, tpus=None):
+        board = load_board(name)
+        board = board if tpus is None else board.with_tpus(tpus)
+        model = CostModel(graph, [*board.tpus, board.cpu], rnn_step_ms(source.rnn_step, board),
+                          window=source.window)
+        return [model.matrix(k) for k in range(len(model.devices))], len(board.tpus), \
+            model.bus_matrices(board.buses)
+    return costs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("board, tpus", [("devboard", None), ("devboard-usb", None), ("rpi4-2usb", None),
+                                         ("rpi5-dualtpu", None), ("pc-4tpu-pcie", 2), ("rpi4-2usb", 3)])
+def test_the_search_equals_brute_force_on_the_demo_encoder(demo_costs, board, tpus):
+    costs, n_tpus, bus = demo_costs(board, tpus)
+    _same(schedules.search(costs, n_tpus, bus), schedules.exhaustive(costs, n_tpus, bus))
+
+
+def test_copies_beat_the_pipeline_for_the_demo_on_two_tpus(demo_costs):
+    for board in ("devboard-usb", "rpi4-2usb"):
+        costs, tpus, bus = demo_costs(board)
+        ours, pipe = schedules.search(costs, tpus, bus), partition(costs, tpus, bus)
+        assert ours.replicated and ours.bottleneck_ms < pipe.bottleneck_ms / 1.7
+        copies = schedules.whole_model_copies(costs, tpus, bus)
+        slowest = schedules.replicate_slowest(costs, tpus, bus)
+        assert ours.bottleneck_ms <= min(copies.bottleneck_ms, slowest.bottleneck_ms) * (1 + 1e-9)
