@@ -123,6 +123,9 @@ class Board:
         run them along the chain in another order.
       sources: Where each figure comes from, keyed by field path.
       buses: Buses several TPU links share (each TPU's ``bus`` names one).
+      replicas: Whether plans for it may run a stage as copies on several
+        devices (``edgecap_compile.schedules``); False: pipelines only, one
+        device per stage (a profile's ``"replicas": false``).
     """
 
     name: str
@@ -132,6 +135,7 @@ class Board:
     tpus: List[Device]
     sources: Dict[str, str]
     buses: Tuple[Bus, ...] = ()
+    replicas: bool = True
 
     def with_tpus(self, count: int) -> "Board":
         """Returns the board with ``count`` TPUs; TPUs beyond the profile copy its last TPU.
@@ -215,6 +219,8 @@ class _BoardFile(msgspec.Struct, forbid_unknown_fields=True):
     buses: List[_BusFile] = []
     # Where each figure comes from, keyed by field path ("cpu.macs_per_s", "tpus[1]").
     sources: Dict[str, str] = {}
+    # False: plans run each stage on one device (no copies of a stage on several).
+    replicas: bool = True
 
 
 def _usable(tpu: _TpuFile, path: Path, index: int) -> int:
@@ -302,4 +308,4 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
                    sram_bytes=_usable(t, path, i), link=t.link, bus=bus_of.get(i))
             for i, t in enumerate(doc.tpus)]
     return Board(doc.name, doc.version, doc.description, cpu, tpus, dict(doc.sources),
-                 tuple(Bus(b.name, b.bytes_per_s) for b in doc.buses))
+                 tuple(Bus(b.name, b.bytes_per_s) for b in doc.buses), doc.replicas)

@@ -140,6 +140,7 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
             f"{len(chosen.tpus)} TPUs + CPU make {stages} stages but {model_source.encoder.name} "
             f"has only {len(graph.ops)} ops; use --tpus {len(graph.ops) - 1} or fewer")
     rnn_ms = rnn_step_ms(model_source.rnn_step, chosen) if model_source.rnn_step else 0.0
+    replicas = replicas and chosen.replicas
     model = CostModel(graph, [*chosen.tpus, chosen.cpu], rnn_ms, window=model_source.window)
     costs = [model.matrix(k) for k in range(stages)]
     bus = model.bus_matrices(chosen.buses)
@@ -354,7 +355,7 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
                        best: Plan, count: int, max_bytes: int, tpus: Optional[int] = None,
                        sram: Optional[int] = None,
                        calibration: Optional[Union[str, os.PathLike]] = None,
-                       min_runtime_version: Optional[int] = None) -> CandidatesResult:
+                       min_runtime_version: Optional[int] = None, replicas: bool = True) -> CandidatesResult:
     """Writes the candidate plans of a board beside its best plan, within a count and a size.
 
     The candidates are ranked by ``edgecap_compile.scenario_plans.choose`` and
@@ -378,6 +379,7 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
       sram: As for ``compile_model``.
       calibration: As for ``compile_model``.
       min_runtime_version: As for ``compile_model``.
+      replicas: As for ``compile_model``.
 
     Returns:
       The ``CandidatesResult``.
@@ -394,7 +396,8 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
     chosen = make_board(board, tpus, sram, calibration)
     if best.sram_bytes is not None and chosen.tpus and best.sram_bytes < min(t.sram_bytes for t in chosen.tpus):
         chosen = chosen.with_sram(best.sram_bytes)  # the budget the best plan's re-split settled on
-    ranked = scenario_plans.choose(graph, model_source.file, chosen, best, model_source.window) \
+    ranked = scenario_plans.choose(graph, model_source.file, chosen, best, model_source.window,
+                                   replicas and chosen.replicas) \
         if count and chosen.tpus else []
     compiler = find_compiler()
     staging = Path(tempfile.mkdtemp(prefix=f".{CANDIDATES_DIR}.", suffix=".partial", dir=plans_dir))

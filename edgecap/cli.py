@@ -589,7 +589,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         candidates = compiler.compile_candidates(
             args.model, args.board, result.plan, count, int(mb * 1e6), tpus=args.tpus,
             sram=args.sram, calibration=args.calibration,
-            min_runtime_version=args.min_runtime_version)
+            min_runtime_version=args.min_runtime_version, replicas=not args.pipeline_only)
     pred = result.plan.predicted
     if args.json:
         print(json.dumps(_compile_json(result, candidates)))

@@ -41,10 +41,25 @@ def _profile(tmp_path: Path, name: str = BOARD, change=None) -> Path:
     return path
 
 
-def _compile(bundle: Path, board: Path, *flags: str, capsys) -> dict:
+def _compile(bundle: Path, board: Path, *flags: str, capsys, pipeline_only: bool = True) -> dict:
+    # Pipelines: the profile below makes the demo CNN span both TPUs, with many
+    # near-optimal cuts to rank (copies of the whole CNN would leave one candidate).
     capsys.readouterr()
-    assert main(["compile", str(bundle), "--board", str(board), "--into-bundle", "--json", *flags]) == 0
+    assert main(["compile", str(bundle), "--board", str(board), "--into-bundle", "--json", *flags,
+                 *(["--pipeline-only"] if pipeline_only else [])]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def test_candidates_with_replicas_load_and_cover_a_missing_tpu(bundle_copy, tmp_path, capsys):
+    from edgecap.plans.plan import load_plan
+
+    doc = _compile(bundle_copy, _profile(tmp_path), "--candidates", "4", capsys=capsys, pipeline_only=False)
+    best = load_plan(bundle_copy / "plans" / BOARD)
+    assert any(s.replicas for s in best.stages)  # the CNN copied on both TPUs (and the CPU)
+    written = [load_plan(bundle_copy / "plans" / BOARD / "candidates" / w["name"])
+               for w in doc["candidates"]["written"]]
+    # A plan for the board with a TPU missing is among them.
+    assert any(p.board_tpus == 1 for p in written), [w["why"] for w in doc["candidates"]["written"]]
 
 
 def _files(folder: Path):
@@ -98,7 +113,7 @@ def test_the_caps_bound_the_count_and_the_bytes_and_zero_removes_them(bundle_cop
 
 def test_compile_prints_the_growth_and_validate_lists_the_candidates(bundle_copy, tmp_path, capsys):
     assert main(["compile", str(bundle_copy), "--board", str(_profile(tmp_path)), "--into-bundle",
-                 "--candidates", "4"]) == 0
+                 "--candidates", "4", "--pipeline-only"]) == 0
     out = capsys.readouterr().out
     assert "candidates: 4 in " in out and " MB to the bundle (" in out and "--candidates 4" in out
     assert out.count("TPU(s), predicted ") == 4

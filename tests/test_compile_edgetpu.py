@@ -148,7 +148,7 @@ def _written(result) -> dict:
 
 def test_compiles_each_tpu_segment_and_records_the_log(stand_in, tmp_path):
     board = _slow_cpu_board(tmp_path, "devboard-usb")
-    plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000,
+    plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000, replicas=False,
                                   min_runtime_version=13))
     calls = [json.loads(line) for line in stand_in.read_text().splitlines()]
     assert [s["device"] for s in plan["stages"]] == ["pci:0", "usb:0", "cpu"]
@@ -322,7 +322,7 @@ def test_without_the_compiler_segments_stay_uncompiled(tmp_path, monkeypatch, ca
     monkeypatch.setenv("PATH", str(tmp_path))
     board = _slow_cpu_board(tmp_path, "devboard-usb")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
-        plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000))
+        plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000, replicas=False))
     assert plan["stages"][0]["segment"]
     for stage in plan["stages"][:2]:
         assert stage["edgetpu"]["compiled"] is False

@@ -17,6 +17,7 @@ import pytest
 
 from edgecap import interpreter
 from edgecap.captioner import EdgeCaptioner
+from tests.pipeline_boards import pipeline_board
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +70,7 @@ def test_the_host_rule_opens_the_encoder_and_its_rnn_step_once_more_to_time_them
 def test_a_board_start_up_opens_no_model_for_planning(shipped_bundle: Path, opened: Counter,
                                                       tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), num_threads=1) as cap:
         segments = [s.segment.name for s in cap.plan.active_stages]
     # Validation opens the encoder once; planning reads it with the schema bindings,
     # not an interpreter; each segment is opened once, in its worker.

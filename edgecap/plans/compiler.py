@@ -56,7 +56,7 @@ def _compiler(board: object) -> ModuleType:
 def plan_for_board(
     bundle: Bundle, board: "str | object", *, tpus: Optional[int] = None, whole_on_tpu: bool = False,
     equal_param: bool = False, window: Optional[WindowSpec] = None,
-    corrections: Corrections = AS_PROFILED,
+    corrections: Corrections = AS_PROFILED, replicas: bool = True,
 ) -> Plan:
     """Compiles the bundle's encoder for a board profile and loads the plan.
 
@@ -79,6 +79,8 @@ def plan_for_board(
         is the best for the board as measured; the plan's predictions stay
         the profile's, as every plan's: what is measured is compared with
         them, and an emulated board paces to them.
+      replicas: Also search copies of a stage on several devices (the
+        default); False: the best pipeline, one device per stage.
 
     Returns:
       The loaded ``Plan``.
@@ -112,7 +114,7 @@ def plan_for_board(
     # the edgecap distribution, so its version is edgecap's). CACHE_FORMAT marks
     # plan.json gaining optional fields within one plan version.
     key.update(repr((chosen, (bundle.window.frames, bundle.window.stride), whole_on_tpu, equal_param,
-                     edgecap_compile.find_compiler(), PLAN_VERSION, CACHE_FORMAT,
+                     edgecap_compile.find_compiler(), PLAN_VERSION, CACHE_FORMAT, replicas,
                      metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
     if not (out / PLAN_FILE).is_file():
@@ -128,7 +130,7 @@ def plan_for_board(
             ranges = [(0, n), (n, n)] if whole_on_tpu else None
             if equal_param:
                 ranges = edgecap_compile.equal_param_ranges(bundle.encoder, len(chosen.tpus))
-            edgecap_compile.compile_model(bundle, chosen, staging, ranges=ranges)
+            edgecap_compile.compile_model(bundle, chosen, staging, ranges=ranges, replicas=replicas)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
