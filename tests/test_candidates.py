@@ -46,8 +46,8 @@ def with_candidates(tmp_path_factory, shipped_bundle):
     shutil.copytree(shipped_bundle, root)
     board = _profile(tmp, "nominal", lambda doc: None)
     bundle = load_bundle(root)
-    best = compile_model(bundle, board, root / "plans" / "slow-tpus").plan
-    compile_candidates(bundle, board, best, count=64, max_bytes=10**9)
+    best = compile_model(bundle, board, root / "plans" / "slow-tpus", replicas=False).plan
+    compile_candidates(bundle, board, best, count=64, max_bytes=10**9, replicas=False)
     return root, tmp
 
 
@@ -96,7 +96,7 @@ def test_the_plan_the_partitioner_picks_for_a_changed_board_wins_in_price(
     bundle = load_bundle(root)
     plans = [load_plan(bundle.plans["slow-tpus"]), *_candidates(bundle, "slow-tpus")]
     # The compiler's best plan for a profile that really is that slow: the oracle.
-    oracle = compile_model(bundle, _profile(tmp, "changed", change), tmp / "oracle").plan
+    oracle = compile_model(bundle, _profile(tmp, "changed", change), tmp / "oracle", replicas=False).plan
     ms = [price(p, corrections).period_ms for p in plans]
     winner = plans[ms.index(min(ms))]
     optimum = oracle.predicted.bottleneck_ms
@@ -157,8 +157,8 @@ def test_candidates_behind_a_shared_bus_are_priced_with_it(shipped_bundle, tmp_p
     board = tmp_path / "rpi4-2usb.json"
     board.write_text(json.dumps(doc))
     bundle = load_bundle(root)
-    best = compile_model(bundle, board, root / "plans" / "rpi4-2usb", sram=20_000).plan
-    compile_candidates(bundle, board, best, count=64, max_bytes=10**9, sram=20_000)
+    best = compile_model(bundle, board, root / "plans" / "rpi4-2usb", sram=20_000, replicas=False).plan
+    compile_candidates(bundle, board, best, count=64, max_bytes=10**9, sram=20_000, replicas=False)
     bundle = load_bundle(root)
     plans = [best, *_candidates(bundle, "rpi4-2usb")]
     (bus,) = best.buses

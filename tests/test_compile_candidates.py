@@ -172,10 +172,11 @@ def test_every_scenario_is_served_within_the_gain_that_ends_the_list(shipped_bun
     from edgecap_compile.compiler import compile_model
 
     board = load_board(str(_profile(tmp_path)))
-    best = compile_model(bundle, board, tmp_path / "best").plan
+    best = compile_model(bundle, board, tmp_path / "best", replicas=False).plan
     graph = read_graph(bundle.encoder)
     window = (bundle.window.frames, bundle.window.stride)
-    chosen = [best, *(c.plan for c in scenario_plans.choose(graph, "encoder.tflite", board, best, window))]
+    chosen = [best, *(c.plan for c in scenario_plans.choose(graph, "encoder.tflite", board, best, window,
+                                                            replicas=False))]
     cases = scenario_plans.scenarios(board)
     # As profiled, each TPU at 3 speeds and on a slower link, the CPU at 2 speeds; one TPU only.
     assert len(cases) == 1 + 2 * 4 + 2 + 1

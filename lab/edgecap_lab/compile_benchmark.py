@@ -533,7 +533,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "step) in the usable-SRAM table, e.g. the paper-scale bundles")
     parser.add_argument("--out", default=str(RESULTS / "compile-benchmark"),
                         help="path prefix of the .json and .md written")
+    parser.add_argument("--schedules-only", action="store_true",
+                        help="only the schedules table of --bundles (no Keras models needed): writes "
+                             "results/compile-schedules.json and .md unless --out says otherwise")
     args = parser.parse_args(argv)
+    if args.schedules_only:
+        return _schedules_main(args)
     rnn_step = None if args.rnn_step == "none" else Path(args.rnn_step)
     if rnn_step is not None and not rnn_step.is_file():
         raise CompileError(f"no RNN step model {rnn_step}; pass --rnn-step PATH or 'none'")
@@ -549,6 +554,136 @@ def main(argv: Optional[List[str]] = None) -> int:
     write_text(args.out + ".json", json.dumps(doc, indent=2) + "\n")
     text = markdown(doc)
     write_text(args.out + ".md", text)
+    print(text)
+    return 0
+
+
+
+
+# ---------------------------------------------------------------------------
+# Schedules (issue 27): our plan against the four baselines, for bundles' own encoders.
+
+SCHEDULE_BOARDS = ("devboard", "devboard-usb", "rpi4-2usb", "rpi5-dualtpu", "pc-4tpu-pcie")
+
+
+def schedule_row(label: str, bundle_dir: Path, board_name: str) -> dict:
+    """One bundle on one board: our schedule against equal-parameter, balanced TPU-only, copies and replicate-slowest.
+
+    The CPU stage charges the RNN step the runtime runs (``resolve_source``:
+    the int8 one where shipped) at the bundle's window, as ``edgecap compile`` does.
+    """
+    from edgecap_compile import schedules
+    from edgecap_compile.model_source import resolve_source
+
+    source = resolve_source(bundle_dir)
+    graph = read_graph(source.encoder)
+    board = load_board(board_name)
+    tpus = len(board.tpus)
+    model = CostModel(graph, [*board.tpus, board.cpu], rnn_step_ms(source.rnn_step, board), window=source.window)
+    costs = [model.matrix(k) for k in range(len(model.devices))]
+    bus = model.bus_matrices(board.buses)
+    prefix = np.array([model.param_bytes(0, i) for i in range(len(graph.ops) + 1)])
+    found = {
+        "ours": schedules.search(costs, tpus, bus),
+        "pipeline": partition(costs, tpus, bus),
+        "equal_param": equal_param_split(costs, prefix, tpus, bus),
+        "balanced_tpu": balanced_tpu_split(costs, tpus, bus),
+        "copies": schedules.whole_model_copies(costs, tpus, bus),
+        "replicate_slowest": schedules.replicate_slowest(costs, tpus, bus),
+    }
+    names = [*plan_devices(board), "cpu"]
+    row = {"model": label, "board": board_name, "tpus": tpus, "rnn_frame_ms": round(model.rnn_frame_ms, 4),
+           "rnn_step": _step_model(source.rnn_step)}
+    for key, split in found.items():
+        row[key] = None if split is None else {
+            **_summary(split, names),
+            "copies": [[names[d] for d in c] for c in split.copies],
+            "shares": [[round(s, 4) for s in sh] for sh in split.shares]}
+    baselines = [found[k].bottleneck_ms for k in ("equal_param", "balanced_tpu", "copies", "replicate_slowest")
+                 if found[k] is not None]
+    row["best_baseline_ms"] = round(min(baselines), 4)
+    row["ours_over_best_baseline"] = round(found["ours"].bottleneck_ms / min(baselines), 4)
+    print(f"{label:22s} {board_name:13s} ours {found['ours'].bottleneck_ms:7.3f} ms  pipeline "
+          f"{found['pipeline'].bottleneck_ms:7.3f}  best baseline {min(baselines):7.3f}  ratio "
+          f"{row['ours_over_best_baseline']:.3f}", flush=True)
+    return row
+
+
+def schedules_document(bundles: Sequence[Tuple[str, Path]], boards: Sequence[str] = SCHEDULE_BOARDS) -> dict:
+    """The schedules table: every bundle on every board."""
+    return {
+        "command": "python -m edgecap_lab.compile_benchmark --schedules-only --bundles " +
+                   " ".join(str(p) for _, p in bundles),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "boards": {b: load_board(b).version for b in boards},
+        "rows": [schedule_row(label, path, b) for label, path in bundles for b in boards],
+    }
+
+
+def _cell(split: Optional[dict]) -> str:
+    if split is None:
+        return "-"
+    return f"{split['bottleneck_ms']:.3f} ({split['fps']:.0f})"
+
+
+def _schedule(split: dict) -> str:
+    stages = []
+    for devices, copies, (a, b) in zip(split["devices"], split["copies"] or [[]] * len(split["devices"]),
+                                        zip(split["cuts"], split["cuts"][1:])):
+        if b > a or devices == "cpu":
+            stages.append("+".join([devices, *copies]) + f" [{a},{b})")
+    return ", ".join(stages)
+
+
+def schedules_markdown(doc: dict) -> str:
+    """The schedules table as markdown, with its goal line."""
+    lines = [
+        "# Compiler benchmark: schedules (pipelines, copies, hybrids)",
+        "",
+        f"`{doc['command']}` on {doc['date']} ({doc['host']['machine']}, {doc['host']['cpus']} CPUs). "
+        "Modelled: each board profile's cost model (compile/boards/*.json), every TPU the board has, a "
+        "shared bus in every bottleneck; the CPU stage carries each bundle's RNN encoder step as the "
+        "runtime runs it (its int8 step) at the bundle's window. Cells: ms a frame (fps).",
+        "",
+        "- **ours**: `edgecap compile` (compile/schedules.py: exact over pipelines, copies and hybrids, "
+        "the CPU taking whole frames where it helps); **pipeline**: the best pipeline alone (what "
+        "`edgecap compile` chose before replicas, `--pipeline-only`).",
+        "- Baselines: **equal-param** (edgetpu_compiler --num_segments N), **balanced TPU-only** "
+        "(Coral's profiling partitioner's aim), **copies** (the whole model on every TPU, frames dealt "
+        "by speed, the CPU with the RNN only: Frigate's way), **replicate-slowest** (the best pipeline "
+        "on all TPUs but one, its slowest TPU segment copied on the spare).",
+        "",
+        "| model | board | TPUs | ours: schedule | ours ms (fps) | pipeline | equal-param | balanced TPU-only "
+        "| copies | replicate-slowest | ours / best baseline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        lines.append(f"| {r['model']} | {r['board']} | {r['tpus']} | {_schedule(r['ours'])} | "
+                     f"{_cell(r['ours'])} | {_cell(r['pipeline'])} | {_cell(r['equal_param'])} | "
+                     f"{_cell(r['balanced_tpu'])} | {_cell(r['copies'])} | {_cell(r['replicate_slowest'])} | "
+                     f"{r['ours_over_best_baseline']:.3f} |")
+    worst = max(r["ours_over_best_baseline"] for r in doc["rows"])
+    lines += ["", f"Goal: every row at or under the best of the four baselines: "
+              f"{'met' if worst <= 1 + 1e-9 else 'NOT met'} (worst ours / best baseline {worst:.3f}).", ""]
+    return "\n".join(lines)
+
+
+def _schedules_main(args) -> int:
+    if not args.bundles:
+        raise CompileError("--schedules-only compares bundles' encoders: pass --bundles DIR ...")
+    out = str(RESULTS / "compile-schedules") if args.out == str(RESULTS / "compile-benchmark") else args.out
+    for suffix in (".json", ".md"):
+        check_output(out + suffix, "--out")
+    for directory in args.bundles:
+        load_bundle(directory)  # a bad bundle is one line before the run
+    boards = [b for b in args.boards if b in SCHEDULE_BOARDS] or list(SCHEDULE_BOARDS)
+    labels = [(f"{Path(d).name} (bundle)" if Path(d).name != "bundle" else f"{Path(d).parent.name} (bundle)",
+               Path(d)) for d in args.bundles]
+    doc = schedules_document(labels, boards)
+    write_text(out + ".json", json.dumps(doc, indent=2) + "\n")
+    text = schedules_markdown(doc)
+    write_text(out + ".md", text)
     print(text)
     return 0
 
