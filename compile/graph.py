@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Set, Tuple, Union
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
@@ -158,6 +158,12 @@ class Graph:
         return inputs, outputs
 
 
+def _seq(vector):
+    """A flatbuffer vector of the schema's object API, or () for an absent one: ai-edge-litert
+    2.1 (the last for Python 3.9) gives numpy arrays, whose truth `x or ()` cannot take."""
+    return () if vector is None else vector
+
+
 def _shape(tensor: schema.TensorT) -> Tuple[int, ...]:
     return tuple(int(d) for d in (tensor.shape if tensor.shape is not None else ()))
 
@@ -226,6 +232,79 @@ def _unreadable(data: bytes, label: str, exc: Exception) -> str:
             f"flatbuffer_utils) cannot read ({type(exc).__name__}: {exc}); re-export it")
 
 
+def _read_model(data: bytes, label: str, first_subgraph_only: bool) -> "schema.ModelT":
+    """Parses the flatbuffer and checks it is one (main) subgraph that edgetpu_compiler has not compiled."""
+    if len(data) < 8 or data[4:8] != b"TFL3":
+        raise CompileError(f"{label} is not a TFLite flatbuffer (no TFL3 identifier)")
+    try:
+        model = flatbuffer_utils.read_model_from_bytearray(bytearray(data))
+    except Exception as e:  # The generated reader raises whatever a corrupt buffer trips.
+        raise CompileError(_unreadable(data, label, e)) from None
+    if not model.subgraphs or (len(model.subgraphs) > 1 and not first_subgraph_only):
+        raise CompileError(
+            f"{label} has {len(model.subgraphs or [])} subgraphs; edgecap compile takes "
+            "single-subgraph models (export without control flow or extra signatures)"
+        )
+    if any(_custom_code(c) == _EDGETPU_CUSTOM_OP for c in model.operatorCodes or []):
+        raise CompileError(
+            f"{label} is already compiled by edgetpu_compiler (edgetpu-custom-op); edgecap compile "
+            "splits a model before compiling it: pass the model edgetpu_compiler was given, or import "
+            "Coral's own segments with `edgecap plan import`")
+    return model
+
+
+def _check_static_shapes(label: str, tensors: List[Tensor], intermediates: Set[int]) -> None:
+    """Refuses a model whose activations have a dynamic dimension."""
+    for t in tensors:
+        if not t.constant and t.index not in intermediates and any(d < 1 for d in t.shape) and t.shape:
+            raise CompileError(
+                f"{label}: tensor '{t.name}' has dynamic shape {list(t.shape)}; "
+                "export with a fixed input shape and batch size 1"
+            )
+
+
+def _check_integer(label: str, tensors: List[Tensor], inputs: Tuple[int, ...], outputs: Tuple[int, ...],
+                   intermediates: Set[int]) -> None:
+    """Refuses a model the EdgeTPU cannot run: float inputs, outputs or activations."""
+    for t in (tensors[i] for i in inputs + outputs):
+        if t.dtype not in ("int8", "uint8"):
+            raise CompileError(
+                f"{label}: {'input' if t.index in inputs else 'output'} '{t.name}' is "
+                f"{t.dtype}; the EdgeTPU needs full-integer quantization (int8 input "
+                "and output, representative dataset)"
+            )
+    for t in tensors:
+        if not t.constant and t.index not in intermediates and t.dtype not in _INTEGER_ACTIVATIONS:
+            raise CompileError(
+                f"{label}: activation '{t.name}' is {t.dtype}; the EdgeTPU needs "
+                "full-integer quantization (every op int8)"
+            )
+
+
+def _op(model: "schema.ModelT", index: int, op: "schema.OperatorT", tensors: List[Tensor]) -> Tuple[Op, bool]:
+    """Returns one operator as an ``Op`` with its work, and whether a cost rule knows its type."""
+    op_type = _op_type(model, op.opcodeIndex)
+    ins = tuple(int(i) for i in _seq(op.inputs) if i >= 0)
+    outs = tuple(int(i) for i in _seq(op.outputs) if i >= 0)
+    shapes = OpShapes(
+        inputs=[tensors[i].shape if i >= 0 else None for i in _seq(op.inputs)],
+        outputs=[tensors[i].shape for i in outs],
+        options=op.builtinOptions,
+    )
+    work = op_work(op_type, shapes)
+    return Op(
+        index=index,
+        type=op_type,
+        inputs=ins,
+        outputs=outs,
+        macs=work.macs,
+        elements=work.elements,
+        param_bytes=sum(tensors[i].nbytes for i in ins if tensors[i].constant),
+        act_in_bytes=sum(tensors[i].nbytes for i in ins if not tensors[i].constant),
+        act_out_bytes=sum(tensors[i].nbytes for i in outs),
+    ), work.known
+
+
 def read_graph(
     source: Union[str, os.PathLike, bytes], require_integer: bool = True,
     first_subgraph_only: bool = False,
@@ -248,77 +327,25 @@ def read_graph(
     """
     data, stem = _load(source)
     label = os.fspath(source) if not isinstance(source, (bytes, bytearray)) else "model bytes"
-    if len(data) < 8 or data[4:8] != b"TFL3":
-        raise CompileError(f"{label} is not a TFLite flatbuffer (no TFL3 identifier)")
-    try:
-        model = flatbuffer_utils.read_model_from_bytearray(bytearray(data))
-    except Exception as e:  # The generated reader raises whatever a corrupt buffer trips.
-        raise CompileError(_unreadable(data, label, e)) from None
-    if not model.subgraphs or (len(model.subgraphs) > 1 and not first_subgraph_only):
-        raise CompileError(
-            f"{label} has {len(model.subgraphs or [])} subgraphs; edgecap compile takes "
-            "single-subgraph models (export without control flow or extra signatures)"
-        )
-    if any(_custom_code(c) == _EDGETPU_CUSTOM_OP for c in model.operatorCodes or []):
-        raise CompileError(
-            f"{label} is already compiled by edgetpu_compiler (edgetpu-custom-op); edgecap compile "
-            "splits a model before compiling it: pass the model edgetpu_compiler was given, or import "
-            "Coral's own segments with `edgecap plan import`")
+    model = _read_model(data, label, first_subgraph_only)
     sub = model.subgraphs[0]
     tensors = [_tensor(model, i, t) for i, t in enumerate(sub.tensors or [])]
-    inputs, outputs = tuple(sub.inputs or ()), tuple(sub.outputs or ())
+    inputs, outputs = tuple(_seq(sub.inputs)), tuple(_seq(sub.outputs))
     # An LSTM's quantization intermediates carry only scales (shape [0] or []), never data.
-    intermediates = {int(i) for op in sub.operators or [] for i in (op.intermediates or ())}
-    for t in tensors:
-        if not t.constant and t.index not in intermediates and any(d < 1 for d in t.shape) and t.shape:
-            raise CompileError(
-                f"{label}: tensor '{t.name}' has dynamic shape {list(t.shape)}; "
-                "export with a fixed input shape and batch size 1"
-            )
+    intermediates = {int(i) for op in sub.operators or [] for i in _seq(op.intermediates)}
+    _check_static_shapes(label, tensors, intermediates)
     if require_integer:
-        for t in (tensors[i] for i in inputs + outputs):
-            if t.dtype not in ("int8", "uint8"):
-                raise CompileError(
-                    f"{label}: {'input' if t.index in inputs else 'output'} '{t.name}' is "
-                    f"{t.dtype}; the EdgeTPU needs full-integer quantization (int8 input "
-                    "and output, representative dataset)"
-                )
-        for t in tensors:
-            if not t.constant and t.index not in intermediates and t.dtype not in _INTEGER_ACTIVATIONS:
-                raise CompileError(
-                    f"{label}: activation '{t.name}' is {t.dtype}; the EdgeTPU needs "
-                    "full-integer quantization (every op int8)"
-                )
-    ops = []
-    unknown = []
+        _check_integer(label, tensors, inputs, outputs, intermediates)
+    ops, unknown = [], set()
     for index, op in enumerate(sub.operators or []):
-        op_type = _op_type(model, op.opcodeIndex)
-        ins = tuple(int(i) for i in (op.inputs or ()) if i >= 0)
-        outs = tuple(int(i) for i in (op.outputs or ()) if i >= 0)
-        shapes = OpShapes(
-            inputs=[tensors[i].shape if i >= 0 else None for i in (op.inputs or ())],
-            outputs=[tensors[i].shape for i in outs],
-            options=op.builtinOptions,
-        )
-        work = op_work(op_type, shapes)
-        if not work.known:
-            unknown.append(op_type)
-        ops.append(Op(
-            index=index,
-            type=op_type,
-            inputs=ins,
-            outputs=outs,
-            macs=work.macs,
-            elements=work.elements,
-            param_bytes=sum(tensors[i].nbytes for i in ins if tensors[i].constant),
-            act_in_bytes=sum(tensors[i].nbytes for i in ins if not tensors[i].constant),
-            act_out_bytes=sum(tensors[i].nbytes for i in outs),
-        ))
+        one, known = _op(model, index, op, tensors)
+        ops.append(one)
+        if not known:
+            unknown.add(one.type)
     if unknown:
         _log.warning(
             "%s: no cost rule for %s; charged as element work on every value read and "
-            "written (the EdgeTPU may not run them either)", label, ", ".join(sorted(set(unknown)))
+            "written (the EdgeTPU may not run them either)", label, ", ".join(sorted(unknown))
         )
     digest = hashlib.sha256(data).hexdigest()
-    return Graph(stem, digest, model, tensors, ops, inputs, outputs, tuple(sorted(set(unknown))))
-
+    return Graph(stem, digest, model, tensors, ops, inputs, outputs, tuple(sorted(unknown)))

@@ -30,13 +30,22 @@ usage: sudo sh deploy/install.sh [options]
                       the drop-in edgecap-apex.conf: auto (default: when this
                       machine has one, PCI ID 1ac1:089a; a staging root is looked
                       at under DIR/sys), yes, or no
+  --libedgetpu VER    the libedgetpu to install for, as its Debian package version
+                      (16.0: Coral's; 16.0tf2.17.0: a rebuild; none), instead of
+                      what dpkg says is installed (an image built elsewhere)
   --start             start (or restart) the service after installing it
   -h, --help          this text
+
+With Coral's libedgetpu 16.0 installed it installs the one combination that runs it
+(edgecap/data/configurations.json, docs/deploy.md): a Python 3.9 venv with
+tflite-runtime 2.11.0, numpy<2 and OpenCV 4.11; with a rebuilt libedgetpu, the
+interpreter that rebuild loads under. Where nothing can work (a 32-bit userland;
+no Python the combination has wheels for) it stops before writing anything.
 EOF
 }
 
 say() { printf 'edgecap-install: %s\n' "$*"; }
-die() { printf 'edgecap-install: error: %s\n' "$*" >&2; exit "${2:-1}"; }
+die() { printf 'edgecap-install: error: %s\n' "$1" >&2; exit "${2:-1}"; }
 
 PYTHON=""
 WHEEL=""
@@ -47,6 +56,7 @@ PIP_OPTIONS=""
 REINSTALL=0
 START=0
 PCIE_TPU=auto
+LIBEDGETPU=""
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -66,6 +76,8 @@ while [ $# -gt 0 ]; do
         --reinstall) REINSTALL=1; shift ;;
         --pcie-tpu) [ $# -ge 2 ] || die "--pcie-tpu needs auto, yes or no" 2; PCIE_TPU="$2"; shift 2 ;;
         --pcie-tpu=*) PCIE_TPU="${1#*=}"; shift ;;
+        --libedgetpu) [ $# -ge 2 ] || die "--libedgetpu needs a version or none" 2; LIBEDGETPU="$2"; shift 2 ;;
+        --libedgetpu=*) LIBEDGETPU="${1#*=}"; shift ;;
         --start) START=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown option: $1" 2 ;;
@@ -115,30 +127,98 @@ EOF
     exit 1
 }
 
+HERE=$(cd "$(dirname "$0")" && pwd)
+MATRIX="$HERE/../edgecap/data/configurations.json"
+
+# Where nothing can work, say so first, in one line: no interpreter, numpy or OpenCV
+# wheel on PyPI runs a 32-bit userland (a 64-bit kernel may run it: ask the userland).
+bits=$(getconf LONG_BIT 2>/dev/null || echo 64)
+if [ "$bits" = 32 ]; then
+    die "this is a 32-bit userland ($(dpkg --print-architecture 2>/dev/null || echo 32-bit) on a $(uname -m) kernel): ai-edge-litert has no 32-bit ARM wheel and numpy, OpenCV, msgspec and psutil have none on PyPI; install the 64-bit OS (e.g. Raspberry Pi OS 64-bit) and run this again" 1
+fi
+
+# The libedgetpu decides the combination (the matrix in edgecap/data/configurations.json).
+if [ -z "$LIBEDGETPU" ] && command -v dpkg-query >/dev/null 2>&1; then
+    LIBEDGETPU=$(dpkg-query -W -f '${Package} ${Version} ${db:Status-Status}\n' libedgetpu1-std libedgetpu1-max \
+                 2>/dev/null | awk '$3 == "installed" {print $2; exit}')
+fi
+[ "$LIBEDGETPU" != none ] || LIBEDGETPU=""
+STACK=""
+if [ -n "$LIBEDGETPU" ]; then
+    reader=""
+    for candidate in python3 python3.13 python3.12 python3.11 python3.10 python3.9 python3.8 python3.7; do
+        if command -v "$candidate" >/dev/null 2>&1 \
+                && [ "$("$candidate" -I -c 'import json, re; print("ok")' 2>/dev/null)" = ok ]; then
+            reader=$candidate; break
+        fi
+    done
+    [ -n "$reader" ] || die "no python3 to read $MATRIX with" 1
+    # id|interpreter numpy opencv|Pythons, for the first stack that runs this libedgetpu.
+    STACK=$("$reader" -I - "$MATRIX" "$LIBEDGETPU" <<'PY'
+import json, re, sys
+matrix, version = json.load(open(sys.argv[1])), sys.argv[2]
+num = lambda t: tuple(int(n) for n in re.findall(r"\d+", t or "")[:3])
+m = re.match(r"^16\.0tf(\d+\.\d+(\.\d+)?)", version)
+build, tf = ("rebuilt", m.group(1)) if m else (("coral-tf2.5", None) if re.match(r"^16\.0(-\d+)?$", version) else (None, None))
+for s in matrix["stacks"]:
+    if s["build"] == build and (tf is None or ((not s["tf_min"] or num(tf) >= num(s["tf_min"]))
+                                               and (not s["tf_below"] or num(tf) < num(s["tf_below"])))):
+        print("%s|%s %s %s|%s" % (s["id"], s["interpreter"], s["numpy"], s["opencv"], " ".join(s["python"])))
+        break
+PY
+)
+    [ -n "$STACK" ] || say "libedgetpu $LIBEDGETPU: not in the matrix (docs/deploy.md); installing the default interpreter"
+fi
+STACK_ID="" STACK_PKGS="" STACK_PYTHONS=""
+if [ -n "$STACK" ]; then
+    STACK_ID=${STACK%%|*}
+    rest=${STACK#*|}
+    STACK_PKGS=${rest%%|*}
+    STACK_PYTHONS=${rest#*|}
+fi
+
+fits_stack() {  # whether Python version $1 has the stack's wheels (any, without a stack)
+    [ -z "$STACK_PYTHONS" ] && return 0
+    for p in $STACK_PYTHONS; do [ "$p" = "$1" ] && return 0; done
+    return 1
+}
+
+no_python_for_stack() {
+    listed="" last=""
+    for p in $STACK_PYTHONS; do listed="${listed:+$listed or }$p"; last=$p; done
+    die "libedgetpu $LIBEDGETPU needs ${STACK_PKGS%% *}, which has wheels for Python $listed only, and $1; install one outside /root and /home (e.g. sudo UV_PYTHON_INSTALL_DIR=/opt/python uv python install $last) and pass it as --python, or install a libedgetpu rebuilt for newer TFLite (github.com/feranick/libedgetpu)" 1
+}
+
 if [ -n "$PYTHON" ]; then
     command -v "$PYTHON" >/dev/null 2>&1 || die "--python $PYTHON: not found" 2
     PYTHON=$(command -v "$PYTHON")
     v=$(version_of "$PYTHON")
     new_enough "$v" || too_old "$PYTHON" "$v"
+    fits_stack "$v" || no_python_for_stack "--python $PYTHON is $v"
 else
     first=""
+    fitting=""
     for candidate in python3 python3.13 python3.12 python3.11 python3.10 python3.9; do
         command -v "$candidate" >/dev/null 2>&1 || continue
         v=$(version_of "$candidate")
         [ -n "$first" ] || first="$candidate $v"
         if new_enough "$v"; then
-            PYTHON=$(command -v "$candidate")
-            break
+            fitting="$candidate $v"
+            if fits_stack "$v"; then
+                PYTHON=$(command -v "$candidate")
+                break
+            fi
         fi
     done
     if [ -z "$PYTHON" ]; then
+        [ -z "$fitting" ] || no_python_for_stack "this machine's is ${fitting#* } (${fitting% *})"
         [ -n "$first" ] || too_old "python3" "not on PATH"
         too_old "${first% *}" "${first#* }"
     fi
 fi
 say "Python: $PYTHON ($(version_of "$PYTHON"))"
+[ -z "$STACK_ID" ] || say "libedgetpu $LIBEDGETPU: the $STACK_ID combination ($STACK_PKGS)"
 
-HERE=$(cd "$(dirname "$0")" && pwd)
 if [ -z "$WHEEL" ] && [ -z "$SOURCE" ]; then
     SOURCE=$(dirname "$HERE")
 fi
@@ -240,9 +320,14 @@ if [ "$REINSTALL" -eq 1 ]; then
 elif [ "$installed" = "$wheel_version" ]; then
     say "edgecap $installed is already installed; --reinstall replaces it with this build"
 fi
+# The libedgetpu's combination resolves together with edgecap (numpy<2 in the same
+# resolve, so that pip never installs numpy 2 first).
+set -f  # the requirements hold '<': split them into words, never into globs
 # shellcheck disable=SC2086
-"$VENV/bin/python" -m pip install --quiet $PIP_OPTIONS "${WHEEL}[service]" \
-    || die "pip install of ${WHEEL}[service] failed (see above)" 1
+set -- $STACK_PKGS
+set +f
+"$VENV/bin/python" -m pip install --quiet $PIP_OPTIONS "${WHEEL}[service]" "$@" \
+    || die "pip install of ${WHEEL}[service] $STACK_PKGS failed (see above)" 1
 [ -x "$VENV/bin/edgecap" ] || die "$VENV/bin/edgecap is missing after pip install" 1
 say "edgecap in $VENV: $("$VENV/bin/python" -I -c 'from importlib.metadata import version; print(version("edgecap"))')"
 

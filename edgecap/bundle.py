@@ -382,18 +382,30 @@ def _same_io(json_path: Path, field: str, path: Path, expected: Tuple[set, set],
                     f"{list(want['shape'])} {np.dtype(want['dtype']).name}: export both from one model")
 
 
-def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
-    """Loads a bundle directory and checks that its files agree with each other.
+@dataclass(frozen=True)
+class _Files:
+    """The files bundle.json names, each resolved inside the bundle and found to be a regular file."""
 
-    Args:
-      path: The bundle directory (or its bundle.json).
+    encoder: Path
+    reference_encoder: Optional[Path]
+    edgetpu_encoder: Optional[Path]
+    encoder_step: Path
+    decoder_step: Path
+    vocab: Path
 
-    Returns:
-      The validated ``Bundle``.
 
-    Raises:
-      BundleError: With one line naming the file and field at fault and the fix.
-    """
+@dataclass(frozen=True)
+class _Steps:
+    """The float RNN step models, opened, with each signature's (inputs, outputs) details."""
+
+    encoder_step: ModelFile
+    encoder_io: Tuple[dict, dict]
+    decoder_step: ModelFile
+    decoder_io: Tuple[dict, dict]
+
+
+def _json_path(path: "str | os.PathLike[str]") -> Path:
+    """Returns the bundle.json of a bundle directory (or of the bundle.json itself), checking both exist."""
     root = Path(path)
     if root.name == "bundle.json":
         root = root.parent
@@ -403,7 +415,13 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
                           "that holds bundle.json")
     if not json_path.exists():
         raise BundleError(f"{json_path}: missing: a bundle directory needs a bundle.json")
+    return json_path
+
+
+def _decode(json_path: Path) -> Tuple[_BundleDoc, Dict[str, Any]]:
+    """Reads bundle.json once; returns its typed document and the whole of it (unknown keys too)."""
     data = files.read_bytes(json_path, what="bundle.json", fix=_FIX, error=BundleError)
+    # The version first: another version's fields would be refused one by one, not as a version.
     try:
         version = msgspec.json.decode(data, type=_VersionDoc).schema_version
     except (msgspec.MsgspecError, RecursionError):
@@ -414,24 +432,32 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     doc = schema.decode(data, _BundleDoc, where=str(json_path), fix=_FIX, error=BundleError)
     # Whole document, unknown keys included (meta): they too must be valid JSON text.
     raw = schema.decode(data, Dict[str, Any], where=str(json_path), fix=_FIX, error=BundleError)
+    return doc, raw
 
-    d = doc.input
+
+def _input_spec(json_path: Path, d: _InputDoc) -> InputSpec:
+    """Checks that the normalization gives one mean and one std per channel."""
     for name, values in (("mean", d.mean), ("std", d.std)):
         if len(values) != d.channels:
             raise BundleError(f"{json_path}: field 'input.{name}' must be a list of {d.channels} "
                               f"numbers, got {list(values)}")
-    inp = InputSpec(d.height, d.width, d.channels, d.color_order, tuple(d.mean), tuple(d.std))
-    window = WindowSpec(doc.window.frames, doc.window.stride, doc.window.sample_fps)
-    tokens = Tokens(doc.tokens.pad, doc.tokens.bos, doc.tokens.eos, doc.tokens.unk)
-    feature_size, hidden_size = doc.feature_size, doc.rnn.hidden_size
+    return InputSpec(d.height, d.width, d.channels, d.color_order, tuple(d.mean), tuple(d.std))
 
-    encoder = _file(json_path, "encoder", doc.encoder)
-    reference = _file(json_path, "reference_encoder", doc.reference_encoder)
-    twin = _file(json_path, "edgetpu_encoder", doc.edgetpu_encoder)
-    es_path = _file(json_path, "rnn.encoder_step", doc.rnn.encoder_step)
-    ds_path = _file(json_path, "rnn.decoder_step", doc.rnn.decoder_step)
-    vocab_path = _file(json_path, "vocab", doc.vocab)
 
+def _named_files(json_path: Path, doc: _BundleDoc) -> _Files:
+    """Resolves every file bundle.json names (but the int8 steps': ``_check_int8_steps``)."""
+    return _Files(
+        encoder=_file(json_path, "encoder", doc.encoder),
+        reference_encoder=_file(json_path, "reference_encoder", doc.reference_encoder),
+        edgetpu_encoder=_file(json_path, "edgetpu_encoder", doc.edgetpu_encoder),
+        encoder_step=_file(json_path, "rnn.encoder_step", doc.rnn.encoder_step),
+        decoder_step=_file(json_path, "rnn.decoder_step", doc.rnn.decoder_step),
+        vocab=_file(json_path, "vocab", doc.vocab),
+    )
+
+
+def _vocabulary(json_path: Path, vocab_path: Path, tokens: Tokens) -> Tuple[str, ...]:
+    """Reads the vocabulary and checks that every special token id is one of its tokens."""
     vocab_bytes = files.read_bytes(vocab_path, what="vocabulary", fix="write one token a line",
                                    kind="text", error=BundleError)
     try:
@@ -447,18 +473,32 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     if tokens.bos == tokens.eos:  # decoding would take the start token for the end of the caption
         raise BundleError(f"{json_path}: fields 'tokens.bos' and 'tokens.eos' are both {tokens.bos}: "
                           "give the start and the end of a caption different ids")
+    return vocab
 
+
+def _check_reference(path: Path) -> None:
+    """Checks the float reference encoder is a TFLite file.
+
+    It is opened only when asked for (``--reference-encoder``), but checked
+    now: a bad file must fail here, not after a run has started.
+    """
+    data = files.read_bytes(path, what="reference encoder", fix="restore it or re-export the bundle",
+                            error=BundleError, kind="model")
+    verify_tflite(data, str(path), error=BundleError, fix="re-export the bundle")
+
+
+def _check_encoder(json_path: Path, named: _Files, inp: InputSpec,
+                   feature_size: int) -> Tuple[ModelFile, Optional[ModelFile]]:
+    """Opens the encoder (and its compiled twin) and checks it is full-integer and fits ``input`` and
+    ``feature_size``; returns the encoder's and the twin's ``ModelFile``."""
+    encoder = named.encoder
     enc, _ = _open_model(encoder)
     twin_model = None
-    if twin is not None:
-        twin_model, _ = _open_model(twin)
+    if named.edgetpu_encoder is not None:
+        twin_model, _ = _open_model(named.edgetpu_encoder)
         _check_twin(json_path, enc, twin_model)
-    if reference is not None:
-        # Opened only when asked for (--reference-encoder), but checked now: a
-        # bad file must fail here, not after a run has started.
-        data = files.read_bytes(reference, what="reference encoder", fix="restore it or re-export the bundle",
-                                error=BundleError, kind="model")
-        verify_tflite(data, str(reference), error=BundleError, fix="re-export the bundle")
+    if named.reference_encoder is not None:
+        _check_reference(named.reference_encoder)
     if len(enc.inputs) != 1 or len(enc.outputs) != 1:
         raise BundleError(f"{encoder}: encoder must have one input and one output, "
                           f"has {len(enc.inputs)} and {len(enc.outputs)}")
@@ -474,7 +514,14 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     if _size(enc_out.shape) != feature_size:
         raise BundleError(f"{json_path}: field 'feature_size' is {feature_size} but {encoder.name} "
                           f"outputs {_size(enc_out.shape)} features: make them agree")
+    return enc, twin_model
 
+
+def _check_steps(json_path: Path, named: _Files, feature_size: int, hidden_size: int,
+                 vocab: Tuple[str, ...]) -> _Steps:
+    """Opens the RNN step models and checks their signatures against the encoder, ``hidden_size`` and the
+    vocabulary."""
+    es_path, ds_path = named.encoder_step, named.decoder_step
     es_model, es_interp = _open_step_model(es_path, "rnn.encoder_step")
     es_in, es_out = _signature_io(es_path, es_interp, _ENCODER_STEP_IO)
     if _size(es_in["feature"]["shape"]) != feature_size:
@@ -491,40 +538,77 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
                                   "make them agree")
     logits = _size(ds_out["logits"]["shape"])
     if logits != len(vocab):
-        raise BundleError(f"{vocab_path}: {len(vocab)} tokens but {ds_path.name} emits "
+        raise BundleError(f"{named.vocab}: {len(vocab)} tokens but {ds_path.name} emits "
                           f"{logits} logits: use the vocabulary the decoder was trained with")
+    return _Steps(es_model, (es_in, es_out), ds_model, (ds_in, ds_out))
 
-    int8_steps = None
-    if doc.rnn.int8 is not None:
-        int8_steps = RnnSteps(_file(json_path, "rnn.int8.encoder_step", doc.rnn.int8.encoder_step),
-                              _file(json_path, "rnn.int8.decoder_step", doc.rnn.int8.decoder_step))
-        _same_io(json_path, "rnn.int8.encoder_step", int8_steps.encoder_step, _ENCODER_STEP_IO,
-                 es_path, (es_in, es_out))
-        _same_io(json_path, "rnn.int8.decoder_step", int8_steps.decoder_step, _DECODER_STEP_IO,
-                 ds_path, (ds_in, ds_out))
 
+def _check_int8_steps(json_path: Path, int8: Optional[_StepsDoc], named: _Files,
+                      steps: _Steps) -> Optional[RnnSteps]:
+    """Resolves the int8-weight step models (``rnn.int8``), if named, and checks they take and give
+    what the float ones do."""
+    if int8 is None:
+        return None
+    int8_steps = RnnSteps(_file(json_path, "rnn.int8.encoder_step", int8.encoder_step),
+                          _file(json_path, "rnn.int8.decoder_step", int8.decoder_step))
+    _same_io(json_path, "rnn.int8.encoder_step", int8_steps.encoder_step, _ENCODER_STEP_IO,
+             named.encoder_step, steps.encoder_io)
+    _same_io(json_path, "rnn.int8.decoder_step", int8_steps.decoder_step, _DECODER_STEP_IO,
+             named.decoder_step, steps.decoder_io)
+    return int8_steps
+
+
+def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
+    """Loads a bundle directory and checks that its files agree with each other.
+
+    Every check runs here, once, in the order a part depends on the one before
+    (bundle.json, the files it names, the vocabulary, the encoder, the RNN
+    steps); what comes out is a ``Bundle`` that later code uses without checking again.
+
+    Args:
+      path: The bundle directory (or its bundle.json).
+
+    Returns:
+      The validated ``Bundle``.
+
+    Raises:
+      BundleError: With one line naming the file and field at fault and the fix.
+    """
+    json_path = _json_path(path)
+    doc, meta = _decode(json_path)
+    inp = _input_spec(json_path, doc.input)
+    named = _named_files(json_path, doc)
+    tokens = Tokens(doc.tokens.pad, doc.tokens.bos, doc.tokens.eos, doc.tokens.unk)
+    vocab = _vocabulary(json_path, named.vocab, tokens)
+    encoder, twin = _check_encoder(json_path, named, inp, doc.feature_size)
+    steps = _check_steps(json_path, named, doc.feature_size, doc.rnn.hidden_size, vocab)
+    int8_steps = _check_int8_steps(json_path, doc.rnn.int8, named, steps)
+    # A further part of bundle.json (what the model knows, its calibration) gets a check of its
+    # own here, taking the document and what the checks above returned, and a Bundle field.
+
+    root = json_path.parent.resolve()
     return Bundle(
-        root=root.resolve(),
-        name=doc.name or root.resolve().name,
-        encoder=encoder,
-        reference_encoder=reference,
-        encoder_step=es_path,
-        decoder_step=ds_path,
+        root=root,
+        name=doc.name or root.name,
+        encoder=named.encoder,
+        reference_encoder=named.reference_encoder,
+        encoder_step=named.encoder_step,
+        decoder_step=named.decoder_step,
         vocab=vocab,
         input=inp,
-        feature_size=feature_size,
-        hidden_size=hidden_size,
-        window=window,
+        feature_size=doc.feature_size,
+        hidden_size=doc.rnn.hidden_size,
+        window=WindowSpec(doc.window.frames, doc.window.stride, doc.window.sample_fps),
         max_caption_length=doc.max_caption_length,
         tokens=tokens,
-        meta=raw,
-        encoder_model=enc,
-        encoder_step_model=es_model,
-        decoder_step_model=ds_model,
-        plans=_bundled_plans(root.resolve()),
-        candidates=_bundled_candidates(root.resolve()),
+        meta=meta,
+        encoder_model=encoder,
+        encoder_step_model=steps.encoder_step,
+        decoder_step_model=steps.decoder_step,
+        plans=_bundled_plans(root),
+        candidates=_bundled_candidates(root),
         weights=doc.weights,
-        edgetpu_encoder=twin,
-        edgetpu_encoder_model=twin_model,
+        edgetpu_encoder=named.edgetpu_encoder,
+        edgetpu_encoder_model=twin,
         int8_steps=int8_steps,
     )

@@ -235,15 +235,19 @@ def format_devices(infos: Sequence[Any]) -> str:
 
     THROTTLED is ``yes`` when the apex driver has slowed a TPU's clock (its
     stage times then exceed the plan's), ``no``, or ``-`` when unknown (CPU, USB).
+    LINK is a USB TPU's link speed and, before its firmware loads, ``dfu``.
     """
-    rows = [("DEVICE", "KIND", "PATH", "TEMP", "THROTTLED", "RUNTIME")]
+    rows = [("DEVICE", "KIND", "PATH", "TEMP", "THROTTLED", "LINK", "RUNTIME")]
     for i in infos:
         temp = "-" if i.temperature_c is None else f"{i.temperature_c:.1f}C"
         throttled = "-" if i.throttled is None else ("yes" if i.throttled else "no")
-        rows.append((i.device, i.kind, i.path, temp, throttled, i.runtime))
-    widths = [max(len(r[c]) for r in rows) for c in range(5)]
+        speed = getattr(i, "speed_mbps", None)
+        link = " ".join(x for x in (f"{speed}M" if speed else "", "dfu" if getattr(i, "state", None) == "dfu"
+                                    else "") if x) or "-"
+        rows.append((i.device, i.kind, i.path, temp, throttled, link, i.runtime))
+    widths = [max(len(r[c]) for r in rows) for c in range(6)]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths)) + "  " + r[5] for r in rows
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:6], widths)) + "  " + r[6] for r in rows
     )
 
 
@@ -264,13 +268,21 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     from edgecap.adapt import corrections_path, read_learned
     from edgecap.bundle import load_bundle
     from edgecap.devices import detect_hardware, list_devices
+    from edgecap.edgetpu_runtime import usb_clock
     from edgecap.options import CaptionerOptions
     from edgecap.planner import choose, tpus_used
 
-    infos = list_devices()
-    hardware = detect_hardware()
+    root = args.root or Path("/")
+    if not root.is_dir():
+        raise EdgecapError(f"--root {root}: not a directory; give a copy of a board's files "
+                          "(proc/device-tree, sys, dev)")
+    hardware = detect_hardware(root)  # first: it brings USB TPUs out of DFU, so the list below holds
+    infos = list_devices(root)
     choice = choose(load_bundle(args.bundle or default_bundle()), CaptionerOptions(), hardware)
+    found = hardware.recognised
+    clock = usb_clock()
     auto = {"board": hardware.family, "model": hardware.model, "profile": hardware.profile,
+            "nearest": found.nearest if found else None, "usb_clock_mhz": clock.mhz,
             "plan": choice.board or "cpu", "tpus": tpus_used(choice.plan), "reason": choice.reason,
             "fallback": choice.fallback}
     path = args.corrections or corrections_path()
@@ -289,7 +301,8 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         print(format_devices(infos))
         print(f"\nboard: {hardware.family or 'not a known board'}"
               + (f" ({hardware.model})" if hardware.model else "")
-              + f"; profile: {hardware.profile or '-'}")
+              + f"; profile: {hardware.profile or '-'}" + (" (nearest)" if found and found.nearest else ""))
+        print(f"libedgetpu: {clock.describe()}")
         print(f"auto runs: {auto['plan']} — {choice.reason}")
         for board, why in choice.skipped:
             print(f"  skipped plan {board}: {why}")
@@ -302,6 +315,15 @@ def _cmd_edgetpu_runtime(args: argparse.Namespace) -> int:
 
     print(json.dumps(installed()))
     return 0
+
+
+def _cmd_selftest(args: argparse.Namespace) -> int:
+    from edgecap import selftest
+
+    checks = selftest.run(args.bundle, args.root or "/")
+    print(selftest.format_table(checks))
+    print("\n" + selftest.dumps(checks))
+    return 1 if any(c.result == "fail" for c in checks) else 0
 
 
 # ---------------------------------------------------------------- serve
@@ -802,12 +824,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corrections", type=Path, metavar="FILE",
                    help="the learned corrections to show (default: $STATE_DIRECTORY/corrections.json, "
                         "else ~/.cache/edgecap/corrections.json)")
+    p.add_argument("--root", type=Path, metavar="DIR",
+                   help="read the device tree, sysfs and /dev under DIR, e.g. a copy of a board's "
+                        "files (default: /; another root opens no TPU)")
     p.set_defaults(func=_cmd_devices)
 
     p = sub.add_parser("edgetpu-runtime",
                        help="print the installed libedgetpu as JSON: its package, build, version "
                             "and whether it loads (read in a child process)")
     p.set_defaults(func=_cmd_edgetpu_runtime)
+
+    p = sub.add_parser("selftest", help="check this machine's interpreter, libedgetpu, board and each "
+                                        "TPU; print a table and JSON for a bug report")
+    p.add_argument("--bundle", type=Path, help="a bundle whose EdgeTPU-compiled model each TPU also runs")
+    p.add_argument("--root", type=Path, metavar="DIR", help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_selftest)
 
     p = sub.add_parser("serve", help="run as a service: cameras, status page, metrics, MQTT",
                        description="Caption one or more cameras for as long as it runs, as the "

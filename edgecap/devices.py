@@ -169,7 +169,7 @@ class Hardware:
 
 
 def detect_hardware(root: "str | os.PathLike[str]" = "/") -> Hardware:
-    """Finds the board and the attached EdgeTPUs.
+    """Finds the board and the attached EdgeTPUs, every USB TPU out of its bootloader first.
 
     A board that is mapped to the nearest profile (it has none of its own)
     logs one warning saying so.
@@ -182,8 +182,8 @@ def detect_hardware(root: "str | os.PathLike[str]" = "/") -> Hardware:
     """
     root = Path(root)
     model, compatible = _device_tree(root)
-    hardware = Hardware(model, recognition.board_name(model, compatible), tuple(list_devices(root)[1:]),
-                        compatible)
+    hardware = Hardware(model, recognition.board_name(model, compatible),
+                        tuple(list_devices(root, wake=True)[1:]), compatible)
     found = hardware.recognised
     if found is not None and found.nearest:
         _log.warning("edgecap: %s", found.nearest)
@@ -208,20 +208,29 @@ def _device_tree(root: Path) -> Tuple[Optional[str], Tuple[str, ...]]:
     return None, ()
 
 
-def list_devices(root: "str | os.PathLike[str]" = "/") -> List[DeviceInfo]:
-    """Lists the CPU and the EdgeTPUs present on this machine.
+def list_devices(root: "str | os.PathLike[str]" = "/", wake: bool = False) -> List[DeviceInfo]:
+    """Lists the CPU and the EdgeTPUs present on this machine, ``tpu:N`` as libedgetpu's ``:N``.
 
-    EdgeTPUs are enumerated with Google's pycoral ``list_edge_tpus()`` when it is
-    importable (and ``root`` is ``/``), else by probing ``/dev/apex_*`` (PCIe)
-    and the Coral USB IDs in sysfs. TPU indices follow that enumeration order,
-    as libedgetpu's ``:N`` do.
+    At ``/`` the EdgeTPUs are libedgetpu's own list (``edgetpu_list_devices``),
+    read in a child process so that libedgetpu never loads in this one
+    (``edgecap.edgetpu_runtime.enumerate_tpus``). Elsewhere, or without
+    libedgetpu, they are read from the files as libedgetpu orders them: PCIe
+    (``/dev/apex_N``), then USB TPUs in their bootloader (1a6e:089a), then
+    those running their firmware (18d1:9302), each group in sysfs name order
+    (libedgetpu's order within a group is libusb's, which the files do not show).
 
     Args:
-      root: The filesystem root to look under (tests pass a fake device tree).
+      root: The filesystem root to look under (tests and ``edgecap devices
+        --root`` pass a copy of a board's files).
+      wake: At ``/``, bring every USB TPU out of its bootloader first, so that
+        the indices hold while stages open (libedgetpu moves a TPU behind the
+        others when its firmware loads).
 
     Returns:
       One ``DeviceInfo`` for the CPU, then one per EdgeTPU.
     """
+    from edgecap import edgetpu_runtime  # the probe child: never loads libedgetpu here
+
     root = Path(root)
     backend = f"{interpreter.BACKEND} {interpreter.backend_version()}"
     cpu = DeviceInfo(
@@ -231,13 +240,15 @@ def list_devices(root: "str | os.PathLike[str]" = "/") -> List[DeviceInfo]:
               f"{psutil.virtual_memory().total / 2**30:.1f} GiB"),
         runtime=backend,
     )
-    edgetpu = _edgetpu_runtime_version()
-    runtime = f"{backend}; {edgetpu or 'libedgetpu not found'}"
+    library = edgetpu_runtime.resolve_library(edgetpu_runtime.library_name()) if root == Path("/") else None
+    runtime = f"{backend}; " + (f"libedgetpu {library}" if library else "libedgetpu not found")
+    found = edgetpu_runtime.enumerate_tpus(wake=wake) if library is not None else None
+    if found is None:
+        found = _from_files(root)
     infos = [cpu]
-    usb = _usb_tpus(root)
-    for n, (kind, path) in enumerate(_enumerate_edgetpus(root, usb)):
+    for n, (kind, path) in enumerate(found):
         state = thermal(path, root / "sys")
-        link = usb.get(path)
+        link = _usb_link(Path(path)) if kind == "usb" else None
         infos.append(DeviceInfo(f"tpu:{n}", kind, path, runtime,
                                 None if state is None else state.temperature_c,
                                 None if state is None else state.throttled,
@@ -247,47 +258,33 @@ def list_devices(root: "str | os.PathLike[str]" = "/") -> List[DeviceInfo]:
 
 @dataclass(frozen=True)
 class _UsbLink:
-    state: str  # "dfu" or "loaded"
+    state: Optional[str]  # "dfu", "loaded", or None (not a Coral USB device)
     speed_mbps: Optional[int]
 
 
-def _usb_tpus(root: Path) -> Dict[str, _UsbLink]:
-    """The Coral USB devices in sysfs, by path, in sysfs name order."""
-    found = {}
-    for dev in sorted((root / _SYSFS_USB).glob("*")):
-        try:
-            ids = ((dev / "idVendor").read_text().strip(), (dev / "idProduct").read_text().strip())
-        except OSError:
-            continue
-        if ids in CORAL_USB_IDS:
-            try:
-                speed: Optional[int] = int(float((dev / "speed").read_text().strip()))
-            except (OSError, ValueError):
-                speed = None
-            found[str(dev)] = _UsbLink("dfu" if ids == CORAL_USB_IDS[0] else "loaded", speed)
-    return found
-
-
-def _enumerate_edgetpus(root: Path, usb: Dict[str, _UsbLink]) -> List[Tuple[str, str]]:
-    if root == Path("/"):
-        try:
-            from pycoral.utils.edgetpu import list_edge_tpus  # Google's pycoral, Coral's apt repo
-        except ImportError:
-            pass
-        else:
-            return [(t["type"], t["path"]) for t in list_edge_tpus()]
-    found = [("pci", p) for p in sorted(glob.glob(str(root / _APEX_DEVICES)))]
-    return found + [("usb", path) for path in usb]
-
-
-def _edgetpu_runtime_version() -> Optional[str]:
+def _usb_link(dev: Path) -> _UsbLink:
+    """A USB device's Coral state and link speed, from its sysfs directory."""
     try:
-        from pycoral.utils.edgetpu import get_runtime_version
-    except ImportError:
-        import ctypes.util
+        ids = ((dev / "idVendor").read_text().strip(), (dev / "idProduct").read_text().strip())
+    except OSError:
+        ids = ("", "")
+    try:
+        speed: Optional[int] = int(float((dev / "speed").read_text().strip()))
+    except (OSError, ValueError):
+        speed = None
+    state = {CORAL_USB_IDS[0]: "dfu", CORAL_USB_IDS[1]: "loaded"}.get(ids)  # type: ignore[call-overload]
+    return _UsbLink(state, speed)
 
-        return "libedgetpu (version unknown without pycoral)" if ctypes.util.find_library("edgetpu") else None
-    return get_runtime_version()
+
+def _from_files(root: Path) -> List[Tuple[str, str]]:
+    """The EdgeTPUs under ``root`` in libedgetpu's order: PCIe, USB in DFU, USB loaded."""
+    apex = sorted(glob.glob(str(root / _APEX_DEVICES)), key=lambda p: int(re.search(r"(\d+)$", p).group(1)))
+    usb = {"dfu": [], "loaded": []}  # type: Dict[str, List[str]]
+    for dev in sorted((root / _SYSFS_USB).glob("*")):
+        state = _usb_link(dev).state
+        if state is not None:
+            usb[state].append(str(dev))
+    return [("pci", p) for p in apex] + [("usb", p) for p in usb["dfu"] + usb["loaded"]]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ delegate load of a process ``check`` runs a probe in a child process
 (``_CHILD``): it loads the library and the delegate and invokes a model
 through it. A child killed by a signal or finding no device becomes one
 ``EdgecapError`` line in the parent, which the captioner's auto fallback turns
-into a CPU run.
+into a CPU run. The same child lists the EdgeTPUs with libedgetpu's own
+``edgetpu_list_devices`` (``enumerate_tpus``), first bringing every USB TPU
+out of its bootloader, so that libedgetpu never loads in this process and the
+indices edgecap shows are libedgetpu's.
 
 Environment:
   EDGECAP_EDGETPU_LIBRARY: The libedgetpu to load (a name or a path), instead
@@ -31,11 +34,11 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import msgspec
 
-from edgecap import schema
+from edgecap import configurations, schema
 from edgecap.errors import ConfigError, EdgecapError
 
 ENV_LIBRARY = "EDGECAP_EDGETPU_LIBRARY"
@@ -47,10 +50,20 @@ PROBE_MODEL = Path(__file__).parent / "data" / "probe.tflite"
 # What the child prints before each line of its report, so that native chatter
 # on stdout cannot be mistaken for it.
 _TAG = "edgecap-probe: "
-# The probe child's code; its arguments, all positional: LIBRARY DEVICE BACKEND MODEL probe|version,
-# with '' for the default device and the shipped probe model.
+# The probe child's code; its arguments, all positional: LIBRARY DEVICE BACKEND MODEL WHAT, WHAT
+# one of probe, version, list, wake (list after bringing USB TPUs out of DFU), with '' for the
+# default device and the shipped probe model.
 _CHILD = "import sys; from edgecap.edgetpu_runtime import _child_main; sys.exit(_child_main(sys.argv[1:]))"
 _PROBE_TIMEOUT_S = 120.0
+# A USB TPU in its bootloader (Global Unichip 1a6e:089a) and after its firmware (Google 18d1:9302).
+_DFU_PRODUCT, _LOADED_PRODUCT = "089a", "9302"
+# After a firmware load the device leaves the bus and comes back as 18d1:9302 (libedgetpu
+# waits for that in its open); a few seconds bound the wait for the list to show it.
+_WAKE_WAIT_S = 6.0
+# The string only libedgetpu1-std's build holds: tflite/edgetpu_manager_direct.cc logs it in the
+# THROTTLE_EDGE_TPU branch that drops a USB TPU's "Max" to "High" (debian/rules: -std is the
+# throttled build, -max the direct one).
+_THROTTLED_MARK = b"EdgeTpu is throttled."
 
 
 def default_library(platform: Optional[str] = None) -> str:
@@ -233,16 +246,22 @@ class ProbeResult:
     """What a probe child found.
 
     Attributes:
-      kind: ``ok``, ``crash`` (killed by a signal), ``no-library``, ``no-device`` or ``error``.
+      kind: ``ok``, ``crash`` (killed by a signal), ``abort`` (libedgetpu's LOG(FATAL):
+        SIGABRT, or an ``F driver/usb/...`` line), ``no-library``, ``no-device`` or ``error``.
       message: One line on what went wrong ('' when ok).
       version: libedgetpu's ``edgetpu_version()``, if the child got that far.
       path: The file the library was loaded from, where the child could tell.
+      step: How far the child got: ``loaded`` (the library), ``delegate`` (the
+        delegate created), ``invoked``; '' before the library loaded.
+      devices: For a list: ``(kind, path)`` of each EdgeTPU, in libedgetpu's order.
     """
 
     kind: str
     message: str = ""
     version: Optional[str] = None
     path: Optional[str] = None
+    step: str = ""
+    devices: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -279,7 +298,8 @@ def probe(library: str, device: str, backend: str, model: "str | os.PathLike[str
     """Loads ``library``'s delegate for ``device`` and invokes a model through it, in a child process.
 
     Cached for the process per (library file and its mtime, device, backend):
-    the first model probed on a device stands for the rest.
+    the first model probed on a device stands for the rest. An abort (a USB
+    transfer failure) is retried once.
 
     Args:
       library: libedgetpu's name or path.
@@ -298,6 +318,8 @@ def probe(library: str, device: str, backend: str, model: "str | os.PathLike[str
         if key in _CACHE:
             return _CACHE[key]
     result = _run_probe(library, device, backend, model, timeout)
+    if result.kind == "abort":  # a USB transfer that failed once may not fail again
+        result = _run_probe(library, device, backend, model, timeout)
     with _CACHE_LOCK:
         _CACHE[key] = result
     return result
@@ -319,42 +341,62 @@ def installed() -> Dict[str, Optional[str]]:
     Returns:
       The library's name, the path it loads from, whether it loads (a probe
       kind, read in a child: loading a mismatched library may itself crash),
-      libedgetpu's ``edgetpu_version()``, and the Debian package, its version,
-      the build the table recognises and the TensorFlow it was built against.
+      libedgetpu's ``edgetpu_version()``, the Debian package, its version,
+      the build the table recognises, the TensorFlow it was built against, and
+      the clock it runs USB TPUs at (``usb_clock``).
     """
-    build, loaded = identify(), runtime_version()
+    build, loaded, clock = identify(), runtime_version(), usb_clock()
     return {"library": library_name(), "path": loaded.path, "loads": loaded.kind,
             "edgetpu_version": loaded.version, "package": build.package,
             "package_version": build.package_version, "build": build.kind,
-            "tf_version": build.tf_version}
+            "tf_version": build.tf_version, "usb_clock_mhz": clock.mhz, "usb_clock": clock.describe()}
 
 
 def _run_probe(library: str, device: str, backend: str,
                model: "str | os.PathLike[str] | None", timeout: float,
-               version_only: bool = False) -> ProbeResult:
+               version_only: bool = False, what: Optional[str] = None) -> ProbeResult:
+    what = what or ("version" if version_only else "probe")
     cmd = [sys.executable, "-c", _CHILD, library, device, backend,
-           "" if model is None else os.fspath(model), "version" if version_only else "probe"]
+           "" if model is None else os.fspath(model), what]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return ProbeResult("error", f"the probe did not finish within {timeout:.0f} s")
-    report: Dict[str, Optional[str]] = {}
+    report: Dict[str, Any] = {}
     for line in done.stdout.splitlines():
         if line.startswith(_TAG):
             report.update(json.loads(line[len(_TAG):]))
-    version, path = report.get("version"), report.get("path")
+    version, path, step = report.get("version"), report.get("path"), str(report.get("step") or "")
     if report.get("kind"):
-        return ProbeResult(str(report["kind"]), str(report.get("message") or ""), version, path)
+        found = tuple((str(k), str(p)) for k, p in report.get("devices") or ())
+        return ProbeResult(str(report["kind"]), str(report.get("message") or ""), version, path, step, found)
+    return _died(done, version, path, step)
+
+
+def _died(done: "subprocess.CompletedProcess[str]", version: Optional[str], path: Optional[str],
+          step: str) -> ProbeResult:
+    """What a child that reported no result died of: an abort (libedgetpu's LOG(FATAL)) or a crash."""
+    fatal = _fatal_line(done.stderr)
     if done.returncode < 0:
         try:
             name = signal.Signals(-done.returncode).name
         except ValueError:
             name = f"signal {-done.returncode}"
-        return ProbeResult("crash", f"the probe was killed by {name}", version, path)
+        kind = "abort" if fatal or -done.returncode == signal.SIGABRT else "crash"
+        return ProbeResult(kind, f"the probe was killed by {name}" + (f" ({fatal})" if fatal else ""),
+                           version, path, step)
     last = one_line(done.stderr).rsplit("; ", 1)[-1] if done.stderr.strip() else ""
     # Windows reports an access violation as exit status 0xC0000005, not a signal.
-    return ProbeResult("crash", f"the probe exited with status {done.returncode}"
-                       + (f" ({last})" if last else ""), version, path)
+    return ProbeResult("abort" if fatal else "crash", f"the probe exited with status {done.returncode}"
+                       + (f" ({fatal or last})" if fatal or last else ""), version, path, step)
+
+
+def _fatal_line(stderr: str) -> str:
+    """libedgetpu's LOG(FATAL) line (glog: ``F`` then the date, file and line), or ''."""
+    for line in stderr.splitlines():
+        if re.match(r"^F[\d :.]*\s*\S*\.cc:\d+\]", line.strip()) or re.match(r"^F \S*driver/", line.strip()):
+            return line.strip()
+    return ""
 
 
 def check(spec: str, library: str, device: str, backend: str,
@@ -381,11 +423,25 @@ def check(spec: str, library: str, device: str, backend: str,
     if result.kind == "no-device":
         raise EdgecapError(f"{where}: no Edge TPU at {device} ({result.message}); plug it in or "
                            "check `edgecap devices` and its permissions, or run on cpu / emu-tpu:N")
+    if result.kind == "abort":
+        raise EdgecapError(
+            f"{where} aborted in the probe, twice ({result.message}): libedgetpu stops the process when a "
+            "USB transfer fails; check the cable (a short USB 3 cable), the port (a USB 3 port on the board, "
+            "not a hub) and the power (the Accelerator draws up to 900 mA: a powered hub or a stronger supply), "
+            "then try again, or run on cpu / emu-tpu:N")
     if result.kind == "crash":
         build = identify()
         version = _backend_version(backend)
+        under = f"{backend} {version or ''}".rstrip()
+        if result.step in ("delegate", "interpreter") and model is None:
+            import platform
+
+            raise EdgecapError(
+                f"{where}: the delegate loaded, then {under} crashed running edgecap's own probe model "
+                f"({result.message}): this interpreter build crashes on this CPU ({platform.machine()}), "
+                f"not the model; use another interpreter: {_routes(build)}")
         raise EdgecapError(
-            f"{where} crashed the probe under {backend} {version or ''}".rstrip()
+            f"{where} crashed the probe under {under}"
             + f" ({result.message}; {build.describe()}): a libedgetpu/TFLite mismatch; "
             + _fix(build, backend)
         )
@@ -393,11 +449,16 @@ def check(spec: str, library: str, device: str, backend: str,
                        "`edgecap devices`, or run on cpu / emu-tpu:N")
 
 
+def _routes(build: Build) -> str:
+    """The stacks that run ``build``, as this Python can get them (``edgecap.configurations``)."""
+    found = configurations.routes(build.kind, build.tf_version)
+    return "; or ".join(found) if found else "none for this Python (docs/deploy.md, the matrix)"
+
+
 def _fix(build: Build, backend: str) -> str:
     if build.kind == "coral-tf2.5":
-        return ("Coral's libedgetpu 16.0 needs tflite_runtime below 2.12 (pip install "
-                "'tflite-runtime<2.12', EDGECAP_BACKEND=tflite_runtime), or install a libedgetpu "
-                "rebuilt for newer TFLite (github.com/feranick/libedgetpu)")
+        return ("Coral's libedgetpu 16.0 runs under tflite-runtime below 2.12 only: " + _routes(build)
+                + "; or install a libedgetpu rebuilt for newer TFLite (github.com/feranick/libedgetpu)")
     other = "tflite_runtime" if backend == "ai-edge-litert" else "ai-edge-litert"
     return (f"install a libedgetpu built for {backend} (github.com/feranick/libedgetpu) or try "
             f"EDGECAP_BACKEND={other}; or run on cpu / emu-tpu:N")
@@ -445,7 +506,7 @@ def _child_probe(library: str, device: str, backend: str, model: Optional[str],
         lib.edgetpu_version.restype = ctypes.c_char_p
         version = (lib.edgetpu_version() or b"").decode(errors="replace")
     # Reported before the delegate loads, so that a crash still leaves the version.
-    _report(version=version, path=_loaded_path(library))
+    _report(version=version, path=_loaded_path(library), step="loaded")
     if version_only:
         _report(kind="ok")
         return 0
@@ -462,21 +523,170 @@ def _child_probe(library: str, device: str, backend: str, model: Optional[str],
     except (ValueError, RuntimeError, OSError) as exc:
         _report(kind="no-device", message=one_line(exc))
         return 1
+    _report(step="delegate")
     try:
         interp = tfl.Interpreter(model_path=model or os.fspath(PROBE_MODEL),
                                  experimental_delegates=[delegate])
         interp.allocate_tensors()
         for d in interp.get_input_details():
             interp.set_tensor(d["index"], np.zeros(d["shape"], dtype=d["dtype"]))
+        _report(step="interpreter")
         interp.invoke()
     except (ValueError, RuntimeError) as exc:
         _report(kind="error", message=one_line(exc))
         return 1
-    _report(kind="ok")
+    _report(kind="ok", step="invoked")
+    return 0
+
+
+class _Device(ctypes.Structure):
+    # struct edgetpu_device in libedgetpu's tflite/public/edgetpu_c.h.
+    _fields_ = [("type", ctypes.c_int), ("path", ctypes.c_char_p)]
+
+
+def _c_api(lib: ctypes.CDLL) -> None:
+    lib.edgetpu_list_devices.restype = ctypes.POINTER(_Device)
+    lib.edgetpu_list_devices.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+    lib.edgetpu_free_devices.argtypes = [ctypes.POINTER(_Device)]
+    lib.edgetpu_create_delegate.restype = ctypes.c_void_p
+    lib.edgetpu_create_delegate.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+    lib.edgetpu_free_delegate.argtypes = [ctypes.c_void_p]
+
+
+def _c_list(lib: ctypes.CDLL) -> List[Tuple[str, str]]:
+    """libedgetpu's own enumeration (EDGETPU_APEX_PCI = 0, EDGETPU_APEX_USB = 1), in its order."""
+    n = ctypes.c_size_t(0)
+    found = lib.edgetpu_list_devices(ctypes.byref(n))
+    try:
+        return [("pci" if found[i].type == 0 else "usb", (found[i].path or b"").decode(errors="replace"))
+                for i in range(n.value)]
+    finally:
+        if found:
+            lib.edgetpu_free_devices(found)
+
+
+def usb_state(path: str) -> Optional[str]:
+    """``dfu`` or ``loaded`` for a USB TPU's sysfs path (libedgetpu's paths are sysfs ones), else None."""
+    try:
+        product = (Path(path) / "idProduct").read_text().strip()
+    except OSError:
+        return None
+    return {_DFU_PRODUCT: "dfu", _LOADED_PRODUCT: "loaded"}.get(product)
+
+
+def _child_list(library: str, wake: bool) -> int:
+    try:
+        lib = ctypes.CDLL(library)
+        _c_api(lib)
+    except (OSError, AttributeError) as exc:
+        _report(kind="no-library", message=one_line(exc))
+        return 1
+    _report(step="loaded")
+    found = _c_list(lib)
+    if wake:
+        import time
+
+        # Opening a TPU in its bootloader loads its firmware; it comes back as another
+        # USB device, later in libedgetpu's order (DFU devices are listed first).
+        for kind, path in found:
+            if kind == "usb" and usb_state(path) == "dfu":
+                delegate = lib.edgetpu_create_delegate(1, path.encode(), None, 0)
+                if delegate:
+                    lib.edgetpu_free_delegate(delegate)
+        end = time.monotonic() + _WAKE_WAIT_S
+        found = _c_list(lib)
+        while any(k == "usb" and usb_state(p) == "dfu" for k, p in found) and time.monotonic() < end:
+            time.sleep(0.2)  # the device re-enumerates on its own; nothing to block on
+            found = _c_list(lib)
+    _report(kind="ok", devices=found)
     return 0
 
 
 def _child_main(argv: Sequence[str]) -> int:
     """Runs the probe child (``_CHILD``) on its positional arguments; returns its exit status."""
     library, device, backend, model, what = argv
+    if what in ("list", "wake"):
+        return _child_list(library or library_name(), what == "wake")
     return _child_probe(library or library_name(), device, backend, model or None, what == "version")
+
+
+# -- enumeration and the clock ------------------------------------------------------------
+
+
+def enumerate_tpus(library: Optional[str] = None, wake: bool = False,
+                   timeout: float = _PROBE_TIMEOUT_S) -> Optional[List[Tuple[str, str]]]:
+    """Lists the EdgeTPUs as libedgetpu does, in a child process; None where libedgetpu is not there.
+
+    Args:
+      library: libedgetpu's name or path (default: ``library_name()``).
+      wake: Bring every USB TPU out of its bootloader first (load its
+        firmware), so that the order stays as listed while stages open.
+      timeout: Seconds before the child counts as hung.
+
+    Returns:
+      ``(kind, path)`` per TPU (``pci``/``usb``), in libedgetpu's order: PCIe,
+      then USB TPUs in their bootloader, then those running their firmware;
+      None if the library does not resolve or the child fails (the caller reads sysfs).
+    """
+    library = library or library_name()
+    if resolve_library(library) is None:
+        return None
+    result = _run_probe(library, "", BACKENDS[0], None, timeout, what="wake" if wake else "list")
+    return list(result.devices) if result.ok else None
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The clock libedgetpu runs a USB TPU at (PCIe TPUs run the driver's clock, unthrottled).
+
+    Attributes:
+      mhz: 500 (``libedgetpu1-max``: "Max") or 250 (``-std``: its THROTTLE build
+        drops "Max" to "High"); None when the build cannot be told.
+      how: How it was told: the Debian package, or the library's own bytes.
+    """
+
+    mhz: Optional[int]
+    how: str
+
+    def describe(self) -> str:
+        """One line, e.g. ``USB TPUs at 250 MHz (libedgetpu1-std: ...)``."""
+        return f"USB TPUs at {self.mhz} MHz ({self.how})" if self.mhz else f"USB TPU clock unknown ({self.how})"
+
+
+# The clock Coral's published USB Accelerator latencies (and so the board profiles'
+# USB TPU figures) were measured at: libedgetpu1-max (compile/boards/*.json sources).
+PROFILED_MHZ = 500
+
+
+def usb_speed(clock: Clock) -> float:
+    """A USB TPU's speed at ``clock`` against the profiles' (0.5 at 250 MHz; 1.0 where unknown)."""
+    return clock.mhz / PROFILED_MHZ if clock.mhz else 1.0
+
+
+def usb_clock(package: Optional[Tuple[str, str]] = None, library: Optional[Path] = None) -> Clock:
+    """Tells the clock the installed libedgetpu gives a USB TPU.
+
+    The Debian package says it (``libedgetpu1-std``: 250 MHz, ``-max``: 500);
+    without one (a library from a tarball, a build of one's own) the library's
+    bytes do: only the throttled build holds the line its throttle logs.
+
+    Args:
+      package: ``(name, version)``; default: what dpkg says is installed.
+      library: The library file; default: where ``library_name()`` resolves.
+    """
+    package = installed_package() if package is None else package
+    if package is not None:
+        if package[0].endswith("-max"):
+            return Clock(500, f"{package[0]}: the direct build, 'Max'")
+        if package[0].endswith("-std"):
+            return Clock(250, f"{package[0]}: the THROTTLE build drops 'Max' to 'High'")
+    path = library or resolve_library(library_name())
+    if path is None:
+        return Clock(None, "no libedgetpu")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return Clock(None, f"{path}: {exc.strerror or exc}")
+    if _THROTTLED_MARK in data:
+        return Clock(250, f"{path} is the throttled build")
+    return Clock(500, f"{path} is the direct build (no throttle)")

@@ -33,6 +33,7 @@ last process that maps it exits. POSIX only.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import mmap
 import os
@@ -415,23 +416,25 @@ class IsolatedSegment:
         except OSError as exc:
             raise EdgecapError(f"{spec}: cannot start the stage's worker process ({exc}); "
                                "run without process isolation") from None
-        try:
-            worker = _Worker(request, process)
-        except BaseException:
-            process.stop(kill=True)  # no stage is open in it
-            raise
-        self._worker = worker
-        self._finalizer = weakref.finalize(self, worker.stop)
-        self.pid = worker.proc.pid
-        self._seq = 0
-        self._busy_until = 0.0  # the deadline of a request a stopped run left in flight
-        self._failure: Optional[Tuple[str, str]] = None
-        self._closed = False
-        try:
-            reply = self._wait(0, time.perf_counter() + start_timeout_s, start_timeout_s, opening=True)
-        except BaseException:
-            self.close()
-            raise
+        # TPU stages open one at a time across worker processes too (stages.tpu_opening).
+        with stages.tpu_opening() if spec.kind == "tpu" else contextlib.nullcontext():
+            try:
+                worker = _Worker(request, process)
+            except BaseException:
+                process.stop(kill=True)  # no stage is open in it
+                raise
+            self._worker = worker
+            self._finalizer = weakref.finalize(self, worker.stop)
+            self.pid = worker.proc.pid
+            self._seq = 0
+            self._busy_until = 0.0  # the deadline of a request a stopped run left in flight
+            self._failure: Optional[Tuple[str, str]] = None
+            self._closed = False
+            try:
+                reply = self._wait(0, time.perf_counter() + start_timeout_s, start_timeout_s, opening=True)
+            except BaseException:
+                self.close()
+                raise
         self.startup_s = time.perf_counter() - t0
         # Now, not before: the spare's start-up does not slow this stage's.
         _SPARES.refill()

@@ -135,25 +135,38 @@ class CaptionerOptions:
         # Device strings are parsed once, here, at the edge.
         mapping = {_device(k): _device(v) for k, v in dict(self.devices_map).items()}
         object.__setattr__(self, "devices_map", mapping)
+        self._check_deadlines()
+        self._check_window()
+        self._check_workers()
+        self._check_choices()
+        if self.trace is not None:
+            _check_trace(Path(self.trace))
+
+    def _check_deadlines(self) -> None:
+        """When an invoke counts as hung."""
         for name in ("deadline_factor", "deadline_floor_s"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and math.isfinite(value) and 0 < value <= MAX_DEADLINE):
+            if not (_is_finite(value) and 0 < value <= MAX_DEADLINE):
                 raise ConfigError(f"{name} {value}: use a finite number above 0 and at most "
                                   f"{MAX_DEADLINE:g}")
         if self.deadline_factor < 1:
             raise ConfigError(f"deadline_factor {self.deadline_factor}: an invoke may take its "
                               "predicted time; use 1 or more (default 20)")
+
+    def _check_window(self) -> None:
+        """The overrides of the bundle's window."""
         for name in ("frames", "stride"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 < value <= MAX_WINDOW_FRAMES):
                 raise ConfigError(f"{name} {value}: frames and stride must be whole numbers "
                                   f"from 1 to {MAX_WINDOW_FRAMES}")
         fps = self.sample_fps
-        if fps is not None and not (isinstance(fps, (int, float)) and not isinstance(fps, bool)
-                                    and math.isfinite(fps) and 0 <= fps <= MAX_SAMPLE_FPS):
+        if fps is not None and not (_is_finite(fps) and 0 <= fps <= MAX_SAMPLE_FPS):
             raise ConfigError(f"sample_fps {fps}: make the sample fps a finite number from 0 "
                               f"(every frame) to {MAX_SAMPLE_FPS:g}")
+
+    def _check_workers(self) -> None:
+        """Threads, queues and hand-offs."""
         if self.num_threads is not None and not (_is_int(self.num_threads)
                                                  and 1 <= self.num_threads <= MAX_THREADS):
             raise ConfigError(f"{self.num_threads} threads: use 1 to {MAX_THREADS} (leave it out for "
@@ -164,6 +177,9 @@ class CaptionerOptions:
         if self.batch is not None and not (_is_int(self.batch) and 1 <= self.batch <= MAX_QUEUE):
             raise ConfigError(f"batch {self.batch}: hand over at least 1 frame (at most "
                               f"{MAX_QUEUE}) at a time")
+
+    def _check_choices(self) -> None:
+        """The beam width and the options that pick one of a few behaviours."""
         if not (_is_int(self.beam) and 1 <= self.beam <= MAX_BEAM):
             raise ConfigError(f"beam {self.beam}: use a whole number from 1 (greedy) to {MAX_BEAM} "
                               f"(default {DEFAULT_BEAM})")
@@ -174,14 +190,6 @@ class CaptionerOptions:
             raise ConfigError(f"on_missing_tpu {self.on_missing_tpu!r}: use cpu or fail")
         if self.reference_encoder and (self.plan is not None or self.board != "auto"):
             raise ConfigError("reference_encoder runs on the CPU only; drop plan and board")
-        if self.trace is not None:
-            trace = Path(self.trace)
-            if trace.is_dir() or not trace.parent.is_dir():
-                raise ConfigError(f"trace {trace}: not a file in an existing directory; "
-                                  "choose a writable path")
-            if not os.access(trace.parent, os.W_OK):
-                raise ConfigError(f"trace {trace}: {trace.parent} is not writable; choose a "
-                                  "writable path")
 
     def with_overrides(self, **overrides: Any) -> "CaptionerOptions":
         """Returns a copy with the given options replaced (and checked).
@@ -211,3 +219,18 @@ def _device(value: Any) -> DeviceSpec:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (a bool is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_trace(trace: Path) -> None:
+    """Checks the trace can be written: a file in an existing, writable directory."""
+    if trace.is_dir() or not trace.parent.is_dir():
+        raise ConfigError(f"trace {trace}: not a file in an existing directory; "
+                          "choose a writable path")
+    if not os.access(trace.parent, os.W_OK):
+        raise ConfigError(f"trace {trace}: {trace.parent} is not writable; choose a "
+                          "writable path")

@@ -468,7 +468,7 @@ def board_tpus(choice: Choice) -> List[DeviceSpec]:
 
     Returns:
       The choice's TPU workers first; then, for real EdgeTPUs, the other
-      attached ones (``tpu:N``); for emulated ones, ``emu-tpu:N`` up to the
+      attached ones by bus and index (``usb:N``, ``pci:N``); for emulated ones, ``emu-tpu:N`` up to the
       plan's ``board_tpus`` (a plan compiled with ``--tpus`` below the
       board's records that many).
     """
@@ -481,8 +481,8 @@ def board_tpus(choice: Choice) -> List[DeviceSpec]:
                 continue
             i = per_bus[info.kind] = per_bus.get(info.kind, -1) + 1
             # The same device by either name: tpu:N in enumeration order, or its bus and index there.
-            spec = parse_device(info.device)
-            names = {spec, DeviceSpec("tpu", i, info.kind)}
+            spec = DeviceSpec("tpu", i, info.kind)  # a spare opens as usb:N / pci:N, not a bare :N
+            names = {parse_device(info.device), spec}
             if i == 0:
                 names.add(DeviceSpec("tpu", None, info.kind))  # "pci": the first on that bus
             if not names & taken:

@@ -32,7 +32,10 @@ from edgecap.preprocess import as_bgr  # noqa: E402
 _log = logging.getLogger("edgecap")
 
 if "OPENCV_LOG_LEVEL" not in os.environ:
-    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    # OpenCV 4.12 and later have cv2.utils.logging; 4.11, which pip takes beside numpy<2
+    # (Coral's tflite-runtime), has only cv2.setLogLevel. 0 is LOG_LEVEL_SILENT in both.
+    _cv_log = getattr(cv2.utils, "logging", None)
+    (_cv_log.setLogLevel if _cv_log is not None else cv2.setLogLevel)(0)
 
 # Reads tried after a failed one to tell a damaged stretch (the decoder resumes)
 # from the end of the stream.

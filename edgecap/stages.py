@@ -13,11 +13,13 @@ a shared bus it paces to what the truth makes of the stage's cost parts.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -30,6 +32,13 @@ from edgecap.tflite_verify import verify_tflite
 from edgecap.scheduler import sleep_until
 
 _PR_SET_TIMERSLACK = 29  # linux/prctl.h
+
+# libedgetpu resolves ":N" afresh at every delegate load, and the first open of a
+# USB TPU loads its firmware, which moves it behind the others in libedgetpu's
+# list: two stages opening at once could land on one TPU. So TPU stages open one
+# at a time, each after every USB TPU is out of its bootloader.
+_TPU_OPENING = threading.RLock()
+_depth = 0
 
 Tensors = Dict[str, np.ndarray]
 
@@ -237,6 +246,25 @@ def open_stage(
                          truth_pace)
 
 
+@contextlib.contextmanager
+def tpu_opening() -> Iterator[None]:
+    """Holds this process's one EdgeTPU opening (re-entrant); the outermost brings every
+    USB TPU out of its bootloader first (``edgetpu_runtime.enumerate_tpus(wake=True)``).
+
+    ``edgecap.isolation`` holds it while a worker process opens a TPU stage, so
+    that stages in other processes open one at a time too.
+    """
+    global _depth
+    with _TPU_OPENING:
+        if _depth == 0:
+            edgetpu_runtime.enumerate_tpus(wake=True)
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
+
+
 def load_edgetpu_delegate(spec: DeviceSpec, model: "str | Path | None" = None,
                           backend: Optional[str] = None) -> Any:
     """Loads libedgetpu's delegate for one EdgeTPU, after probing it in a child process.
@@ -260,22 +288,24 @@ def load_edgetpu_delegate(spec: DeviceSpec, model: "str | Path | None" = None,
     """
     library = edgetpu_runtime.library_name()
     backend = backend or interpreter.tpu_backend() or interpreter.BACKEND or "ai-edge-litert"
-    edgetpu_runtime.check(str(spec), library, spec.delegate_option, backend, model)
-    try:
-        return interpreter.load_delegate(library, {"device": spec.delegate_option}, backend)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise EdgecapError(
-            f"{spec}: cannot open the EdgeTPU ({edgetpu_runtime.one_line(exc)}); "
-            "check `edgecap devices`, or run on cpu / emu-tpu:N"
-        ) from None
+    with tpu_opening():
+        edgetpu_runtime.check(str(spec), library, spec.delegate_option, backend, model)
+        try:
+            return interpreter.load_delegate(library, {"device": spec.delegate_option}, backend)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise EdgecapError(
+                f"{spec}: cannot open the EdgeTPU ({edgetpu_runtime.one_line(exc)}); "
+                "check `edgecap devices`, or run on cpu / emu-tpu:N"
+            ) from None
 
 
 def _open_edgetpu(spec: DeviceSpec, stage: Stage) -> interpreter.TensorIO:
     segment = stage.compiled_segment
     backend = interpreter.tpu_backend()
-    delegate = load_edgetpu_delegate(spec, segment, backend)
     try:
-        interp = interpreter.make_delegate_interpreter(segment, [delegate], backend)
+        with tpu_opening():  # the interpreter's creation opens the device too
+            delegate = load_edgetpu_delegate(spec, segment, backend)
+            interp = interpreter.make_delegate_interpreter(segment, [delegate], backend)
     except (ValueError, RuntimeError) as exc:
         raise EdgecapError(
             f"{spec}: cannot run {Path(segment).name} on the EdgeTPU "

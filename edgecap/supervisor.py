@@ -532,6 +532,8 @@ class Supervisor:
         store = self._options.corrections
         path = Path(store) if store is not None else (adapt.corrections_path() if real else None)
         corrections = adapt.load_corrections(path, start.plan.board) if path is not None and switching else {}
+        if real:  # what it learned wins over what the installed libedgetpu's clock says
+            corrections = {**_clock_prior(start), **corrections}
         return adapt.Adapter(start.plan.board, corrections, self._rechoose, switching,
                              path if switching else None)
 
@@ -553,6 +555,18 @@ class Supervisor:
                                 else BundlePlans())
         return planner.choose_after(self._bundle, self._options, self._start, self._failed, self._tpus,
                                     self._candidates or BundlePlans())
+
+
+def _clock_prior(start: Choice) -> Dict[str, adapt.Correction]:
+    """The start plan's USB TPUs at the clock libedgetpu gives them (``libedgetpu1-std``: 250 MHz, half
+    the profiles' 500): a correction of their compute and invoke time, before anything is measured."""
+    from edgecap import edgetpu_runtime
+
+    speed = edgetpu_runtime.usb_speed(edgetpu_runtime.usb_clock())
+    if speed == 1.0:
+        return {}
+    return {s.device: adapt.Correction(speed=speed) for s in start.plan.active_stages
+            if s.spec.kind == "tpu" and s.cost is not None and (s.cost.link or "").startswith("usb")}
 
 
 def _board_workers(start: Choice, tpus: List[DeviceSpec]) -> Dict[DeviceSpec, DeviceSpec]:

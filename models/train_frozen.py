@@ -86,10 +86,11 @@ def caption_test(bundle: Path, dataset: Dataset, ids: Sequence[str], window: Win
         return [cap.caption_frames(first_window(dataset.clip_path(i), window))[0].text for i in ids]
 
 
-def train(args: argparse.Namespace) -> Dict[str, object]:
-    """Runs the recipe (module docstring); returns the held-out figures."""
-    began = time.perf_counter()
-    # Bad input is refused before TensorFlow loads (seconds) or any clip is decoded.
+def _training_data(args: argparse.Namespace) -> Dataset:
+    """Checks the encoder is a file and returns the dataset, which must have training clips.
+
+    Bad input is refused here, before TensorFlow loads (seconds) or any clip is decoded.
+    """
     if not Path(args.encoder).is_file():
         raise ConfigError(f"{args.encoder}: no such file (--encoder): give a full-integer "
                           "TFLite frame encoder")
@@ -97,12 +98,29 @@ def train(args: argparse.Namespace) -> Dict[str, object]:
     if not dataset.splits.get("train"):
         raise ConfigError(f"{args.data or args.msvd or args.msrvtt}: no clip in the 'train' "
                           "split: give a dataset with training clips")
+    return dataset
+
+
+def _heldout(bundle: Path, dataset: Dataset, test_ids: Sequence[str], window: Window) -> Dict[str, object]:
+    """Captions the test clips with the written bundle; returns their figures and prints the first misses."""
+    from models.heldout import exact_match
+
+    captions = caption_test(bundle, dataset, test_ids, window)
+    references = [dataset.captions[i] for i in test_ids]
+    for pred, refs in [(p, r) for p, r in zip(captions, references) if p not in r][:10]:
+        print(f"  miss: {pred!r} (expected {refs[0]!r})")
+    return {"test_clips": len(test_ids), "exact_match_tflite": exact_match(captions, references)}
+
+
+def train(args: argparse.Namespace) -> Dict[str, object]:
+    """Runs the recipe (module docstring); returns the held-out figures."""
+    began = time.perf_counter()
+    dataset = _training_data(args)
     import keras
     import tensorflow as tf
 
     from models import export
     from models.architectures import ModelConfig, build_rnn
-    from models.heldout import exact_match
 
     keras.utils.set_random_seed(args.seed)
     tf.config.experimental.enable_op_determinism()
@@ -152,12 +170,7 @@ def train(args: argparse.Namespace) -> Dict[str, object]:
                                   "features_seconds": round(features_s),
                                   "train_seconds": round(trained_s)}
     if test_ids:
-        captions = caption_test(out, dataset, test_ids, window)
-        references = [dataset.captions[i] for i in test_ids]
-        figures.update(test_clips=len(test_ids),
-                       exact_match_tflite=exact_match(captions, references))
-        for pred, refs in [(p, r) for p, r in zip(captions, references) if p not in r][:10]:
-            print(f"  miss: {pred!r} (expected {refs[0]!r})")
+        figures.update(_heldout(out, dataset, test_ids, window))
     figures["total_seconds"] = round(time.perf_counter() - began)
     provenance["heldout"] = figures
     export.write_bundle(out, args.name, config, vocab, models, window.sample_fps, tokens,

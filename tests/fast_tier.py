@@ -10,7 +10,9 @@ reviewable list and not a decorator scattered over sixty files.
 ``FAST_FILES``: every test of the file. ``FAST_TESTS``: by file, the test
 functions (names without parameters; every parameter set of a listed function
 is in). conftest.py applies both, and refuses a name that matches no test of
-a collected file, so a renamed test cannot drop out of the tier unnoticed.
+a file collected whole, so a renamed test cannot drop out of the tier
+unnoticed (a run by node id, ``tests/test_x.py::test_y``, collects part of a
+file and is not refused).
 """
 
 from __future__ import annotations

@@ -47,16 +47,8 @@ def _slow_cpu_board(tmp_path: Path) -> Path:
     return path
 
 
-def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path):
-    out = tmp_path / "out"
-    plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "--pipeline-only",
-                    "-o", out)
-    assert plan["plan_version"] == 1
-    assert plan["model"]["file"] == MODEL.name and plan["model"]["ops"] == 21
-    assert plan["board"] == {"name": "devboard-usb", "version": load_board("devboard-usb").version, "tpus": 2}
-    assert plan["sram_bytes"] == 20000
-    # devboard-usb: the PCIe TPU, then the USB Accelerator, named by bus.
-    assert [s["device"] for s in plan["stages"]] == ["pci:0", "usb:0", "cpu"]
+def _assert_stages_cover_the_model_in_order(plan: dict) -> None:
+    """The stages chain op ranges from 0 to the model's end; only an empty stage has no segment."""
     assert plan["stages"][0]["ops"][0] == 0 and plan["stages"][-1]["ops"][1] == 21
     for prev, cur in zip(plan["stages"], plan["stages"][1:]):
         assert cur["ops"][0] == prev["ops"][1]
@@ -64,13 +56,19 @@ def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path
         assert (s["segment"] is None) == (s["ops"][0] == s["ops"][1])
         assert set(s) >= {"index", "device", "segment", "ops", "param_bytes", "macs", "inputs",
                           "outputs", "predicted_ms", "edgetpu"}
+
+
+def _assert_prediction_is_the_stages(plan: dict) -> None:
+    """The plan's bottleneck, latency and fps are the max, the sum and the rate of its stages' times."""
     pred = plan["predicted"]
     ms = [s["predicted_ms"] for s in plan["stages"]]
     assert pred["bottleneck_ms"] == pytest.approx(max(ms), abs=1e-3)
     assert pred["latency_ms"] == pytest.approx(sum(ms), abs=1e-3)
     assert pred["fps"] == pytest.approx(1e3 / max(ms), rel=1e-3)
-    assert sum(1 for s in plan["stages"] if s["segment"]) >= 2
-    # Run the plan the way the runtime does: tensors travel by name.
+
+
+def _assert_segments_reproduce_the_model(out: Path, plan: dict) -> None:
+    """Runs the plan the way the runtime does (tensors travel by name) against the whole model."""
     rng = np.random.default_rng(0)
     feeds = {}
     interp = make_cpu_interpreter(str(MODEL))
@@ -93,6 +91,22 @@ def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path
         feeds.update({d["name"]: seg.get_tensor(d["index"]) for d in seg.get_output_details()})
         assert {t["name"] for t in s["outputs"]} <= set(feeds)
     assert np.array_equal(feeds[out_detail["name"]], expected)
+
+
+def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path):
+    out = tmp_path / "out"
+    plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "--pipeline-only",
+                    "-o", out)
+    assert plan["plan_version"] == 1
+    assert plan["model"]["file"] == MODEL.name and plan["model"]["ops"] == 21
+    assert plan["board"] == {"name": "devboard-usb", "version": load_board("devboard-usb").version, "tpus": 2}
+    assert plan["sram_bytes"] == 20000
+    # devboard-usb: the PCIe TPU, then the USB Accelerator, named by bus.
+    assert [s["device"] for s in plan["stages"]] == ["pci:0", "usb:0", "cpu"]
+    _assert_stages_cover_the_model_in_order(plan)
+    _assert_prediction_is_the_stages(plan)
+    assert sum(1 for s in plan["stages"] if s["segment"]) >= 2
+    _assert_segments_reproduce_the_model(out, plan)
 
 
 def test_cpu_only_and_more_tpus_than_the_profile(tmp_path):

@@ -861,3 +861,77 @@ def test_install_accepts_newer_pythons(tmp_path, version):
                      "--wheel", str(tmp_path / "missing.whl"))
     assert "needs Python" not in out.stderr
     assert out.returncode == 2 and "no such file" in out.stderr
+
+
+# --- install.sh picks the combination for the installed libedgetpu ----------------
+
+
+def _stub_tool(directory: Path, name: str, output: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(f"#!/bin/sh\necho '{output}'\n")
+    (directory / name).chmod(0o755)
+
+
+def _install_with(tmp_path, *args, dpkg: str = "", bits: str = "64", pythons=("3.11",)):
+    """install.sh with stubbed dpkg-query, getconf and Pythons on PATH (plus the real python3 to read
+    the matrix), stopping at a missing wheel once its checks pass."""
+    bin_dir = tmp_path / "bin"
+    if dpkg:
+        _stub_tool(bin_dir, "dpkg-query", dpkg)
+    _stub_tool(bin_dir, "getconf", bits)
+    for version in pythons:
+        stub_python(bin_dir, version, name=f"python{version}")
+    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))
+    for tool in ("cat", "dirname", "id", "mkdir", "awk", "uname"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    out = subprocess.run(["/bin/sh", str(INSTALL), "--root", str(tmp_path / "root"),
+                          "--wheel", str(tmp_path / "missing.whl"), *args],
+                         capture_output=True, text=True, env=env, timeout=60)
+    return out
+
+
+def test_corals_libedgetpu_gets_python_39_and_tflite_runtime_211(tmp_path):
+    out = _install_with(tmp_path, dpkg="libedgetpu1-std 16.0 installed", pythons=("3.11", "3.9"))
+    assert "Python: " in out.stdout and "(3.9)" in out.stdout
+    assert "the coral-16.0 combination (tflite-runtime==2.11.0 numpy<2 opencv-python-headless<4.12)" in out.stdout
+    assert out.returncode == 2 and "missing.whl: no such file" in out.stderr  # every check before passed
+
+
+def test_corals_libedgetpu_without_a_python_39_is_refused_in_one_line(tmp_path):
+    out = _install_with(tmp_path, dpkg="libedgetpu1-max 16.0 installed", pythons=("3.11",))
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
+    assert "needs tflite-runtime==2.11.0, which has wheels for Python 3.9 only" in out.stderr
+    assert "uv python install 3.9" in out.stderr and "feranick" in out.stderr
+    assert not (tmp_path / "root").exists()
+    explicit = _install_with(tmp_path / "b", "--python", str(tmp_path / "b" / "bin" / "python3.11"),
+                             dpkg="libedgetpu1-std 16.0 installed")
+    assert explicit.returncode == 1 and "is 3.11" in explicit.stderr
+
+
+def test_a_rebuilt_libedgetpu_gets_its_interpreter_on_the_systems_python(tmp_path):
+    out = _install_with(tmp_path, "--libedgetpu", "16.0tf2.17.0-1.bookworm", pythons=("3.11",))
+    assert "(3.11)" in out.stdout and "the rebuilt-tf2.16 combination (ai-edge-litert numpy" in out.stdout
+    assert out.returncode == 2
+    older = _install_with(tmp_path / "b", "--libedgetpu", "16.0tf2.13.1-1", pythons=("3.11",))
+    assert "the rebuilt-tf2.13 combination (tflite-runtime>=2.13,<2.15 numpy<2" in older.stdout
+
+
+def test_no_libedgetpu_installs_the_default_interpreter(tmp_path):
+    out = _install_with(tmp_path, pythons=("3.11",))
+    assert "combination" not in out.stdout and out.returncode == 2
+
+
+def test_a_32_bit_userland_is_refused_before_anything_in_one_line(tmp_path):
+    out = _install_with(tmp_path, bits="32", dpkg="libedgetpu1-std 16.0 installed")
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
+    assert "32-bit userland" in out.stderr and "64-bit OS" in out.stderr
+    assert not (tmp_path / "root").exists()
+
+
+def test_install_reads_the_matrix_it_ships():
+    from edgecap import configurations
+
+    text = INSTALL.read_text()
+    assert "edgecap/data/configurations.json" in text
+    assert {s.build for s in configurations.load().stacks} == {"coral-tf2.5", "rebuilt"}

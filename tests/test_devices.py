@@ -213,12 +213,23 @@ def test_enumeration_probes_pcie_and_coral_usb_ids(tmp_path: Path) -> None:
     infos = list_devices(root)
     assert [(i.device, i.kind) for i in infos] == [("cpu", "cpu"), ("tpu:0", "pci"), ("tpu:1", "usb"), ("tpu:2", "usb")]
     assert infos[1].temperature_c == pytest.approx(47.25)
-    assert infos[2].path.endswith("1-1") and infos[3].path.endswith("2-1")
+    # libedgetpu's order: PCIe, then USB TPUs still in their bootloader, then loaded ones.
+    assert infos[2].path.endswith("2-1") and infos[3].path.endswith("1-1")
+    assert [i.state for i in infos] == [None, None, "dfu", "loaded"]
     assert [i.throttled for i in infos] == [None, False, None, None]  # USB TPUs report no temperature
     table = format_devices(infos)
     assert table.splitlines()[0].split()[:5] == ["DEVICE", "KIND", "PATH", "TEMP", "THROTTLED"]
     assert "47.2C" in table and len(table.splitlines()) == 5
     assert table.splitlines()[2].split()[3:5] == ["47.2C", "no"]
+
+
+def test_usb_tpus_are_listed_as_libedgetpu_indexes_them(tmp_path: Path) -> None:
+    # The case: 1-1 loaded, 1-2 still in DFU. libedgetpu's :0 is 1-2 (DFU devices first);
+    # edgecap listed 1-1 as tpu:0 before.
+    root = _fake_tree(tmp_path, {"1-1": ("18d1", "9302", "5000"), "1-2": ("1a6e", "089a", "480")}, {})
+    infos = list_devices(root)[1:]
+    assert [(i.device, Path(i.path).name, i.state, i.speed_mbps) for i in infos] == [
+        ("tpu:0", "1-2", "dfu", 480), ("tpu:1", "1-1", "loaded", 5000)]
 
 
 def test_throttling_follows_the_apex_trip_points(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ def fakes(tmp_path_factory) -> dict:
         pytest.skip("no C compiler to build the fake libedgetpu")
     root = tmp_path_factory.mktemp("fake_libedgetpu")
     built = {}
-    for name in ("segfault", "no_device", "stub"):
+    for name in ("segfault", "no_device", "stub", "abort", "prepare_segfault"):
         (root / name).mkdir()
         built[name] = root / name / "libedgetpu.so.1"
         subprocess.run([cc, "-shared", "-fPIC", "-o", str(built[name]), str(FAKES / f"{name}.c")],
@@ -110,6 +110,7 @@ def test_the_edgetpu_runtime_command_says_what_is_installed(fakes, monkeypatch, 
         report = json.loads(capsys.readouterr().out)
         assert report["library"] == str(library) and report["loads"] == loads, report
         assert (report["edgetpu_version"] or "").startswith("BuildLabel(COMPILER=fake") == (loads == "ok")
+        assert "usb_clock_mhz" in report and report["usb_clock"]  # std (250) or max (500), or why unknown
 
 
 def test_the_probe_runs_once_per_library_and_device(fakes, monkeypatch) -> None:
@@ -220,8 +221,47 @@ def test_a_crash_with_corals_build_names_the_fix(fakes, monkeypatch) -> None:
     _use(monkeypatch, fakes["segfault"])
     monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: ("libedgetpu1-std", "16.0"))
     with pytest.raises(EdgecapError, match=r"libedgetpu1-std 16.0 \(Coral's build, TF 2.5\)\): a libedgetpu/"
-                       r"TFLite mismatch; Coral's libedgetpu 16.0 needs tflite_runtime below 2.12"):
+                       r"TFLite mismatch; Coral's libedgetpu 16.0 runs under tflite-runtime below 2.12 only: ") as err:
         stages.load_edgetpu_delegate(parse_device("pci:0"), backend="ai-edge-litert")
+    message = str(err.value)
+    from edgecap.configurations import this_python
+
+    if this_python() == "3.9":
+        assert "pip install 'tflite-runtime==2.11.0' 'numpy<2'" in message
+    else:  # the fix that has no wheel here is not offered as a pip install
+        assert "pip install 'tflite-runtime" not in message
+        assert f"a Python 3.9 venv with 'tflite-runtime==2.11.0'" in message
+        assert f"has no wheel for Python {this_python()}" in message
+
+
+@pytest.mark.parametrize("python,machine,build,tf,expect", [
+    ("3.9", "aarch64", "coral-tf2.5", None, ["pip install 'tflite-runtime==2.11.0' 'numpy<2' "
+                                             "'opencv-python-headless<4.12' and set EDGECAP_BACKEND=tflite_runtime"]),
+    ("3.11", "aarch64", "coral-tf2.5", None, ["a Python 3.9 venv with"]),
+    ("3.12", "x86_64", "coral-tf2.5", None, ["a Python 3.9 venv with"]),
+    ("3.11", "aarch64", "rebuilt", "2.17.0", ["pip install 'ai-edge-litert' 'numpy'"]),
+    ("3.12", "x86_64", "rebuilt", "2.13.1", ["a Python 3.9 or 3.10 or 3.11 venv with 'tflite-runtime>=2.13,<2.15'"]),
+    ("3.10", "x86_64", "rebuilt", "2.14.0", ["pip install 'tflite-runtime>=2.13,<2.15'"]),
+])
+def test_the_advice_names_only_routes_this_python_has(python, machine, build, tf, expect) -> None:
+    from edgecap.configurations import routes
+
+    found = routes(build, tf, python, machine)
+    assert len(found) == len(expect)
+    for said, start in zip(found, expect):
+        assert said.startswith(start), said
+
+
+def test_the_matrix_is_valid_and_every_row_has_a_source() -> None:
+    from edgecap import configurations
+
+    matrix = configurations.load()
+    builds = {b.id for b in edgetpu_runtime.load_table().builds}
+    assert {s.build for s in matrix.stacks} <= builds
+    assert all(row.source for row in [*matrix.wheels, *matrix.stacks, *matrix.targets, *matrix.refused])
+    assert {c for t in matrix.targets for c in t.checked} <= {c.id for c in matrix.checks}
+    for stack in matrix.stacks:  # every stack's interpreter says where its wheels are
+        assert any(w.requirement == stack.interpreter for w in matrix.wheels), stack.id
 
 
 def test_a_backend_that_is_not_installed_is_an_error_not_a_crash(fakes) -> None:
@@ -230,3 +270,159 @@ def test_a_backend_that_is_not_installed_is_an_error_not_a_crash(fakes) -> None:
         pytest.skip("both backends are installed")
     result = edgetpu_runtime.probe(str(fakes["stub"]), "usb:0", missing[0])
     assert (result.kind, result.message.split(" (")[0]) == ("error", f"{missing[0]} is not installed")
+
+
+# -- USB TPUs in libedgetpu's order, opened one at a time ---------------------------------------
+
+
+@pytest.fixture
+def reordering(tmp_path, monkeypatch):
+    """tests/fake_libedgetpu/reorder.c over two USB TPUs: 1-1 running its firmware, 1-2 in DFU.
+
+    Returns (library, usb dir, log): the fake lists 1-2 first (DFU first, as libedgetpu)
+    and moves it behind 1-1 when it is opened (its firmware loads).
+    """
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake libedgetpu")
+    library = tmp_path / "lib" / "libedgetpu.so.1"
+    library.parent.mkdir()
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(FAKES / "reorder.c")],
+                   check=True, capture_output=True)
+    usb = tmp_path / "sys" / "bus" / "usb" / "devices"
+    for name, ids in (("1-1", ("18d1", "9302")), ("1-2", ("1a6e", "089a"))):
+        (usb / name).mkdir(parents=True)
+        (usb / name / "idVendor").write_text(ids[0] + "\n")
+        (usb / name / "idProduct").write_text(ids[1] + "\n")
+    log = tmp_path / "opens.log"
+    monkeypatch.setenv("FAKE_EDGETPU_USB", str(usb))
+    monkeypatch.setenv("FAKE_EDGETPU_LOG", str(log))
+    _use(monkeypatch, library)
+    return library, usb, log
+
+
+def _opened(log: Path) -> list:
+    return [Path(line.split()[1]).name for line in log.read_text().splitlines() if line.startswith("begin")]
+
+
+def test_the_fake_reorders_as_libedgetpu_does(reordering) -> None:
+    library, usb, log = reordering
+    # What edgecap did before: each stage opened :N as it came, with a TPU still in DFU.
+    assert edgetpu_runtime.enumerate_tpus(str(library)) == [("usb", str(usb / "1-2")), ("usb", str(usb / "1-1"))]
+    for n in (0, 1):
+        assert edgetpu_runtime.probe(str(library), f":{n}", interpreter.BACKEND).ok
+    assert _opened(log) == ["1-2", "1-2"]  # :0 loaded 1-2's firmware, which moved it to :1: one TPU twice
+
+
+def test_usb_tpus_are_woken_then_listed_and_opened_in_libedgetpus_order(reordering, monkeypatch) -> None:
+    from edgecap.devices import list_devices
+
+    library, usb, log = reordering
+    # As libedgetpu indexes them now (no firmware loaded yet): DFU first.
+    assert [(i.device, Path(i.path).name, i.state) for i in list_devices()[1:]] == [
+        ("tpu:0", "1-2", "dfu"), ("tpu:1", "1-1", "loaded")]
+    # Woken (as detect_hardware and the first TPU opening do): both loaded, the order as it stays.
+    woken = list_devices(wake=True)[1:]
+    assert [(i.device, Path(i.path).name, i.state) for i in woken] == [
+        ("tpu:0", "1-1", "loaded"), ("tpu:1", "1-2", "loaded")]
+    log.write_text("")
+    for n in (0, 1):
+        stages.load_edgetpu_delegate(parse_device(f"tpu:{n}"))
+    # Each stage's probe and its delegate open the device edgecap listed: two TPUs, two devices.
+    assert _opened(log) == ["1-1", "1-1", "1-2", "1-2"]
+
+
+def test_tpu_stages_open_one_at_a_time(reordering) -> None:
+    import threading
+
+    library, usb, log = reordering
+    errors = []
+
+    def open_one(n: int) -> None:
+        try:
+            stages.load_edgetpu_delegate(parse_device(f"usb:{n}"))
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one, args=(n,)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    events = [line.split()[0] for line in log.read_text().splitlines()]
+    # The wake opened 1-2 first; then every begin is followed by its own end: no two opens overlap.
+    assert events == ["begin", "end"] * (len(events) // 2) and len(events) >= 8
+    assert sorted(set(_opened(log)[1:])) == ["1-1", "1-2"]
+
+
+# -- the clock ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("package,mhz", [
+    (("libedgetpu1-std", "16.0"), 250), (("libedgetpu1-max", "16.0"), 500),
+    (("libedgetpu1-std", "16.0tf2.17.0-1.bookworm"), 250),
+])
+def test_the_usb_clock_follows_the_installed_package(package, mhz) -> None:
+    clock = edgetpu_runtime.usb_clock(package)
+    assert clock.mhz == mhz and package[0] in clock.describe()
+    assert edgetpu_runtime.usb_speed(clock) == mhz / 500
+
+
+def test_without_a_package_the_librarys_own_bytes_tell_the_build(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: None)
+    throttled, direct = tmp_path / "std.so", tmp_path / "max.so"
+    throttled.write_bytes(b"\x7fELF...EdgeTpu is throttled.\x00...")  # the THROTTLE branch's log line
+    direct.write_bytes(b"\x7fELF...EdgeTpu...\x00")
+    assert edgetpu_runtime.usb_clock(None, throttled).mhz == 250
+    assert edgetpu_runtime.usb_clock(None, direct).mhz == 500
+    assert edgetpu_runtime.usb_clock(None, tmp_path / "absent.so").mhz is None
+
+
+def test_usb_stages_start_priced_at_the_installed_clock(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from edgecap import supervisor
+    from edgecap.devices import parse_device
+
+    def stage(device, link):
+        return SimpleNamespace(device=device, spec=parse_device(device), cost=SimpleNamespace(link=link))
+
+    start = SimpleNamespace(plan=SimpleNamespace(active_stages=[
+        stage("pci:0", "pcie"), stage("usb:0", "usb3"), stage("cpu", None)]))
+    monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: ("libedgetpu1-std", "16.0"))
+    prior = supervisor._clock_prior(start)
+    assert list(prior) == ["usb:0"] and prior["usb:0"].speed == 0.5  # PCIe is not throttled
+    monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: ("libedgetpu1-max", "16.0"))
+    assert supervisor._clock_prior(start) == {}
+
+
+# -- truthful advice ---------------------------------------------------------------------------
+
+
+def test_a_usb_abort_is_retried_once_and_then_advises_cable_port_and_power(fakes, monkeypatch, tmp_path) -> None:
+    _use(monkeypatch, fakes["abort"])
+    count = tmp_path / "count"
+    monkeypatch.setenv("FAKE_EDGETPU_COUNT", str(count))
+    monkeypatch.setenv("FAKE_EDGETPU_ABORTS", "1")  # fails once: the retry opens it
+    assert edgetpu_runtime.probe(str(fakes["abort"]), "usb:0", interpreter.BACKEND).ok
+    assert count.read_text().strip() == "2"
+    edgetpu_runtime._CACHE.clear()
+    count.unlink()
+    monkeypatch.setenv("FAKE_EDGETPU_ABORTS", "9")
+    with pytest.raises(EdgecapError) as err:
+        stages.load_edgetpu_delegate(parse_device("usb:0"))
+    message = str(err.value)
+    assert "aborted in the probe, twice" in message and "F driver/usb/usb_driver.cc:1063]" in message
+    assert "cable" in message and "port" in message and "power" in message
+    assert "mismatch" not in message and "\n" not in message
+    assert count.read_text().strip() == "2"  # retried once, not more
+
+
+def test_a_crash_of_the_shipped_probe_model_blames_the_interpreter_build(fakes, monkeypatch) -> None:
+    _use(monkeypatch, fakes["prepare_segfault"])
+    with pytest.raises(EdgecapError) as err:
+        stages.load_edgetpu_delegate(parse_device("usb:0"))
+    message = str(err.value)
+    assert "the delegate loaded, then" in message and "crashes on this CPU" in message
+    assert "re-export" not in message and "mismatch" not in message and "\n" not in message

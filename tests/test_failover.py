@@ -503,4 +503,5 @@ def test_the_tpus_left_are_the_boards_not_only_the_plans(monkeypatch, shipped_bu
     monkeypatch.setattr(devices, "list_devices", lambda root="/": attached)
     real = dataclasses.replace(emulated, stages=tuple(
         dataclasses.replace(s, worker=s.stage.spec) for s in emulated.stages))
-    assert [str(d) for d in board_tpus(real)] == ["pci:0", "tpu:1"]  # pci:0 is tpu:0 by another name
+    # pci:0 is tpu:0 by another name; the spare opens by its bus and index, as libedgetpu's usb:0.
+    assert [str(d) for d in board_tpus(real)] == ["pci:0", "usb:0"]

@@ -71,6 +71,39 @@ def _get(doc: Any, path: tuple) -> Any:
     return doc
 
 
+def _aimed(draw: Callable, doc: Any, paths: List[tuple], path: tuple, op: str) -> tuple:
+    """For a ``string`` or ``number`` edit, a path to a leaf of that kind instead (where there is one)."""
+    # Strings (file names, devices) and numbers are where loaders meet the system: aim at them.
+    kinds = {"string": str, "number": (int, float)}
+    if op in kinds:
+        leaves = [q for q in paths if q and isinstance(_get(doc, q), kinds[op])]
+        if leaves:
+            path = draw(st.sampled_from(leaves))
+    return path
+
+
+def _edit(draw: Callable, parent: Any, key: Any, op: str) -> None:
+    """Applies one edit to ``parent[key]``; an edit that does not fit the value is skipped."""
+    try:
+        if op == "replace":
+            parent[key] = draw(values)
+        elif op == "drop":
+            del parent[key]
+        elif op == "add" and isinstance(parent, dict):
+            parent[draw(st.sampled_from(["x", "extra", key + "_" if isinstance(key, str) else "k"]))] = draw(values)
+        elif op == "dup" and isinstance(parent, list):
+            parent.insert(key, json.loads(json.dumps(parent[key])))
+        elif op == "string":
+            parent[key] = draw(st.one_of(st.sampled_from(ODD_STRINGS), st.text(max_size=300),
+                                         st.sampled_from(ODD_STRINGS).map(lambda x: parent[key] + x)))
+        elif op == "number":
+            parent[key] = draw(st.one_of(st.sampled_from(ODD_NUMBERS), st.integers(), st.floats()))
+        elif op == "scale" and isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
+            parent[key] = parent[key] * draw(st.sampled_from([-1, 10**9, 1e300, 0, float("nan")]))
+    except (KeyError, IndexError, TypeError):
+        pass
+
+
 @st.composite
 def mutated_doc(draw: Callable, base: Dict[str, Any]) -> Any:
     """A copy of ``base`` with 1..4 edits: a value replaced, a key dropped or added, a list resized."""
@@ -79,35 +112,12 @@ def mutated_doc(draw: Callable, base: Dict[str, Any]) -> Any:
         paths = _paths(doc)
         path = draw(st.sampled_from(paths))
         op = draw(st.sampled_from(["replace", "replace", "drop", "add", "dup", "scale", "string", "number"]))
-        # Strings (file names, devices) and numbers are where loaders meet the system: aim at them.
-        kinds = {"string": str, "number": (int, float)}
-        if op in kinds:
-            leaves = [q for q in paths if q and isinstance(_get(doc, q), kinds[op])]
-            if leaves:
-                path = draw(st.sampled_from(leaves))
+        path = _aimed(draw, doc, paths, path, op)
         if not path:
             if op == "replace":
                 doc = draw(values)
             continue
-        parent, key = _get(doc, path[:-1]), path[-1]
-        try:
-            if op == "replace":
-                parent[key] = draw(values)
-            elif op == "drop":
-                del parent[key]
-            elif op == "add" and isinstance(parent, dict):
-                parent[draw(st.sampled_from(["x", "extra", key + "_" if isinstance(key, str) else "k"]))] = draw(values)
-            elif op == "dup" and isinstance(parent, list):
-                parent.insert(key, json.loads(json.dumps(parent[key])))
-            elif op == "string":
-                parent[key] = draw(st.one_of(st.sampled_from(ODD_STRINGS), st.text(max_size=300),
-                                             st.sampled_from(ODD_STRINGS).map(lambda x: parent[key] + x)))
-            elif op == "number":
-                parent[key] = draw(st.one_of(st.sampled_from(ODD_NUMBERS), st.integers(), st.floats()))
-            elif op == "scale" and isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
-                parent[key] = parent[key] * draw(st.sampled_from([-1, 10**9, 1e300, 0, float("nan")]))
-        except (KeyError, IndexError, TypeError):
-            pass
+        _edit(draw, _get(doc, path[:-1]), path[-1], op)
     return doc
 
 

@@ -156,49 +156,71 @@ def _patch(rng: random.Random, data: bytes, all_sites: List[_Site], n_tensors: i
 # -- rebuilds, on the object API -----------------------------------------------------------
 
 
-def _rebuild(rng: random.Random, model: schema.ModelT) -> str:
-    g = model.subgraphs[0]
-    ops, tensors = g.operators or [], g.tensors or []
-    kind = rng.choice(["drop_input", "add_input", "drop_output", "add_output", "add_dim", "drop_dim",
-                       "cut_buffer", "grow_buffer", "empty_buffer", "quant_lengths", "delete_op",
-                       "duplicate_op", "move_op", "drop_graph_input", "no_buffers"])
-    op = rng.choice(ops) if ops else None
-    t = rng.choice(tensors) if tensors else None
-    if kind in ("drop_input", "add_input", "drop_output", "add_output") and op is not None:
-        which = "inputs" if "input" in kind else "outputs"
-        vec = list(getattr(op, which) if getattr(op, which) is not None else [])
-        if kind.startswith("drop") and vec:
-            del vec[rng.randrange(len(vec))]
-        else:
-            vec.insert(rng.randrange(len(vec) + 1), rng.choice([-1, rng.randrange(len(tensors))]))
-        setattr(op, which, np.array(vec, dtype=np.int32))
-        return f"rebuild {kind}"
-    if kind in ("add_dim", "drop_dim") and t is not None:
-        shape = list(t.shape if t.shape is not None else [])
-        if kind == "add_dim":
-            shape.insert(rng.randrange(len(shape) + 1), rng.choice([1, 2, 3]))
-        elif shape:
-            del shape[rng.randrange(len(shape))]
-        t.shape = np.array(shape, dtype=np.int32)
-        t.shapeSignature = None
-        return f"rebuild {kind} ({t.name!r})"
+# Each rebuild takes (rng, kind, model, op, tensor) and returns what it changed, or None where
+# the kind is another's or the model has nothing it can change.
+_Rebuild = Callable[[random.Random, str, schema.ModelT, Any, Any], Optional[str]]
+
+
+def _rebuild_op_io(rng: random.Random, kind: str, model: schema.ModelT, op: Any, t: Any) -> Optional[str]:
+    """An operator's input or output list loses an entry or gains one (an index, or -1 for none)."""
+    if kind not in ("drop_input", "add_input", "drop_output", "add_output") or op is None:
+        return None
+    which = "inputs" if "input" in kind else "outputs"
+    vec = list(getattr(op, which) if getattr(op, which) is not None else [])
+    if kind.startswith("drop") and vec:
+        del vec[rng.randrange(len(vec))]
+    else:
+        n_tensors = len(model.subgraphs[0].tensors or [])
+        vec.insert(rng.randrange(len(vec) + 1), rng.choice([-1, rng.randrange(n_tensors)]))
+    setattr(op, which, np.array(vec, dtype=np.int32))
+    return f"rebuild {kind}"
+
+
+def _rebuild_shape(rng: random.Random, kind: str, model: schema.ModelT, op: Any, t: Any) -> Optional[str]:
+    """A tensor's shape gains or loses a dimension."""
+    if kind not in ("add_dim", "drop_dim") or t is None:
+        return None
+    shape = list(t.shape if t.shape is not None else [])
+    if kind == "add_dim":
+        shape.insert(rng.randrange(len(shape) + 1), rng.choice([1, 2, 3]))
+    elif shape:
+        del shape[rng.randrange(len(shape))]
+    t.shape = np.array(shape, dtype=np.int32)
+    t.shapeSignature = None
+    return f"rebuild {kind} ({t.name!r})"
+
+
+def _rebuild_buffer(rng: random.Random, kind: str, model: schema.ModelT, op: Any, t: Any) -> Optional[str]:
+    """A buffer with data is cut short, grown or emptied."""
     buffers = [b for b in (model.buffers or []) if b.data is not None and len(b.data)]
-    if kind in ("cut_buffer", "grow_buffer", "empty_buffer") and buffers:
-        b = rng.choice(buffers)
-        if kind == "cut_buffer":
-            b.data = b.data[:rng.randrange(len(b.data))]
-        elif kind == "grow_buffer":
-            b.data = np.concatenate([b.data, np.zeros(rng.choice([1, 4, 64]), dtype=b.data.dtype)])
-        else:
-            b.data = None
-        return f"rebuild {kind}"
-    if kind == "quant_lengths" and t is not None and t.quantization is not None:
-        q = t.quantization
-        if q.scale is not None and len(q.scale):
-            q.scale = np.concatenate([q.scale, q.scale])
-        else:
-            q.zeroPoint = np.array([0, 1, 2], dtype=np.int64)
-        return "rebuild quant_lengths"
+    if kind not in ("cut_buffer", "grow_buffer", "empty_buffer") or not buffers:
+        return None
+    b = rng.choice(buffers)
+    if kind == "cut_buffer":
+        b.data = b.data[:rng.randrange(len(b.data))]
+    elif kind == "grow_buffer":
+        b.data = np.concatenate([b.data, np.zeros(rng.choice([1, 4, 64]), dtype=b.data.dtype)])
+    else:
+        b.data = None
+    return f"rebuild {kind}"
+
+
+def _rebuild_quantization(rng: random.Random, kind: str, model: schema.ModelT, op: Any,
+                          t: Any) -> Optional[str]:
+    """A tensor's scales and zero points stop having the same length."""
+    if kind != "quant_lengths" or t is None or t.quantization is None:
+        return None
+    q = t.quantization
+    if q.scale is not None and len(q.scale):
+        q.scale = np.concatenate([q.scale, q.scale])
+    else:
+        q.zeroPoint = np.array([0, 1, 2], dtype=np.int64)
+    return "rebuild quant_lengths"
+
+
+def _rebuild_op_order(rng: random.Random, kind: str, model: schema.ModelT, op: Any, t: Any) -> Optional[str]:
+    """An operator is deleted, duplicated or moved."""
+    ops = model.subgraphs[0].operators or []
     if kind == "delete_op" and ops:
         del ops[rng.randrange(len(ops))]
         return "rebuild delete_op"
@@ -209,12 +231,37 @@ def _rebuild(rng: random.Random, model: schema.ModelT) -> str:
     if kind == "move_op" and len(ops) > 1:
         ops.insert(rng.randrange(len(ops)), ops.pop(rng.randrange(len(ops))))
         return "rebuild move_op"
+    return None
+
+
+def _rebuild_graph(rng: random.Random, kind: str, model: schema.ModelT, op: Any, t: Any) -> Optional[str]:
+    """The graph loses its first input, or the model all its buffers."""
+    g = model.subgraphs[0]
     if kind == "drop_graph_input" and g.inputs is not None and len(g.inputs):
         g.inputs = np.array(list(g.inputs)[1:], dtype=np.int32)
         return "rebuild drop_graph_input"
     if kind == "no_buffers":
         model.buffers = []
         return "rebuild no_buffers"
+    return None
+
+
+_REBUILDS: Tuple[_Rebuild, ...] = (_rebuild_op_io, _rebuild_shape, _rebuild_buffer, _rebuild_quantization,
+                                   _rebuild_op_order, _rebuild_graph)
+
+
+def _rebuild(rng: random.Random, model: schema.ModelT) -> str:
+    g = model.subgraphs[0]
+    ops, tensors = g.operators or [], g.tensors or []
+    kind = rng.choice(["drop_input", "add_input", "drop_output", "add_output", "add_dim", "drop_dim",
+                       "cut_buffer", "grow_buffer", "empty_buffer", "quant_lengths", "delete_op",
+                       "duplicate_op", "move_op", "drop_graph_input", "no_buffers"])
+    op = rng.choice(ops) if ops else None
+    t = rng.choice(tensors) if tensors else None
+    for rebuild in _REBUILDS:
+        what = rebuild(rng, kind, model, op, t)
+        if what is not None:
+            return what
     return "rebuild none"
 
 

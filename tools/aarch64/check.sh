@@ -2,11 +2,15 @@
 # Run edgecap's runtime tests on aarch64 under qemu-user, with the aarch64 wheels
 # pip picks for a board. See docs/aarch64.md.
 #
-# Usage: tools/aarch64/check.sh [py311|py39|all] [pytest args...]
+# Usage: tools/aarch64/check.sh [py39|py39-tflite213|py311|py311-litert2|all] [pytest args...]
+#   py39   Debian bullseye root (Python 3.9), tflite-runtime 2.11.0, numpy<2 (so
+#          opencv-python-headless 4.11): what Coral's own libedgetpu 16.0 needs
+#   py39-tflite213  the same with tflite-runtime 2.13.0 (a libedgetpu rebuilt for TF 2.13)
 #   py311  Debian bookworm root (Python 3.11), ai-edge-litert<2 (1.4.0 on aarch64)
 #   py311-litert2  the same with the newest ai-edge-litert (2.x)
-#   py39   Debian bullseye root (Python 3.9), tflite-runtime 2.13.0, numpy<2
-# With no pytest args it runs RUNTIME_TESTS (below).
+# With no pytest args it runs RUNTIME_TESTS (below), then captions the demo.
+# The last line is a summary `make test-boards` reads:
+#   aarch64-check: CONFIG: N passed, N failed, N skipped; demo K/3 captions ok; S s
 #
 # Everything downloaded is cached under $EDGECAP_AARCH64_CACHE (default
 # ~/.cache/edgecap-aarch64): the Debian roots, the wheels and their unpacked tree.
@@ -30,7 +34,8 @@ COMMON_REQS=(opencv-python-headless psutil msgspec tqdm pytest paho-mqtt prometh
 # ai_edge_litert.tools.flatbuffer_utils, absent from 1.x and tflite-runtime) nor
 # host tools (chromium, systemd, mosquitto, the package index).
 RUNTIME_TESTS=(tests/test_bundle.py tests/test_captioner.py tests/test_scheduler.py
-               tests/test_sources.py tests/test_window_state.py tests/test_tflite_verify.py)
+               tests/test_sources.py tests/test_window_state.py tests/test_tflite_verify.py
+               tests/test_opencv_versions.py)
 # Tests known to crash the native interpreter (none now: tflite-runtime 2.13.0
 # segfaulted on a truncated model until edgecap/tflite_verify.py checked files first).
 PY39_CRASHERS=()
@@ -46,9 +51,12 @@ config() {
         # so the runtime tests run on 1.x, and py311-litert2 shows the crash.
         py311) SUITE=bookworm; PYVER=3.11; REQS=(numpy "ai-edge-litert<2" "${COMMON_REQS[@]}") ;;
         py311-litert2) SUITE=bookworm; PYVER=3.11; REQS=(numpy ai-edge-litert "${COMMON_REQS[@]}") ;;
-        # tflite-runtime's last aarch64 wheels are cp39 (2.13.0), built against numpy 1.x.
-        py39) SUITE=bullseye; PYVER=3.9; REQS=("numpy<2" "tflite-runtime==2.13.0" "${COMMON_REQS[@]}" "${PY39_MARKER_REQS[@]}") ;;
-        *) die "unknown configuration '$1'; use py311, py311-litert2, py39 or all" ;;
+        # Coral's libedgetpu 16.0 loads under tflite-runtime below 2.12 only, whose last
+        # wheels are 2.11.0 for CPython 3.7-3.9 (edgecap/data/configurations.json); built
+        # against numpy 1.x, and numpy<2 makes pip take opencv-python-headless 4.11.
+        py39) SUITE=bullseye; PYVER=3.9; REQS=("numpy<2" "tflite-runtime==2.11.0" "${COMMON_REQS[@]}" "${PY39_MARKER_REQS[@]}") ;;
+        py39-tflite213) SUITE=bullseye; PYVER=3.9; REQS=("numpy<2" "tflite-runtime==2.13.0" "${COMMON_REQS[@]}" "${PY39_MARKER_REQS[@]}") ;;
+        *) die "unknown configuration '$1'; use py39, py39-tflite213, py311, py311-litert2 or all" ;;
     esac
 }
 
@@ -157,18 +165,34 @@ run_config() {
         local t; for t in "${crashers[@]}"; do args+=(--deselect "$t"); done
     fi
     log "$CONFIG: $("$PYTHON" -c 'import platform, sys; print(platform.machine(), "Python", sys.version.split()[0])')"
-    local start=$SECONDS rc=0 t
-    (cd "$REPO" && PYTHONPATH="$shim:$CACHE/site-$CONFIG" "$PYTHON" -m pytest -p no:cacheprovider "${args[@]}") || rc=$?
+    local start=$SECONDS rc=0 t out="$CACHE/pytest-$CONFIG.log"
+    (cd "$REPO" && PYTHONPATH="$shim:$CACHE/site-$CONFIG" "$PYTHON" -m pytest -p no:cacheprovider "${args[@]}") \
+        2>&1 | tee "$out" || true
+    rc=${PIPESTATUS[0]}
     for t in "${crashers[@]}"; do
         local trc=0
         (cd "$REPO" && PYTHONPATH="$shim:$CACHE/site-$CONFIG" "$PYTHON" -m pytest -p no:cacheprovider -q "$t" >/dev/null 2>&1) || trc=$?
         if [ $trc -eq 0 ]; then log "$CONFIG: $t passed (no longer crashes: drop it from PY39_CRASHERS)"
         else log "$CONFIG: $t FAILED (exit $trc$([ $trc -ge 128 ] && echo ", signal $((trc - 128))"))"; rc=1; fi
     done
+    # The demo, as `make demo` captions it: each caption line ends "(truth: ...; ok)" when it matches.
+    local demo=0
+    if [ ${#PYTEST_ARGS[@]} -eq 0 ]; then
+        demo=$(cd "$REPO" && PYTHONPATH="$shim:$REPO:$CACHE/site-$CONFIG" "$PYTHON" -m edgecap.cli caption 2>&1 \
+               | tee "$CACHE/demo-$CONFIG.log" | grep -c '; ok)$' || true)
+    fi
     rm -rf "$shim"
     log "$CONFIG: pytest exit $rc in $((SECONDS - start)) s;" \
         "first-run download: root $(( $(cat "$CACHE/root-$SUITE/.download-bytes") / 1048576 )) MiB," \
         "wheels $(( $(cat "$CACHE/site-$CONFIG/.download-bytes") / 1048576 )) MiB"
+    local counts
+    counts=$(tail -n 1 "$out" | python3 -c '
+import re, sys
+n = {k.rstrip("s"): int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", sys.stdin.read())}
+print("%d passed, %d failed, %d skipped" % (n.get("passed", 0), n.get("failed", 0) + n.get("error", 0),
+                                           n.get("skipped", 0)))')
+    log "$CONFIG: $counts; demo $demo/3 captions ok; $((SECONDS - start)) s"
+    [ ${#PYTEST_ARGS[@]} -gt 0 ] || [ "$demo" -eq 3 ] || rc=1
     return $rc
 }
 
@@ -176,8 +200,8 @@ mkdir -p "$CACHE"
 ensure_tools
 if [ "$CONFIG" = all ]; then
     rc=0
-    run_config py311 || rc=$?
     run_config py39 || rc=$?
+    run_config py311 || rc=$?
     exit $rc
 fi
 run_config "$CONFIG"
