@@ -23,7 +23,7 @@ from edgecap_compile.edgetpu import compile_segment, find_compiler
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import read_graph
 from edgecap_compile.model_source import resolve_source
-from edgecap_compile.partitioner import Partition, evaluate, partition
+from edgecap_compile.partitioner import Partition, evaluate
 from edgecap_compile.schedules import search
 from edgecap_compile.plan import build_plan
 from edgecap_compile.segments import Segment, write_segments
@@ -145,7 +145,7 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
     costs = [model.matrix(k) for k in range(stages)]
     bus = model.bus_matrices(chosen.buses)
     if ranges is None:
-        split = search(costs, len(chosen.tpus), bus) if replicas else partition(costs, len(chosen.tpus), bus)
+        split = search(costs, len(chosen.tpus), bus, frame=model.cpu_frame, copies=replicas)
         model = model.in_order(split.order, split.copies)
     else:
         split = _fixed_split(costs, ranges, graph.name, bus)
@@ -249,7 +249,7 @@ def _write_and_compile(graph, split: Partition, board: Board, model: CostModel, 
         model = CostModel(graph, [*board.tpus, board.cpu], model.rnn_ms, window=model.window)
         costs = [model.matrix(k) for k in range(len(model.devices))]
         bus = model.bus_matrices(board.buses)
-        resplit = search(costs, len(board.tpus), bus) if replicas else partition(costs, len(board.tpus), bus)
+        resplit = search(costs, len(board.tpus), bus, frame=model.cpu_frame, copies=replicas)
         model = model.in_order(resplit.order, resplit.copies)
         if resplit.cuts == split.cuts:
             # The same segments again: only the predictions change, to the lowered budgets.

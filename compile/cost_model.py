@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap.plans.plan import Bus
+from edgecap.plans.plan import Bus, CpuFrame
 from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import PRICES, Device
 from edgecap_compile.graph import Graph
@@ -186,6 +186,16 @@ class CostModel:
         out.devices = [self.devices[d] for d in order]
         out.copies = [[self.devices[d] for d in c] for c in copies] or [[] for _ in order]
         return out
+
+    @property
+    def cpu_frame(self) -> CpuFrame:
+        """The board CPU's own work a frame (``CpuFrame``): preprocessing at the model's input size, a hand-off per stage."""
+        cpu = next((d for d in self.devices if not d.is_tpu), None)
+        if cpu is None:
+            return CpuFrame()
+        elements = sum(int(np.prod(self.graph.tensors[t].shape, dtype=np.int64)) for t in self.graph.inputs)
+        rate = cpu.frame_elements_per_s
+        return CpuFrame(cpu.frame_ms + (elements * 1e3 / rate if rate else 0.0), cpu.handoff_ms)
 
     @property
     def n_ops(self) -> int:

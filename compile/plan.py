@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from edgecap.devices import parse_device
 from edgecap.modelfile import TensorSpec
-from edgecap.plans.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Replica, Stage
+from edgecap.plans.plan import CostParts, CpuFrame, EdgeTpuReport, ParamBytes, Plan, Prediction, Replica, Stage
 from edgecap.plans.pricing import price
 from edgecap_compile.boards import Board, Device
 from edgecap_compile.cost_model import CostModel, StageCost
@@ -207,6 +207,9 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             bottleneck_stage=int(timed.bottleneck_stage),
         ),
         buses=tuple(b for b in board.buses if b.name in used),
+        cpu_frame=model.cpu_frame if model.cpu_frame != CpuFrame() else None,
     )
-    # A replicated stage's time is its copies' together: the one pricing function's.
-    return dataclasses.replace(plan, predicted=price(plan).prediction()) if split.replicated else plan
+    # A replicated stage's time is its copies' together, and the CPU's own work a frame
+    # depends on the stages: the one pricing function's.
+    return dataclasses.replace(plan, predicted=price(plan).prediction()) \
+        if split.replicated or plan.cpu_frame is not None else plan

@@ -30,7 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from edgecap.links import link_kinds
-from edgecap.plans.plan import EdgeTpuReport, Plan
+from edgecap.plans.plan import CpuFrame, EdgeTpuReport, Plan
 from edgecap.plans.pricing import AS_PROFILED, CPU, Correction, Corrections, price
 from edgecap_compile.boards import PRICES, Board, Device
 from edgecap_compile.cost_model import CostModel
@@ -225,7 +225,9 @@ def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
                               rnn_ms / case.corrections.get(CPU, Correction()).speed, window=window)
             # The best schedule as the scenario says the board runs: a pipeline, copies or a hybrid.
             matrices, scenario_bus = [model.matrix(k) for k in range(len(devices))], model.bus_matrices(board_t.buses)
-            split = search(matrices, t, scenario_bus) if replicas else partition(matrices, t, scenario_bus)
+            speed = case.corrections.get(CPU, Correction()).speed
+            frame = CpuFrame(model.cpu_frame.preprocess_ms / speed, model.cpu_frame.handoff_ms / speed)
+            split = search(matrices, t, scenario_bus, frame=frame, copies=replicas)
             add(_option(graph, model_file, board_t, nominal, _as_profiled(costs, bus, split)))
     return list(found.values())
 

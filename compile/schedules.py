@@ -22,17 +22,30 @@ over a union of sets is the minimum of their minima. The CPU copies have a
 closed form per set of TPUs. Among equal schedules the plain pipeline wins
 (it is searched first, and only a strictly better schedule replaces it).
 ``exhaustive`` checks it by brute force without sharing its code.
+
+The board CPU's own work a frame (``CpuFrame``: preprocessing, and a hand-off
+per stage a frame passes) is CPU time every schedule pays: the preprocessing
+is a constant on the CPU's matrix; the hand-offs depend on how many stages
+run. With hand-offs priced the search runs every ordered set partition of
+every subset of the TPUs, each group made to take ops (a TPU left idle is one
+left out), so a sequence's stage count, and the CPU's charge, is known before
+its cuts are chosen: exact again, over the same space.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from edgecap.plans.plan import CpuFrame
 from edgecap_compile.partitioner import (_TOLERANCE, Bus, Partition, _better, _fixed_order, evaluate,
                                          partition)
+
+# No CPU work a frame besides the stages' (a profile that models none).
+NO_FRAME = CpuFrame()
 
 
 def group_matrices(costs: Sequence[np.ndarray], group: Sequence[int], bus: Bus = None
@@ -101,8 +114,12 @@ def _same(costs: Sequence[np.ndarray], bus: Bus, tpus: int) -> List[int]:
     return [next(j for j in range(i + 1) if np.array_equal(keyed[i], keyed[j])) for i in range(tpus)]
 
 
-def grouped(costs: Sequence[np.ndarray], groups: Sequence[Sequence[int]], bus: Bus = None) -> Partition:
+def grouped(costs: Sequence[np.ndarray], groups: Sequence[Sequence[int]], bus: Bus = None,
+            busy: bool = False) -> Partition:
     """The optimum with the TPU groups in this order, then the CPU (the last device): cuts chosen exactly.
+
+    Args:
+      busy: Every group takes at least one op.
 
     Returns:
       The ``Partition``: ``order`` each stage's first device, ``copies`` the
@@ -110,11 +127,25 @@ def grouped(costs: Sequence[np.ndarray], groups: Sequence[Sequence[int]], bus: B
     """
     cpu = len(costs) - 1
     mats = [group_matrices(costs, g, bus) for g in groups]
+    if busy:
+        mats = [(_busy(m[0]), _busy(m[1]), m[2]) for m in mats]
     periods = [m[0] for m in mats] + [costs[cpu]]
     latencies = [m[1] for m in mats] + [costs[cpu]]
     buses = None if bus is None else [m[2] for m in mats] + [bus[cpu]]
     found = _fixed_order(periods, buses, latencies)
     return _with_groups(costs, found, [*groups, (cpu,)])
+
+
+def _busy(matrix: np.ndarray) -> np.ndarray:
+    # No empty range: a stage that must take ops.
+    out = np.array(matrix, dtype=np.float64)
+    np.fill_diagonal(out, np.inf)
+    return out
+
+
+def _on_cpu(costs: Sequence[np.ndarray], ms: float) -> List[np.ndarray]:
+    # The CPU's matrix (the last) with ``ms`` more a frame: CPU work every range of it pays.
+    return [*costs[:-1], costs[-1] + ms] if ms else list(costs)
 
 
 def _with_groups(costs: Sequence[np.ndarray], found: Partition, groups: Sequence[Sequence[int]]) -> Partition:
@@ -157,7 +188,8 @@ def cpu_copies(costs: Sequence[np.ndarray], group: Sequence[int], bus: Bus = Non
                      stage_latency_ms=(max(*times, cnn), rnn))
 
 
-def search(costs: Sequence[np.ndarray], tpus: int, bus: Bus = None, cpu: bool = True) -> Partition:
+def search(costs: Sequence[np.ndarray], tpus: int, bus: Bus = None, cpu: bool = True,
+           frame: CpuFrame = NO_FRAME, copies: bool = True) -> Partition:
     """Finds the schedule with the smallest period, ties broken by latency, then by fewer copies.
 
     Args:
@@ -165,12 +197,19 @@ def search(costs: Sequence[np.ndarray], tpus: int, bus: Bus = None, cpu: bool = 
       tpus: How many leading devices are TPUs.
       bus: Per device, its link bytes' milliseconds on the shared bus, or None.
       cpu: Also try the CPU taking whole frames beside copies on TPUs.
+      frame: The board CPU's own work a frame, charged to the CPU stage.
+      copies: Also try copies of a stage; False: pipelines only.
 
     Returns:
       The optimal ``Partition``: a pipeline (``copies`` empty) unless copies
-      are strictly better.
+      are strictly better. Its CPU stage's time includes ``frame``'s work.
     """
+    if frame.handoff_ms:
+        return _search_counted(costs, tpus, bus, cpu and copies, frame, copies)
+    costs = _on_cpu(costs, frame.preprocess_ms)
     best = partition(costs, tpus, bus)
+    if not copies:
+        return best
     same = _same(costs, bus, tpus)
     seen = set()
     for groups in ordered_groups(tpus):
@@ -187,6 +226,72 @@ def search(costs: Sequence[np.ndarray], tpus: int, bus: Bus = None, cpu: bool = 
             if found is not None and _better(found, best):
                 best = found
     return best
+
+
+def _search_counted(costs: Sequence[np.ndarray], tpus: int, bus: Bus, cpu: bool, frame: CpuFrame,
+                    copies: bool) -> Partition:
+    # ``search`` where the CPU's charge depends on the stage count: every group
+    # sequence of every subset of the TPUs, each group busy, charged for its stages.
+    same = _same(costs, bus, tpus)
+    best: Optional[Partition] = None
+    seen = set()
+    for groups in used_groups(tpus):
+        key = tuple(tuple(sorted(same[d] for d in g)) for g in groups)
+        if (not copies and any(len(g) > 1 for g in groups)) or key in seen:
+            continue
+        seen.add(key)
+        found = grouped(_on_cpu(costs, frame.ms(len(groups) + 1)), groups, bus, busy=True)
+        if best is None or _better(found, best):
+            best = found
+    best = _idle_last(costs, best, tpus, bus)
+    if cpu:
+        for group in _subsets(same, tpus):
+            found = cpu_copies(_on_cpu(costs, frame.ms(2)), group, bus)
+            if found is not None and _better(found, best):
+                best = found
+    return best
+
+
+def _idle_last(costs: Sequence[np.ndarray], found: Partition, tpus: int, bus: Bus) -> Partition:
+    # The TPUs a schedule leaves idle as empty stages before the CPU, as the partitioner leaves them.
+    idle = [d for d in range(tpus) if d not in found.order and not any(d in c for c in found.copies)]
+    if not idle:
+        return found
+    at = found.cuts[-2]
+    empty = [float(costs[d][at, at]) for d in idle]
+    return Partition((*found.cuts[:-1], *(at for _ in idle), found.cuts[-1]),
+                     (*found.stage_ms[:-1], *empty, found.stage_ms[-1]),
+                     (*found.order[:-1], *idle, found.order[-1]),
+                     () if bus is None else (*found.bus_stage_ms[:-1], *(float(bus[d][at, at]) for d in idle),
+                                             found.bus_stage_ms[-1]),
+                     copies=(*found.copies[:-1], *(() for _ in idle), found.copies[-1]),
+                     shares=(*found.shares[:-1], *((1.0,) for _ in idle), found.shares[-1]),
+                     stage_latency_ms=(*found.stage_latency_ms[:-1], *empty, found.stage_latency_ms[-1])
+                     if found.stage_latency_ms else ())
+
+
+def used_groups(tpus: int) -> Iterator[Tuple[Tuple[int, ...], ...]]:
+    """Yields every ordered set partition of every subset of ``range(tpus)``, the empty one first."""
+    for size in range(tpus + 1):
+        for used in itertools.combinations(range(tpus), size):
+            for groups in ordered_groups(size):
+                yield tuple(tuple(used[i] for i in g) for g in groups)
+
+
+def charged(costs: Sequence[np.ndarray], found: Partition, frame: CpuFrame, bus: Bus = None) -> Partition:
+    """A schedule found without the CPU's own work a frame, priced with it (a baseline's).
+
+    The CPU stage (the last) pays ``frame`` for the stages its frames pass:
+    the TPU stages that take ops, and itself.
+    """
+    stages = sum(1 for a, b in found.ranges[:-1] if b > a) + 1
+    extra = frame.ms(stages)
+    if not extra:
+        return found
+    latency = list(found.stage_latency_ms or found.stage_ms)
+    latency[-1] += extra
+    return dataclasses.replace(found, stage_ms=(*found.stage_ms[:-1], found.stage_ms[-1] + extra),
+                               stage_latency_ms=tuple(latency))
 
 
 def _subsets(same: Sequence[int], tpus: int) -> Iterator[Tuple[int, ...]]:
@@ -238,11 +343,13 @@ def replicate_slowest(costs: Sequence[np.ndarray], tpus: int, bus: Bus = None) -
     return best
 
 
-def exhaustive(costs: Sequence[np.ndarray], tpus: int, bus: Bus = None, cpu: bool = True) -> Partition:
+def exhaustive(costs: Sequence[np.ndarray], tpus: int, bus: Bus = None, cpu: bool = True,
+               frame: CpuFrame = NO_FRAME) -> Partition:
     """The optimum by brute force over every group sequence, every set of cuts and every CPU copy (checks ``search``).
 
     It prices each schedule stage by stage from the device matrices, sharing
-    no search code with ``search``.
+    no search code with ``search``; the CPU stage pays ``frame`` for the
+    stages that take ops, and itself.
     """
     n = costs[0].shape[0] - 1
     last = len(costs) - 1
@@ -251,19 +358,19 @@ def exhaustive(costs: Sequence[np.ndarray], tpus: int, bus: Bus = None, cpu: boo
         stages = [*groups, (last,)]
         for inner in itertools.combinations_with_replacement(range(n + 1), len(stages) - 1):
             cuts = (0, *inner, n)
-            found = _priced(costs, bus, stages, cuts)
+            found = _priced(costs, bus, stages, cuts, frame)
             if best is None or _better(found, best):
                 best = found
     if cpu:
         for size in range(1, tpus + 1):
             for group in itertools.combinations(range(tpus), size):
-                found = _priced_cpu_copy(costs, bus, group)
+                found = _priced_cpu_copy(costs, bus, group, frame)
                 if found is not None and _better(found, best):
                     best = found
     return best
 
 
-def _priced(costs, bus, stages, cuts) -> Partition:
+def _priced(costs, bus, stages, cuts, frame) -> Partition:
     period, latency, moved, shares = [], [], [], []
     for g, a, b in zip(stages, cuts, cuts[1:]):
         times = [float(costs[d][a, b]) for d in g]
@@ -279,18 +386,22 @@ def _priced(costs, bus, stages, cuts) -> Partition:
             period.append(1.0 / rate), latency.append(max(times))
         shares.append(tuple(share))
         moved.append(0.0 if bus is None else sum(s * float(bus[d][a, b]) for s, d in zip(share, g)))
+    own = frame.ms(1 + sum(1 for a, b in zip(cuts[:-2], cuts[1:-1]) if b > a))
+    period[-1] += own
+    latency[-1] += own
     return Partition(tuple(cuts), tuple(period), tuple(g[0] for g in stages), () if bus is None else tuple(moved),
                      copies=tuple(tuple(g[1:]) for g in stages), shares=tuple(shares),
                      stage_latency_ms=tuple(latency))
 
 
-def _priced_cpu_copy(costs, bus, group) -> Optional[Partition]:
-    # Bisects the period P at which the TPUs (P / t_i each) and the CPU ((P - r) / c) take every frame.
+def _priced_cpu_copy(costs, bus, group, frame) -> Optional[Partition]:
+    # Bisects the period P at which the TPUs (P / t_i each) and the CPU ((P - r) / c) take every frame;
+    # r: the CPU's RNN steps and its own work for two stages.
     n = costs[0].shape[0] - 1
     last = len(costs) - 1
     times = [float(costs[d][0, n]) for d in group]
-    rnn = float(costs[last][n, n])
-    cnn = float(costs[last][0, n]) - rnn
+    cnn = float(costs[last][0, n]) - float(costs[last][n, n])
+    rnn = float(costs[last][n, n]) + frame.ms(2)
     if 0.0 in times or cnn <= 0:
         return None
     lo, hi = rnn, 1.0 / sum(1.0 / t for t in times)

@@ -138,6 +138,9 @@ class Choice:
       stages: How each active CNN stage runs, in pipeline order.
       rnn_pace_ms: The RNN encoder step's paced time (0: unpaced).
       rnn_compute: False: a timing-only board run paces the step without computing it.
+      frame_pace_ms: The board CPU's own work a frame (``Plan.cpu_frame``:
+        preprocessing, a hand-off per stage), paced on the RNN step's worker on
+        an emulated board (0: unpaced).
       pipelined: Run each worker on its own thread (False: the sequential path).
       batch: Frames of a file source handed between workers at once.
       emulated: Whether the board is emulated (some TPU stage on ``emu-tpu``).
@@ -161,6 +164,7 @@ class Choice:
     stages: Tuple[StageRun, ...]
     rnn_pace_ms: float = 0.0
     rnn_compute: bool = True
+    frame_pace_ms: float = 0.0
     pipelined: bool = True
     batch: int = 1
     emulated: bool = False
@@ -610,13 +614,19 @@ def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, 
         host = _host(bundle, plan, options)
         workers = {device: host.cnn_worker for device in workers}
     stages = tuple(_stage_run(c, workers[c.device], plan, options, pace_cpu, host, copy=i) for i, c in _copies(plan))
-    rnn_pace = (plan.rnn_ms or 0.0) if pace_cpu else 0.0
+    rnn_pace, frame_pace = _cpu_paces(plan) if pace_cpu else (0.0, 0.0)
     pipelined = options.pipelined if options.pipelined is not None else (host.pipelined if host else True)
     batch = options.batch if options.batch is not None else 1
     return Choice(plan=plan, workers=workers, stages=stages, rnn_pace_ms=rnn_pace,
-                  rnn_compute=not (options.timing_only and rnn_pace > 0), pipelined=pipelined,
+                  rnn_compute=not (options.timing_only and rnn_pace > 0), frame_pace_ms=frame_pace,
+                  pipelined=pipelined,
                   batch=batch, emulated=emulated, how=how, reason=reason, board=board,
                   fallback=fallback, skipped=skipped, host=host)
+
+
+def _cpu_paces(plan: Plan) -> Tuple[float, float]:
+    """An emulated board CPU's paces: an RNN step, and its own work a frame (as the pricing charges it)."""
+    return plan.rnn_ms or 0.0, price(plan).cpu_frame_ms if plan.cpu_frame is not None else 0.0
 
 
 def _wanted(options: CaptionerOptions, plan: Plan,

@@ -59,9 +59,13 @@ def _assert_stages_cover_the_model_in_order(plan: dict) -> None:
 
 
 def _assert_prediction_is_the_stages(plan: dict) -> None:
-    """The plan's bottleneck, latency and fps are the max, the sum and the rate of its stages' times."""
+    """The plan's bottleneck, latency and fps are the max, the sum and the rate of its stages' times,
+    the CPU's (the last stage's) with its own work a frame: preprocessing and a hand-off per stage run."""
     pred = plan["predicted"]
     ms = [s["predicted_ms"] for s in plan["stages"]]
+    frame = plan.get("cpu_frame", {"preprocess_ms": 0.0, "handoff_ms": 0.0})
+    stages = sum(1 for s in plan["stages"][:-1] if s["ops"][1] > s["ops"][0]) + 1
+    ms[-1] += frame["preprocess_ms"] + frame["handoff_ms"] * stages
     assert pred["bottleneck_ms"] == pytest.approx(max(ms), abs=1e-3)
     assert pred["latency_ms"] == pytest.approx(sum(ms), abs=1e-3)
     assert pred["fps"] == pytest.approx(1e3 / max(ms), rel=1e-3)

@@ -80,9 +80,9 @@ def test_a_plan_is_made_for_the_window_it_runs(bundle):
     import dataclasses
 
     # The bundle's own window, and one at a quarter of its stride: four RNN steps a frame.
-    default = planning.plan_for_board(bundle, "devboard-usb")
+    default = planning.plan_for_board(bundle, "devboard")
     small = dataclasses.replace(bundle.window, stride=bundle.window.stride // 4)
-    planned = planning.plan_for_board(bundle, "devboard-usb", window=small)
+    planned = planning.plan_for_board(bundle, "devboard", window=small)
     assert planned.path != default.path  # a plan of its own in the cache
     assert planned.rnn_steps_per_frame == 4 * default.rnn_steps_per_frame
     # The heavier RNN on the CPU moves CNN work off it (its ops a frame, a copy's for its share).

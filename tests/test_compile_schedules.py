@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from edgecap.plans.plan import CpuFrame
 from edgecap_compile import schedules
 from edgecap_compile.boards import load_board
 from edgecap_compile.compiler import rnn_step_ms
@@ -75,6 +76,40 @@ def test_the_search_equals_brute_force_over_groups_cuts_and_cpu_copies(board):
 def test_the_search_equals_brute_force_with_a_shared_bus(board):
     tpus, costs, bus = board
     _same(schedules.search(costs, tpus, bus), schedules.exhaustive(costs, tpus, bus))
+
+
+_FRAMES = st.builds(CpuFrame, _MS, st.one_of(st.just(0.0), _MS))
+
+
+@settings(max_examples=120, deadline=None)
+@given(_bus_boards(), _FRAMES, st.booleans())
+def test_the_search_equals_brute_force_with_the_cpus_own_work_a_frame(board, frame, shared):
+    # The CPU pays preprocessing and a hand-off per stage that takes ops: the stage count
+    # is part of the price, so an idle TPU is cheaper than an empty stage that takes no op.
+    tpus, costs, bus = board
+    bus = bus if shared else None
+    for c in [*costs[:tpus], *(bus or [])]:  # as in every cost model, a TPU stage that takes no op
+        np.fill_diagonal(c, 0.0)                # takes no time and moves no bytes
+    ours = schedules.search(costs, tpus, bus, frame=frame)
+    _same(ours, schedules.exhaustive(costs, tpus, bus, frame=frame))
+    # Pipelines only: the brute force over pipelines (no group of several TPUs, no CPU copy).
+    pipes = schedules.search(costs, tpus, bus, frame=frame, copies=False)
+    assert not pipes.replicated and _no_worse(ours, pipes)
+    if not frame.handoff_ms:
+        assert pipes == partition(schedules._on_cpu(costs, frame.preprocess_ms), tpus, bus)
+
+
+def test_hand_offs_leave_a_tpu_idle_where_its_stage_would_cost_the_cpu_more():
+    inf = np.inf
+    tpu = np.array([[0, 1.0, 2.0], [inf, 0, 1.0], [inf, inf, 0]])
+    cpu = np.array([[0.1, 3.0, 6.0], [inf, 0.1, 3.0], [inf, inf, 0.1]])
+    # Pipelines: two TPU stages (1 ms each) beat one (2 ms) when hand-offs are free; at 0.7 ms a
+    # hand-off the CPU pays 0.1 + 3 x 0.7 = 2.2 ms for the split, 0.1 + 2 x 0.7 = 1.5 for one TPU stage.
+    assert schedules.search([tpu, tpu, cpu], 2, copies=False).bottleneck_ms == pytest.approx(1.0)
+    found = schedules.search([tpu, tpu, cpu], 2, copies=False, frame=CpuFrame(0.0, 0.7))
+    assert found.bottleneck_ms == pytest.approx(2.0) and found.stage_ms[-1] == pytest.approx(1.5)
+    # The idle TPU is an empty stage before the CPU, as the partitioner leaves one.
+    assert found.ranges == ((0, 2), (2, 2), (2, 2)) and found.order == (0, 1, 2)
 
 
 @pytest.mark.slow

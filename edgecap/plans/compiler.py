@@ -32,7 +32,7 @@ from edgecap.plans.pricing import AS_PROFILED, CPU, Correction, Corrections, pri
 # cached before stages recorded their cost parts (``Stage.cost``) cannot be
 # re-priced by the running board (edgecap.adapt) nor paced by a truth.
 # 3: a bundle's plan charges the RNN step the runtime runs (the int8 one where shipped), not the float one.
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 
 
 def cache_root() -> Path:

@@ -157,6 +157,11 @@ class _PredictedDoc(msgspec.Struct, forbid_unknown_fields=True):
     bottleneck_stage: schema.Count
 
 
+class _CpuFrameDoc(msgspec.Struct, forbid_unknown_fields=True):
+    preprocess_ms: _InvokeMs = 0.0
+    handoff_ms: _InvokeMs = 0.0
+
+
 class _PlanDoc(msgspec.Struct, forbid_unknown_fields=True):
     plan_version: int
     model: _ModelDoc
@@ -168,6 +173,8 @@ class _PlanDoc(msgspec.Struct, forbid_unknown_fields=True):
     predicted: Optional[_PredictedDoc] = None
     # Buses that several stages' links share (absent in older plans: none shared).
     buses: Tuple[_BusDoc, ...] = ()
+    # The board CPU's own work a frame (absent in older plans and where the profile models none).
+    cpu_frame: Optional[_CpuFrameDoc] = None
 
 
 class _VersionDoc(msgspec.Struct):
@@ -256,6 +263,26 @@ class Bus:
 
     name: str
     bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class CpuFrame:
+    """The board CPU's own work a frame, whatever the plan (plan.json ``cpu_frame``).
+
+    Attributes:
+      preprocess_ms: Preparing a frame for the encoder at its input size
+        (resize, the quantising lookup, the channel swap and their Python calls).
+      handoff_ms: Handing a frame on from one stage to the next (a queue's put
+        and get and the Python around a stage's invoke), charged once per stage
+        a frame passes.
+    """
+
+    preprocess_ms: float = 0.0
+    handoff_ms: float = 0.0
+
+    def ms(self, stages: int) -> float:
+        """Milliseconds a frame for a plan whose frames pass ``stages`` stages."""
+        return self.preprocess_ms + self.handoff_ms * stages
 
 
 @dataclass(frozen=True)
@@ -382,6 +409,8 @@ class Plan:
       board_tpus: EdgeTPUs of the board the plan was made for, or None
         (unknown: older plans); stage device indices stay below it.
       buses: The shared buses stages' ``cost.bus`` name.
+      cpu_frame: The board CPU's own work a frame (``CpuFrame``), or None
+        (older plans, and profiles that model none).
     """
 
     path: Optional[Path]
@@ -397,6 +426,7 @@ class Plan:
     predicted: Optional[Prediction] = None
     board_tpus: Optional[int] = None
     buses: Tuple[Bus, ...] = ()
+    cpu_frame: Optional[CpuFrame] = None
 
     @property
     def rnn_frame_ms(self) -> float:
@@ -479,16 +509,19 @@ def write_plan(plan: Plan, directory: "str | os.PathLike[str]") -> Plan:
     doc = schema.convert(msgspec.to_builtins(_to_doc(plan, path.parent)), _PlanDoc,
                          where=str(path), fix=_FIX, error=PlanError)
     written = _from_doc(doc, path)  # the reader's rules hold for what is written
-    path.write_bytes(schema.encode(_without_copies_fields(doc)))
+    path.write_bytes(schema.encode(_as_written(doc)))
     return written
 
 
-def _without_copies_fields(doc: _PlanDoc) -> Dict[str, Any]:
-    """The document with a stage's ``share`` and ``replicas`` left out where it runs as one copy.
+def _as_written(doc: _PlanDoc) -> Dict[str, Any]:
+    """The document with a stage's ``share`` and ``replicas`` left out where it runs as one copy,
+    and ``cpu_frame`` where there is none.
 
-    So a plan without replicas is written byte for byte as before they existed.
+    So a plan without them is written byte for byte as before they existed.
     """
     out = msgspec.to_builtins(doc)
+    if out["cpu_frame"] is None:
+        del out["cpu_frame"]
     for stage in out["stages"]:
         if not stage["replicas"]:
             del stage["replicas"]
@@ -572,6 +605,8 @@ def _from_doc(doc: _PlanDoc, path: Path) -> Plan:
                                                     p.bottleneck_stage),
         board_tpus=doc.board.tpus,
         buses=tuple(Bus(b.name, b.bytes_per_s) for b in doc.buses),
+        cpu_frame=None if doc.cpu_frame is None else CpuFrame(doc.cpu_frame.preprocess_ms,
+                                                              doc.cpu_frame.handoff_ms),
     )
 
 
@@ -702,6 +737,8 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
         predicted=None if p is None else _PredictedDoc(p.fps, p.latency_ms, p.bottleneck_ms,
                                                        p.bottleneck_stage),
         buses=tuple(_BusDoc(b.name, b.bytes_per_s) for b in plan.buses),
+        cpu_frame=None if plan.cpu_frame is None else _CpuFrameDoc(plan.cpu_frame.preprocess_ms,
+                                                                   plan.cpu_frame.handoff_ms),
     )
 
 

@@ -21,8 +21,10 @@ each shared bus's bytes a frame at its rate. A stage run as K copies
 (``Stage.replicas``) holds each of its devices for that copy's share of the
 frames, so with shares in proportion to speed it sustains ``sum(1 / t_i)``
 frames a millisecond; a device's stages add up (the CPU's copy of the whole
-model and its RNN steps), and so do a bus's bytes. The latency is the sum of
-the stages' times, a replicated stage's its slowest copy's.
+model and its RNN steps), and so do a bus's bytes. The board CPU's own work a
+frame (``Plan.cpu_frame``: preprocessing, and a hand-off per stage a frame
+passes) adds to the CPU's load whatever the plan. The latency is the sum of
+the stages' times, a replicated stage's its slowest copy's, and that own work.
 
 This module imports only ``edgecap.errors`` and the plan records
 (``edgecap.plans.plan``), so the runtime, the emulation and the compiler can all use it.
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 from edgecap.errors import ConfigError, PlanError
 from edgecap.plans.plan import CostParts, Plan, Prediction, Stage
@@ -167,21 +169,36 @@ class Price:
       stages: Each stage that takes time, in pipeline order: those that run
         operators, and the CPU's where it runs only the RNN steps.
       buses: ``(name, ms)`` of each shared bus: its stages' link bytes a frame at its rate.
+      cpu_frame_ms: The board CPU's own work a frame (``Plan.cpu_frame``:
+        preprocessing, a hand-off per stage): a load on the CPU and time every frame spends.
     """
 
     stages: Tuple[StagePrice, ...]
     buses: Tuple[Tuple[str, float], ...] = ()
+    cpu_frame_ms: float = 0.0
+
+    def _loads(self) -> Dict[str, float]:
+        # Each device's load a frame: what all its stages take of it, and the CPU's own work.
+        devices = {c.device for s in self.stages for c in s._copies}
+        loads = {d: sum(s.load_ms(d) for s in self.stages) for d in devices}
+        if self.cpu_frame_ms:
+            loads[CPU] = loads.get(CPU, 0.0) + self.cpu_frame_ms
+        return loads
 
     @property
     def period_ms(self) -> float:
         """Milliseconds a frame the pipeline sustains: its slowest stage, device or bus.
 
         A device's load is what all its stages take of it a frame: the CPU's
-        RNN steps and its copy of a replicated stage add up.
+        RNN steps, its copy of a replicated stage and its own work a frame add up.
         """
-        devices = {c.device for s in self.stages for c in s._copies}
-        loads = [sum(s.load_ms(d) for s in self.stages) for d in devices]
-        return max([s.period_ms for s in self.stages] + loads + [ms for _, ms in self.buses], default=0.0)
+        return max([s.period_ms for s in self.stages] + list(self._loads().values())
+                   + [ms for _, ms in self.buses], default=0.0)
+
+    @property
+    def serial_ms(self) -> float:
+        """Milliseconds a frame when nothing overlaps (the sequential path): each stage's copies by share, and the CPU's own work."""
+        return sum(c.share * c.ms for s in self.stages for c in s._copies) + self.cpu_frame_ms
 
     @property
     def fps(self) -> Optional[float]:
@@ -191,23 +208,23 @@ class Price:
 
     @property
     def latency_ms(self) -> float:
-        """Milliseconds a frame spends passing every stage."""
-        return sum(s.latency_ms for s in self.stages)
+        """Milliseconds a frame spends passing every stage, and the CPU's own work on it."""
+        return sum(s.latency_ms for s in self.stages) + self.cpu_frame_ms
 
     @property
     def bottleneck_stage(self) -> int:
-        """The stage that sets the period: the slowest, or, where a bus does, the one moving most bytes over it."""
+        """The stage that sets the period: the slowest; where a bus does, the one moving most bytes
+        over it; where the CPU's load does, the last stage on the CPU."""
         if not self.stages:
             return 0
         slowest = max(self.stages, key=lambda s: s.period_ms)
         bus, bus_ms = max(self.buses, key=lambda b: b[1], default=(None, 0.0))
-        if bus is not None and bus_ms > max(slowest.period_ms, self._busiest_load()):
+        cpu_ms = self._loads().get(CPU, 0.0)
+        if bus is not None and bus_ms > max(slowest.period_ms, *self._loads().values()):
             slowest = max(self.stages, key=lambda s: s.bus_bytes(bus))
+        elif self.cpu_frame_ms and cpu_ms > max(slowest.period_ms, bus_ms):
+            slowest = ([s for s in self.stages if s.load_ms(CPU) > 0 or s.device == CPU] or [slowest])[-1]
         return slowest.index
-
-    def _busiest_load(self) -> float:
-        devices = {c.device for s in self.stages for c in s._copies}
-        return max((sum(s.load_ms(d) for s in self.stages) for d in devices), default=0.0)
 
     def device_ms(self, device: str) -> float:
         """Milliseconds of a plan device's invokes a frame it runs (the CPU's: with its RNN steps)."""
@@ -247,7 +264,9 @@ def price(plan: Plan, corrections: Corrections = AS_PROFILED) -> Price:
         rate = corrections.get(bus.name, _NONE).link_bytes_per_s or bus.bytes_per_s
         moved = sum(s.bus_bytes(bus.name) for s in stages)
         buses.append((bus.name, moved * 1e3 / rate))
-    return Price(tuple(stages), tuple(buses))
+    # Every frame passes each stage once (one copy of a replicated one): a hand-off each.
+    own = 0.0 if plan.cpu_frame is None else plan.cpu_frame.ms(len(stages)) / corrections.get(CPU, _NONE).speed
+    return Price(tuple(stages), tuple(buses), own)
 
 
 def stage_price(stage: Stage, corrections: Corrections = AS_PROFILED) -> StagePrice:
