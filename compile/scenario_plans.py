@@ -30,7 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from edgecap.links import link_kinds
-from edgecap.plans.plan import CpuFrame, EdgeTpuReport, Plan
+from edgecap.plans.plan import EdgeTpuReport, Plan
 from edgecap.plans.pricing import AS_PROFILED, CPU, Correction, Corrections, price
 from edgecap_compile.boards import PRICES, Board, Device
 from edgecap_compile.cost_model import CostModel
@@ -168,6 +168,11 @@ def _corrected(device: Device, c: Optional[Correction]) -> Device:
     device = device.with_coefficients(slowed) if c.speed != 1.0 else device
     if c.link_bytes_per_s and device.link_bytes_per_s is not None:
         device = dataclasses.replace(device, link_bytes_per_s=c.link_bytes_per_s)
+    if c.speed != 1.0 and not device.is_tpu:  # the CPU's own work a frame is CPU work too
+        rate = device.frame_elements_per_s
+        device = dataclasses.replace(device, frame_ms=device.frame_ms / c.speed,
+                                     handoff_ms=device.handoff_ms / c.speed,
+                                     frame_elements_per_s=None if rate is None else rate * c.speed)
     return device
 
 
@@ -225,9 +230,7 @@ def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
                               rnn_ms / case.corrections.get(CPU, Correction()).speed, window=window)
             # The best schedule as the scenario says the board runs: a pipeline, copies or a hybrid.
             matrices, scenario_bus = [model.matrix(k) for k in range(len(devices))], model.bus_matrices(board_t.buses)
-            speed = case.corrections.get(CPU, Correction()).speed
-            frame = CpuFrame(model.cpu_frame.preprocess_ms / speed, model.cpu_frame.handoff_ms / speed)
-            split = search(matrices, t, scenario_bus, frame=frame, copies=replicas)
+            split = search(matrices, t, scenario_bus, frame=model.cpu_frame, copies=replicas)
             add(_option(graph, model_file, board_t, nominal, _as_profiled(costs, bus, split)))
     return list(found.values())
 

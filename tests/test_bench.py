@@ -107,6 +107,17 @@ def test_bound_charges_the_rnn_step_once_per_open_window(shipped_bundle, stride,
     assert _bound_fps(plan, True) == pytest.approx(1000 / pipelined_ms)
 
 
+def test_the_bound_under_an_emulated_truth_is_where_the_plan_settles(shipped_bundle, monkeypatch):
+    from edgecap import emulation
+
+    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb")
+    assert any(s.replicas for s in plan.active_stages)  # the demo's CNN as copies
+    as_profiled = _bound_fps(plan, True)
+    monkeypatch.setenv(emulation.ENV, "pci:0=speed:0.2;usb:0=speed:0.2;cpu=speed:0.2")
+    assert _bound_fps(plan, True) == pytest.approx(emulation.steady_fps(plan, emulation.current()))
+    assert _bound_fps(plan, True) == pytest.approx(as_profiled * 0.2)  # every device 5x slower
+
+
 @pytest.mark.slow
 def test_fraction_of_the_bound_holds_at_every_stride(shipped_bundle):
     # Measured, so slow (timings on a shared host are noisy): each schedule's

@@ -78,8 +78,11 @@ def test_every_row_checks_the_search_against_brute_force_and_the_baselines(monke
     # One board of each kind: no bus, a bus over 2 TPUs, 4 TPUs (no brute force).
     boards = ["devboard-usb", "rpi4-2usb", "pc-4tpu-pcie"]
     assert set(boards) <= set(benchmark.BOARDS)
-    doc = benchmark.benchmark(["tiny"], boards, shipped_bundle / "rnn_encoder_step.tflite")
+    doc = benchmark.benchmark(["tiny"], boards, shipped_bundle / "rnn_encoder_step_int8.tflite",
+                              bundles=[shipped_bundle])
     assert [r["board"] for r in doc["rows"]] == boards
+    # The demo's own encoder joins the schedules table, on each of those boards it runs.
+    assert [(r["model"], r["board"]) for r in doc["bundle_rows"]] == [("demo (bundle)", b) for b in boards]
     for r in doc["rows"]:
         assert r["bit_exact"] and r["tpus"] == r["board_tpus"]
         # Brute force up to 2 TPUs (the 4-TPU card's cut sets would take too long).
@@ -94,6 +97,16 @@ def test_every_row_checks_the_search_against_brute_force_and_the_baselines(monke
         # A board with a shared bus counts it in every bottleneck.
         assert bool(r["buses"]) == (r["board"] != "devboard-usb")
         assert r["ours"]["bottleneck_ms"] >= r["ours"]["bus_ms"]
+    for r in [*doc["rows"], *doc["bundle_rows"]]:
+        # The compiler's schedule (with the CPU's own work a frame) is no slower than the best
+        # pipeline or any of the four baselines priced the same way.
+        c = r["schedules"]
+        ours = c["ours"]["bottleneck_ms"]
+        for key in ("pipeline", *benchmark.BASELINES):
+            assert c[key] is None or ours <= c[key]["bottleneck_ms"] * (1 + 1e-6), (r["model"], r["board"], key)
+        assert c["ours_over_best_baseline"] <= 1 + 1e-6
+        assert c["ours_without_cpu_frame"]["bottleneck_ms"] <= ours * (1 + 1e-6)
     text = benchmark.markdown(doc)
+    assert "## Schedules" in text and "demo (bundle)" in text and "replicate-slowest" in text
     assert "balanced TPU-only" in text and "ours = optimum on every row brute force ran on" in text
     assert "NOT met" not in text.split("; ours <=")[0]

@@ -16,27 +16,16 @@ from edgecap_compile.partitioner import partition
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tests.test_compile_partitioner import _no_worse
+from tests.test_compile_partitioner import _boards as partitioner_boards, _no_worse
 
 # Stage times as the partitioner's tests draw them, without subnormal numbers: a copy's
 # rate 1 / t overflows there, which no cost model's time comes near.
 _MS = st.one_of(st.integers(0, 40).map(lambda v: v / 4), st.floats(0.0, 10.0, allow_subnormal=False))
 
 
-@st.composite
-def _boards(draw, most=4):
-    """``(tpus, costs)``: random non-monotone matrices for 0-``most`` TPUs and the CPU, some TPUs equal."""
-    tpus = draw(st.integers(0, most))
-    n = draw(st.integers(1, 3 if tpus == 4 else 5))
-    costs = []
-    for d in range(tpus + 1):
-        if 0 < d < tpus and draw(st.booleans()):
-            costs.append(costs[draw(st.integers(0, d - 1))].copy())  # two identical accelerators
-            continue
-        c = draw(hnp.arrays(np.float64, (n + 1, n + 1), elements=_MS))
-        c[np.tril_indices(n + 1, -1)] = np.inf
-        costs.append(c)
-    return tpus, costs
+def _boards(most=4):
+    """``(tpus, costs)``: the partitioner's random boards, up to 5 ops, no subnormal times."""
+    return partitioner_boards(most=most, ms=_MS, ops=5)
 
 
 @st.composite

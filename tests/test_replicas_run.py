@@ -5,23 +5,15 @@ from __future__ import annotations
 import json
 from typing import List
 
-import numpy as np
 import pytest
 
 from edgecap import faults
 from edgecap.captioner import EdgeCaptioner
-from edgecap.sources import open_source
 from edgecap.trace import load_slices
 
-FRAMES = 160  # 20 windows of the demo bundle
+from test_failover import FRAMES, clip  # noqa: F401 (a fixture: the demo clip, 160 frames)
 
 pytestmark = pytest.mark.usefixtures("no_faults")
-
-
-@pytest.fixture(scope="module")
-def clip(shipped_bundle) -> List[np.ndarray]:
-    images = [f.image for f in open_source(str(shipped_bundle.parent / "sample.mp4"))]
-    return (images * (FRAMES // len(images) + 1))[:FRAMES]
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +26,12 @@ def cpu_captions(shipped_bundle, clip) -> List[str]:
 def test_copies_on_two_tpus_and_the_cpu_caption_as_the_cpu_path_does(shipped_bundle, clip, cpu_captions,
                                                                        tmp_path):
     trace = tmp_path / "trace.json"
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, trace=trace) as cap:
+    # rpi4-2usb: the CPU keeps time for a share of whole frames beside its RNN steps and its own work.
+    with EdgeCaptioner(shipped_bundle, board="rpi4-2usb", num_threads=1, trace=trace) as cap:
         (stage,) = cap.plan.active_stages
-        assert [str(d) for d in stage.devices] == ["pci:0", "usb:0", "cpu"]
-        assert cap.devices == {"pci:0": "emu-tpu:0", "usb:0": "emu-tpu:1", "cpu": "cpu:1"}
-        assert cap.choice.describe() == "pci:0@emu-tpu:0+usb:0@emu-tpu:1+cpu@cpu:1"
+        assert [str(d) for d in stage.devices] == ["usb:0", "usb:1", "cpu"]
+        assert cap.devices == {"usb:0": "emu-tpu:0", "usb:1": "emu-tpu:1", "cpu": "cpu:1"}
+        assert cap.choice.describe() == "usb:0@emu-tpu:0+usb:1@emu-tpu:1+cpu@cpu:1"
         assert [c.text for c in cap.caption_frames(clip)] == cpu_captions
         # Each copy took its share of the frames, dealt as the plan says.
         invokes = {s.worker: s.invokes for s in cap.stats().stages if s.name.startswith("stage 0")}
@@ -70,7 +63,7 @@ def test_validate_and_the_plan_file_show_the_copies(shipped_bundle, tmp_path, ca
 
     assert main(["compile", str(shipped_bundle), "--board", "rpi4-2usb", "-o", str(tmp_path / "p")]) == 0
     printed = capsys.readouterr().out
-    assert "usb:0 x0.40 + usb:1 x0.40 + cpu x0.19 ops [0, 35)" in printed
+    assert "usb:0 x0.44 + usb:1 x0.44 + cpu x0.11 ops [0, 35)" in printed
     doc = json.loads((tmp_path / "p" / "plan.json").read_text())
     first = doc["stages"][0]
     assert first["share"] + sum(r["share"] for r in first["replicas"]) == pytest.approx(1.0, abs=1e-6)

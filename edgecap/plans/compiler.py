@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from edgecap.bundle import Bundle, WindowSpec
 from edgecap.errors import ConfigError
-from edgecap.plans.plan import PLAN_FILE, PLAN_VERSION, Plan, Stage, load_plan
+from edgecap.plans.plan import PLAN_FILE, PLAN_VERSION, CpuFrame, Plan, Stage, load_plan
 from edgecap.plans.pricing import AS_PROFILED, CPU, Correction, Corrections, price
 
 
@@ -193,17 +193,24 @@ def _as_profiled(plan: Plan, fixes: Corrections, profile: Any, names: List[str])
     """
     rates = dict(zip(names, (t.link_bytes_per_s for t in profile.tpus)))
     cpu = fixes.get(CPU, Correction()).speed
-    stages = tuple(_stage_as_profiled(s, fixes.get(s.device, Correction()).speed, cpu, rates)
+    stages = tuple(_stage_as_profiled(s, fixes.get(s.device, Correction()).speed, cpu, rates, fixes)
                    for s in plan.stages)
-    plan = dataclasses.replace(plan, stages=stages, rnn_ms=None if plan.rnn_ms is None else plan.rnn_ms * cpu)
+    frame = plan.cpu_frame and CpuFrame(plan.cpu_frame.preprocess_ms * cpu, plan.cpu_frame.handoff_ms * cpu)
+    plan = dataclasses.replace(plan, stages=stages, rnn_ms=None if plan.rnn_ms is None else plan.rnn_ms * cpu,
+                               cpu_frame=frame)
     return dataclasses.replace(plan, predicted=plan.predicted and price(plan).prediction())
 
 
-def _stage_as_profiled(stage: Stage, speed: float, cpu: float, rates: Mapping[str, Optional[float]]) -> Stage:
+def _stage_as_profiled(stage: Stage, speed: float, cpu: float, rates: Mapping[str, Optional[float]],
+                       fixes: Corrections = AS_PROFILED) -> Stage:
     cost = stage.cost
     if cost is None:
         return stage
     cost = dataclasses.replace(cost, compute_ms=cost.compute_ms * speed, invoke_ms=cost.invoke_ms * speed,
                                extra_ms=cost.extra_ms * cpu,
                                link_bytes_per_s=rates.get(stage.device, cost.link_bytes_per_s))
-    return dataclasses.replace(stage, cost=cost, predicted_ms=round(cost.total_ms, 6))
+    # A replicated stage's copies, each at its own device's speed.
+    replicas = tuple(dataclasses.replace(r, cost=c.cost, predicted_ms=c.predicted_ms) for r, c in zip(
+        stage.replicas, (_stage_as_profiled(c, fixes.get(c.device, Correction()).speed, cpu, rates)
+                         for c in stage.copies[1:])))
+    return dataclasses.replace(stage, cost=cost, predicted_ms=round(cost.total_ms, 6), replicas=replicas)

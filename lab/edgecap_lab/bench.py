@@ -54,7 +54,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import msgspec
 import numpy as np
 
-from edgecap import devices, schema, stages
+from edgecap import devices, emulation, schema, stages
 from edgecap.bundle import DEMO_DIR, Bundle, WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError, EdgecapError
@@ -438,8 +438,10 @@ def _bound_fps(plan: Plan, pipelined: bool) -> float:
 
     The plan is made for the window it runs (``board_plans``): its CPU stage
     charges the RNN steps of that window, one per open window a frame feeds.
+    Under an emulated truth (``$EDGECAP_EMULATE``) every device is priced as
+    the truth makes it settle, as ``emulation.steady_fps`` does.
     """
-    priced = price(plan)
+    priced = price(plan, emulation.resolve(emulation.current(), plan).corrections())
     period = priced.period_ms if pipelined else priced.serial_ms
     return 1000.0 / period if period > 0 else float("inf")
 
