@@ -107,6 +107,15 @@ def test_bound_charges_the_rnn_step_once_per_open_window(shipped_bundle, stride,
     assert _bound_fps(plan, True) == pytest.approx(1000 / pipelined_ms)
 
 
+def test_rows_that_ran_fewer_frames_compare_the_windows_both_captioned():
+    from edgecap_lab.bench import _same_windows
+
+    # A row whose bound is slow runs fewer frames (row_seconds): its windows are the others' first ones.
+    assert _same_windows([[1, 2], [3]], [[1, 2], [3], [4]]) and _same_windows([[1, 2], [3], [4]], [[1, 2], [3]])
+    assert not _same_windows([[1, 2], [5]], [[1, 2], [3], [4]])
+    assert not _same_windows([], [[1]])
+
+
 def test_the_bound_under_an_emulated_truth_is_where_the_plan_settles(shipped_bundle, monkeypatch):
     from edgecap import emulation
 
