@@ -156,6 +156,9 @@ def demo_costs():
                           window=source.window)
         return [model.matrix(k) for k in range(len(model.devices))], len(board.tpus), \
             model.bus_matrices(board.buses)
+
+    # The board CPU's own work a frame for the demo's input.
+    costs.frame = lambda name: CostModel(graph, [load_board(name).cpu]).cpu_frame
     return costs
 
 
@@ -165,6 +168,10 @@ def demo_costs():
 def test_the_search_equals_brute_force_on_the_demo_encoder(demo_costs, board, tpus):
     costs, n_tpus, bus = demo_costs(board, tpus)
     _same(schedules.search(costs, n_tpus, bus), schedules.exhaustive(costs, n_tpus, bus))
+    # With the board CPU's own work a frame, as `edgecap compile` searches it.
+    frame = demo_costs.frame(board)
+    assert frame.handoff_ms > 0
+    _same(schedules.search(costs, n_tpus, bus, frame=frame), schedules.exhaustive(costs, n_tpus, bus, frame=frame))
 
 
 def test_copies_beat_the_pipeline_for_the_demo_on_two_tpus(demo_costs):
