@@ -60,6 +60,12 @@ class Device:
         stays cached from invoke to invoke and pays no memory traffic; None
         charges every range.
       bus: Name of the shared bus the link sits behind (``Board.buses``), or None.
+      frame_ms: The CPU's fixed work a frame whatever the plan: the Python
+        calls of preprocessing (CPU only; 0: none modelled).
+      frame_elements_per_s: The rate preprocessing prepares the encoder's input
+        elements at (resize, quantising lookup, channel swap); None: free.
+      handoff_ms: The CPU's work to hand a frame from one stage to the next
+        (a queue's put and get, the Python around an invoke), once per stage.
     """
 
     name: str
@@ -74,6 +80,9 @@ class Device:
     bus: Optional[str] = None
     memory_bytes_per_s: Optional[float] = None
     cache_bytes: Optional[int] = None
+    frame_ms: float = 0.0
+    frame_elements_per_s: Optional[float] = None
+    handoff_ms: float = 0.0
 
     @property
     def is_tpu(self) -> bool:
@@ -123,6 +132,9 @@ class Board:
         run them along the chain in another order.
       sources: Where each figure comes from, keyed by field path.
       buses: Buses several TPU links share (each TPU's ``bus`` names one).
+      replicas: Whether plans for it may run a stage as copies on several
+        devices (``edgecap_compile.schedules``); False: pipelines only, one
+        device per stage (a profile's ``"replicas": false``).
     """
 
     name: str
@@ -132,6 +144,7 @@ class Board:
     tpus: List[Device]
     sources: Dict[str, str]
     buses: Tuple[Bus, ...] = ()
+    replicas: bool = True
 
     def with_tpus(self, count: int) -> "Board":
         """Returns the board with ``count`` TPUs; TPUs beyond the profile copy its last TPU.
@@ -183,6 +196,10 @@ class _CpuFile(msgspec.Struct, forbid_unknown_fields=True):
     invoke_overhead_ms: schema.Millis
     memory_bytes_per_s: Optional[schema.Rate] = None
     cache_bytes: Optional[Annotated[int, msgspec.Meta(ge=1, le=schema.MAX_BYTES)]] = None
+    # The CPU's own work a frame, whatever the plan (absent: none modelled).
+    frame_ms: schema.Millis = 0.0
+    frame_elements_per_s: Optional[schema.Rate] = None
+    handoff_ms: schema.Millis = 0.0
 
 
 class _TpuFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -215,6 +232,8 @@ class _BoardFile(msgspec.Struct, forbid_unknown_fields=True):
     buses: List[_BusFile] = []
     # Where each figure comes from, keyed by field path ("cpu.macs_per_s", "tpus[1]").
     sources: Dict[str, str] = {}
+    # False: plans run each stage on one device (no copies of a stage on several).
+    replicas: bool = True
 
 
 def _usable(tpu: _TpuFile, path: Path, index: int) -> int:
@@ -296,10 +315,11 @@ def load_board(name_or_path: Union[str, os.PathLike]) -> Board:
     c = doc.cpu
     cpu = Device("cpu", c.macs_per_s, c.elements_per_s, c.op_overhead_ms, c.invoke_overhead_ms,
                  cores=c.cores, memory_bytes_per_s=c.memory_bytes_per_s,
-                 cache_bytes=c.cache_bytes)
+                 cache_bytes=c.cache_bytes, frame_ms=c.frame_ms,
+                 frame_elements_per_s=c.frame_elements_per_s, handoff_ms=c.handoff_ms)
     tpus = [Device(f"tpu:{i}", t.macs_per_s, t.elements_per_s, t.op_overhead_ms,
                    t.invoke_overhead_ms, link_bytes_per_s=t.link_bytes_per_s,
                    sram_bytes=_usable(t, path, i), link=t.link, bus=bus_of.get(i))
             for i, t in enumerate(doc.tpus)]
     return Board(doc.name, doc.version, doc.description, cpu, tpus, dict(doc.sources),
-                 tuple(Bus(b.name, b.bytes_per_s) for b in doc.buses))
+                 tuple(Bus(b.name, b.bytes_per_s) for b in doc.buses), doc.replicas)

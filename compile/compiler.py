@@ -23,7 +23,8 @@ from edgecap_compile.edgetpu import compile_segment, find_compiler
 from edgecap_compile.errors import CompileError
 from edgecap_compile.graph import read_graph
 from edgecap_compile.model_source import resolve_source
-from edgecap_compile.partitioner import Partition, evaluate, partition
+from edgecap_compile.partitioner import Partition, evaluate
+from edgecap_compile.schedules import search
 from edgecap_compile.plan import build_plan
 from edgecap_compile.segments import Segment, write_segments
 from edgecap_compile.timing import measure_invoke_ms
@@ -92,12 +93,14 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
                   tpus: Optional[int] = None, sram: Optional[int] = None,
                   calibration: Optional[Union[str, os.PathLike]] = None, report: bool = False,
                   min_runtime_version: Optional[int] = None,
-                  ranges: Optional[Sequence[Tuple[int, int]]] = None) -> CompileResult:
+                  ranges: Optional[Sequence[Tuple[int, int]]] = None,
+                  replicas: bool = True) -> CompileResult:
     """Splits an int8 model into TPU segments and a CPU tail and writes them with plan.json.
 
-    The split is the partitioner's optimum over the cut points and the order
-    the board's TPUs run in along the chain; plan.json's stages name the TPUs
-    in that order.
+    The split is the schedule search's optimum (``edgecap_compile.schedules``:
+    pipelines over the cut points and the order the board's TPUs run in, whole-model
+    copies and hybrids); plan.json's stages name the TPUs in that order, and a
+    replicated stage its copies.
 
     Args:
       source: A .tflite model, a bundle directory or a loaded ``Bundle`` (its
@@ -112,6 +115,8 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
       ranges: A fixed split instead of the best one: one ``(start, end)`` op
         range per stage (the TPUs in the profile's order, then the CPU),
         contiguous from op 0 to the last.
+      replicas: Also search copies of a stage on several devices (hybrids,
+        whole-model copies); False: pipelines only, one device per stage.
 
     Returns:
       The ``CompileResult``.
@@ -135,19 +140,21 @@ def compile_model(source: Union[str, os.PathLike, Bundle], board: Union[str, os.
             f"{len(chosen.tpus)} TPUs + CPU make {stages} stages but {model_source.encoder.name} "
             f"has only {len(graph.ops)} ops; use --tpus {len(graph.ops) - 1} or fewer")
     rnn_ms = rnn_step_ms(model_source.rnn_step, chosen) if model_source.rnn_step else 0.0
+    replicas = replicas and chosen.replicas
     model = CostModel(graph, [*chosen.tpus, chosen.cpu], rnn_ms, window=model_source.window)
     costs = [model.matrix(k) for k in range(stages)]
     bus = model.bus_matrices(chosen.buses)
     if ranges is None:
-        split = partition(costs, tpus=len(chosen.tpus), bus=bus)
-        model = model.in_order(split.order)
+        split = search(costs, len(chosen.tpus), bus, frame=model.cpu_frame, copies=replicas)
+        model = model.in_order(split.order, split.copies)
     else:
         split = _fixed_split(costs, ranges, graph.name, bus)
 
     staging = _staging_dir(out)
     try:
         split, chosen, model, segments, edgetpu = _write_and_compile(
-            graph, split, chosen, model, staging, min_runtime_version, fixed=ranges is not None)
+            graph, split, chosen, model, staging, min_runtime_version, fixed=ranges is not None,
+            replicas=replicas)
         written = write_plan(build_plan(graph, model_source.file, chosen, model, split,
                                         segments, edgetpu), staging)
         table = figure = None
@@ -206,7 +213,7 @@ def _move_into_place(staging: Path, out: Path, stem: str) -> None:
 
 
 def _write_and_compile(graph, split: Partition, board: Board, model: CostModel, folder: Path,
-                       min_runtime_version: Optional[int], fixed: bool):
+                       min_runtime_version: Optional[int], fixed: bool, replicas: bool = True):
     """Writes the segments, compiles the TPU ones, and re-splits while one streams more than predicted.
 
     edgetpu_compiler reports each segment's on-chip and off-chip parameter bytes.
@@ -222,7 +229,8 @@ def _write_and_compile(graph, split: Partition, board: Board, model: CostModel, 
     while True:
         _clear_old_segments(folder, graph.name)
         segments = write_segments(graph, list(split.ranges), folder)
-        edgetpu = _compile_tpu_segments(split.ranges, segments, len(board.tpus),
+        # The CPU runs the last stage; every stage before it runs on TPUs.
+        edgetpu = _compile_tpu_segments(split.ranges, segments, len(split.ranges) - 1,
                                         min_runtime_version)
         excess = _excess_streaming(model, split, edgetpu)
         if fixed or not excess or attempt == RESPLITS:
@@ -239,9 +247,10 @@ def _write_and_compile(graph, split: Partition, board: Board, model: CostModel, 
         tpus = [dataclasses.replace(t, sram_bytes=min(t.sram_bytes, budget)) for t in board.tpus]
         board = dataclasses.replace(board, tpus=tpus)
         model = CostModel(graph, [*board.tpus, board.cpu], model.rnn_ms, window=model.window)
-        resplit = partition([model.matrix(k) for k in range(len(model.devices))],
-                            tpus=len(board.tpus), bus=model.bus_matrices(board.buses))
-        model = model.in_order(resplit.order)
+        costs = [model.matrix(k) for k in range(len(model.devices))]
+        bus = model.bus_matrices(board.buses)
+        resplit = search(costs, len(board.tpus), bus, frame=model.cpu_frame, copies=replicas)
+        model = model.in_order(resplit.order, resplit.copies)
         if resplit.cuts == split.cuts:
             # The same segments again: only the predictions change, to the lowered budgets.
             return resplit, board, model, segments, edgetpu
@@ -346,7 +355,7 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
                        best: Plan, count: int, max_bytes: int, tpus: Optional[int] = None,
                        sram: Optional[int] = None,
                        calibration: Optional[Union[str, os.PathLike]] = None,
-                       min_runtime_version: Optional[int] = None) -> CandidatesResult:
+                       min_runtime_version: Optional[int] = None, replicas: bool = True) -> CandidatesResult:
     """Writes the candidate plans of a board beside its best plan, within a count and a size.
 
     The candidates are ranked by ``edgecap_compile.scenario_plans.choose`` and
@@ -370,6 +379,7 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
       sram: As for ``compile_model``.
       calibration: As for ``compile_model``.
       min_runtime_version: As for ``compile_model``.
+      replicas: As for ``compile_model``.
 
     Returns:
       The ``CandidatesResult``.
@@ -386,7 +396,8 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
     chosen = make_board(board, tpus, sram, calibration)
     if best.sram_bytes is not None and chosen.tpus and best.sram_bytes < min(t.sram_bytes for t in chosen.tpus):
         chosen = chosen.with_sram(best.sram_bytes)  # the budget the best plan's re-split settled on
-    ranked = scenario_plans.choose(graph, model_source.file, chosen, best, model_source.window) \
+    ranked = scenario_plans.choose(graph, model_source.file, chosen, best, model_source.window,
+                                   replicas and chosen.replicas) \
         if count and chosen.tpus else []
     compiler = find_compiler()
     staging = Path(tempfile.mkdtemp(prefix=f".{CANDIDATES_DIR}.", suffix=".partial", dir=plans_dir))
@@ -400,7 +411,7 @@ def compile_candidates(source: Union[str, os.PathLike, Bundle], board: Union[str
             folder = staging / pick.name
             folder.mkdir()
             segments = write_segments(graph, list(pick.split.ranges), folder)
-            edgetpu = stored.compile(compiler, pick.split.ranges, segments, len(pick.board.tpus),
+            edgetpu = stored.compile(compiler, pick.split.ranges, segments, len(pick.split.ranges) - 1,
                                      min_runtime_version)
             plan = write_plan(build_plan(graph, model_source.file, pick.board, pick.model,
                                          pick.split, segments, edgetpu), folder)

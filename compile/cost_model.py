@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from edgecap.plans.plan import Bus
+from edgecap.plans.plan import Bus, CpuFrame
 from edgecap.windows import windows_per_frame
 from edgecap_compile.boards import PRICES, Device
 from edgecap_compile.graph import Graph
@@ -163,6 +163,8 @@ class CostModel:
         self.rnn_ms = float(rnn_ms)
         self.window = window
         self.rnn_steps_per_frame = 1.0 if window is None else windows_per_frame(*window)
+        # Per stage, the devices of its other copies (``in_order``); none until ordered.
+        self.copies: List[List[Device]] = [[] for _ in self.devices]
         ops = graph.ops
         self._macs = np.concatenate([[0], np.cumsum([op.macs for op in ops], dtype=np.int64)])
         self._elements = np.concatenate(
@@ -173,11 +175,27 @@ class CostModel:
             [op.param_bytes + op.act_in_bytes + op.act_out_bytes for op in ops], dtype=np.int64)])
         self._io = boundary_bytes(graph)
 
-    def in_order(self, order: Sequence[int]) -> "CostModel":
-        """Returns the cost model with stage k on ``devices[order[k]]`` (a partition's ``order``)."""
+    def in_order(self, order: Sequence[int], copies: Sequence[Sequence[int]] = ()) -> "CostModel":
+        """Returns the cost model with stage k on ``devices[order[k]]`` (a partition's ``order``).
+
+        Args:
+          order: Each stage's device, an index into ``devices``.
+          copies: Each stage's other copies' devices (a partition's ``copies``), kept in ``copies``.
+        """
         out = copy.copy(self)
         out.devices = [self.devices[d] for d in order]
+        out.copies = [[self.devices[d] for d in c] for c in copies] or [[] for _ in order]
         return out
+
+    @property
+    def cpu_frame(self) -> CpuFrame:
+        """The board CPU's own work a frame (``CpuFrame``): preprocessing at the model's input size, a hand-off per stage."""
+        cpu = next((d for d in self.devices if not d.is_tpu), None)
+        if cpu is None:
+            return CpuFrame()
+        elements = sum(int(np.prod(self.graph.tensors[t].shape, dtype=np.int64)) for t in self.graph.inputs)
+        rate = cpu.frame_elements_per_s
+        return CpuFrame(cpu.frame_ms + (elements * 1e3 / rate if rate else 0.0), cpu.handoff_ms)
 
     @property
     def n_ops(self) -> int:
@@ -194,7 +212,18 @@ class CostModel:
 
     def stage(self, k: int, start: int, end: int) -> StageCost:
         """Returns the cost of op range ``[start, end)`` on stage ``k``'s device."""
-        device = self.devices[k]
+        return self.cost_on(self.devices[k], start, end)
+
+    def cost_on(self, device: Device, start: int, end: int, rnn: bool = True) -> StageCost:
+        """Returns the cost of op range ``[start, end)`` on ``device``.
+
+        Args:
+          device: Any device of the board (a stage's, or a copy's).
+          start: First op.
+          end: One past the last op.
+          rnn: On the CPU, charge the RNN steps a frame (the CPU stage's);
+            False for the CPU's copy of a replicated stage.
+        """
         macs = int(self._macs[end] - self._macs[start])
         elements = int(self._elements[end] - self._elements[start])
         params = self.param_bytes(start, end)
@@ -212,7 +241,7 @@ class CostModel:
             stream_ms=streamed * per_byte,
             transfer_ms=io * per_byte,
             invoke_ms=float(terms[_COLUMN["invokes"]]),
-            extra_ms=0.0 if device.is_tpu else self.rnn_frame_ms,
+            extra_ms=0.0 if device.is_tpu or not rnn else self.rnn_frame_ms,
             param_bytes=params,
             streamed_bytes=streamed,
             io_bytes=io,

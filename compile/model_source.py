@@ -1,7 +1,8 @@
 """What ``edgecap compile`` was pointed at: a .tflite file or a model bundle directory.
 
 A bundle (docs/bundle.md) names its int8 encoder, which is what gets split, and
-its RNN encoder step, whose per-frame time the CPU stage carries. Bundles are
+its RNN encoder step, whose per-frame time the CPU stage carries: the step the
+runtime runs, the int8 one where the bundle ships it (``Bundle.steps``). Bundles are
 read by the runtime's loader, so the compiler accepts exactly what the runtime runs.
 """
 
@@ -23,7 +24,8 @@ class ModelSource:
 
     Attributes:
       encoder: The int8 CNN .tflite.
-      rnn_step: The bundle's RNN encoder step .tflite, or None for a bare model.
+      rnn_step: The RNN encoder step the runtime runs (the bundle's int8 one where
+        shipped, else its float one), or None for a bare model.
       file: The encoder's path as plan.json records it (relative to the bundle).
       window: The bundle's window ``(frames, stride)``, or None for a bare model.
     """
@@ -57,6 +59,7 @@ def resolve_source(path: Union[str, os.PathLike, Bundle]) -> ModelSource:
             bundle = load_bundle(path)
         except BundleError as e:
             raise CompileError(str(e)) from None
-    return ModelSource(bundle.encoder, bundle.encoder_step,
+    # The step the runtime runs (``Bundle.steps``: the int8 one where shipped), so its time is the one charged.
+    return ModelSource(bundle.encoder, bundle.steps().encoder_step,
                        bundle.encoder.relative_to(bundle.root).as_posix(),
                        (bundle.window.frames, bundle.window.stride))

@@ -46,12 +46,22 @@ class Partition:
       order: Stage k runs on device ``order[k]`` (an index into ``costs``).
       bus_stage_ms: Milliseconds each stage's link bytes take on the shared
         bus, per frame (0 off the bus); empty without a bus.
+      copies: Per stage, the other devices that run copies of it
+        (``edgecap_compile.schedules``); empty: every stage on one device.
+      shares: Per stage, the share of frames ``order[k]`` and each of its
+        copies take; empty with ``copies``.
+      stage_latency_ms: Per stage, the time a frame takes to pass it where
+        that differs from ``stage_ms`` (a replicated stage's slowest copy);
+        empty: ``stage_ms``.
     """
 
     cuts: Tuple[int, ...]
     stage_ms: Tuple[float, ...]
     order: Tuple[int, ...]
     bus_stage_ms: Tuple[float, ...] = ()
+    copies: Tuple[Tuple[int, ...], ...] = ()
+    shares: Tuple[Tuple[float, ...], ...] = ()
+    stage_latency_ms: Tuple[float, ...] = ()
 
     @property
     def bus_ms(self) -> float:
@@ -74,7 +84,12 @@ class Partition:
 
     @property
     def latency_ms(self) -> float:
-        return float(sum(self.stage_ms))
+        return float(sum(self.stage_latency_ms or self.stage_ms))
+
+    @property
+    def replicated(self) -> bool:
+        """Whether some stage runs as several copies."""
+        return any(self.copies)
 
     @property
     def ranges(self) -> Tuple[Tuple[int, int], ...]:
@@ -85,7 +100,8 @@ Bus = Optional[Sequence[np.ndarray]]
 
 
 def evaluate(costs: Sequence[np.ndarray], cuts: Sequence[int],
-             order: Optional[Sequence[int]] = None, bus: Bus = None) -> Partition:
+             order: Optional[Sequence[int]] = None, bus: Bus = None,
+             latency: Optional[Sequence[np.ndarray]] = None) -> Partition:
     """Returns the partition with the given cut points and device order under ``costs``.
 
     Args:
@@ -93,6 +109,8 @@ def evaluate(costs: Sequence[np.ndarray], cuts: Sequence[int],
       cuts: ``len(costs) + 1`` op boundaries.
       order: Device of each stage (default: device k runs stage k).
       bus: One matrix per device of its bus milliseconds (zeros off the bus), or None.
+      latency: One matrix per device of the time a frame takes to pass it,
+        where that differs from its period (``costs``); None: ``costs``.
 
     Returns:
       The ``Partition``.
@@ -101,7 +119,9 @@ def evaluate(costs: Sequence[np.ndarray], cuts: Sequence[int],
     order = tuple(range(len(costs))) if order is None else tuple(int(d) for d in order)
     ranges = list(zip(order, cuts, cuts[1:]))
     return Partition(cuts, tuple(float(costs[d][a, b]) for d, a, b in ranges), order,
-                     () if bus is None else tuple(float(bus[d][a, b]) for d, a, b in ranges))
+                     () if bus is None else tuple(float(bus[d][a, b]) for d, a, b in ranges),
+                     stage_latency_ms=() if latency is None else tuple(float(latency[d][a, b])
+                                                                       for d, a, b in ranges))
 
 
 def _better(candidate: Partition, best: Partition) -> bool:
@@ -192,14 +212,15 @@ def _stage_bottleneck(costs: Sequence[np.ndarray]) -> float:
     return float(best[n])
 
 
-def _min_latency(costs: Sequence[np.ndarray], limit: float) -> Tuple[int, ...]:
-    # Cuts of the smallest latency with every stage within limit.
+def _min_latency(costs: Sequence[np.ndarray], limit: float,
+                 through: Optional[Sequence[np.ndarray]] = None) -> Tuple[int, ...]:
+    # Cuts of the smallest latency (``through``, default the costs) with every stage within limit.
     n = costs[0].shape[0] - 1
     latency = np.full(n + 1, np.inf)
     latency[0] = 0.0
     choice = []
-    for c in costs:
-        total = latency[:, None] + np.where(c <= limit, c, np.inf)
+    for c, t in zip(costs, costs if through is None else through):
+        total = latency[:, None] + np.where(c <= limit, t, np.inf)
         # The last start among exact ties: later stages take as few ops as they
         # can, so the TPUs a model does not need are the last ones.
         choice.append(n - np.argmin(total[::-1], axis=0))
@@ -245,7 +266,7 @@ def _bus_bottleneck(costs: Sequence[np.ndarray], bus: Sequence[np.ndarray]) -> f
 
 
 def _bus_latency(costs: Sequence[np.ndarray], bus: Sequence[np.ndarray],
-                 limit: float) -> Tuple[int, ...]:
+                 limit: float, through: Optional[Sequence[np.ndarray]] = None) -> Tuple[int, ...]:
     """Returns the cuts of the smallest latency with every stage and the bus within ``limit``.
 
     Latency and bus time both add up along the chain, so a prefix is kept
@@ -257,12 +278,12 @@ def _bus_latency(costs: Sequence[np.ndarray], bus: Sequence[np.ndarray],
     # front[b]: (latency, bus ms, cuts so far) of the undominated prefixes ending at b.
     front: List[List[Tuple[float, float, Tuple[int, ...]]]] = [[] for _ in range(n + 1)]
     front[0] = [(0.0, 0.0, (0,))]
-    for c, m in zip(costs, bus):
+    for c, m, t in zip(costs, bus, costs if through is None else through):
         nxt: List[List[Tuple[float, float, Tuple[int, ...]]]] = [[] for _ in range(n + 1)]
         for a, b in zip(*np.nonzero(c <= limit)):
             for lat, busy, cuts in front[a]:
                 if busy + m[a, b] <= limit:
-                    nxt[b].append((lat + float(c[a, b]), busy + float(m[a, b]), cuts + (int(b),)))
+                    nxt[b].append((lat + float(t[a, b]), busy + float(m[a, b]), cuts + (int(b),)))
         front = [_pareto(entries) for entries in nxt]
     return min(front[n], key=lambda e: e[0])[2]
 
@@ -276,18 +297,19 @@ def _pareto(entries: List[Tuple[float, float, Tuple[int, ...]]]):
     return kept
 
 
-def _fixed_order(costs: Sequence[np.ndarray], bus: Bus = None) -> Partition:
+def _fixed_order(costs: Sequence[np.ndarray], bus: Bus = None,
+                 latency: Optional[Sequence[np.ndarray]] = None) -> Partition:
     # The optimum for stage k on device k: the smallest bottleneck, then the
-    # smallest latency among the partitions that reach it.
+    # smallest latency (``latency``, default the costs) among the partitions that reach it.
     if bus is None or not any(np.any(m) for m in bus):
-        cuts = _min_latency(costs, _stage_bottleneck(costs) * (1 + _TOLERANCE))
-        return evaluate(costs, cuts, bus=bus)
+        cuts = _min_latency(costs, _stage_bottleneck(costs) * (1 + _TOLERANCE), latency)
+        return evaluate(costs, cuts, bus=bus, latency=latency)
     limit = _bus_bottleneck(costs, bus) * (1 + _TOLERANCE)
-    found = evaluate(costs, _min_latency(costs, limit), bus=bus)
+    found = evaluate(costs, _min_latency(costs, limit, latency), bus=bus, latency=latency)
     if found.bus_ms <= limit:
         # The fastest chain within the limit keeps the bus within it too.
         return found
-    return evaluate(costs, _bus_latency(costs, bus, limit), bus=bus)
+    return evaluate(costs, _bus_latency(costs, bus, limit, latency), bus=bus, latency=latency)
 
 
 def partition(costs: Sequence[np.ndarray], tpus: int = 0, bus: Bus = None) -> Partition:

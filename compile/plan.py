@@ -11,9 +11,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from edgecap.devices import parse_device
 from edgecap.modelfile import TensorSpec
-from edgecap.plans.plan import CostParts, EdgeTpuReport, ParamBytes, Plan, Prediction, Stage
-from edgecap_compile.boards import Board
-from edgecap_compile.cost_model import CostModel
+from edgecap.plans.plan import CostParts, CpuFrame, EdgeTpuReport, ParamBytes, Plan, Prediction, Replica, Stage
+from edgecap.plans.pricing import price
+from edgecap_compile.boards import Board, Device
+from edgecap_compile.cost_model import CostModel, StageCost
 from edgecap_compile.graph import Graph
 from edgecap_compile.partitioner import Partition
 from edgecap_compile.segments import Segment
@@ -80,15 +81,16 @@ def _stage(graph: Graph, board: Board, model: CostModel, k: int, start: int, end
     """
     device = model.devices[k]
     cost = model.stage(k, start, end)
-    ms = float(cost.total_ms)
+    cpu_ops_ms = 0.0
     if compiled is not None and compiled.cpu_ops:
         compiled.cpu_ops_ms = round(model.ops_ms(
             board.cpu, cpu_fallback_ops(graph, start, end, compiled.cpu_ops)), 6)
-        ms += compiled.cpu_ops_ms
+        cpu_ops_ms = compiled.cpu_ops_ms
+    ms = float(cost.total_ms) + cpu_ops_ms
     inputs, outputs = _boundary(graph, segment, start, end)
     stage = Stage(
         index=k,
-        spec=parse_device(names[device.name] if device.is_tpu else device.name),
+        spec=_spec(device, names),
         segment=segment.path.resolve() if segment else None,
         ops=(start, end),
         inputs=inputs,
@@ -100,16 +102,48 @@ def _stage(graph: Graph, board: Board, model: CostModel, k: int, start: int, end
         param_bytes=ParamBytes(int(cost.param_bytes - cost.streamed_bytes), int(cost.streamed_bytes)),
         macs=int(cost.macs),
         edgetpu=compiled,
-        cost=CostParts(
-            compute_ms=round(float(cost.compute_ms), 6),
-            invoke_ms=round(float(cost.invoke_ms), 6),
-            link_bytes=int(cost.streamed_bytes + cost.io_bytes),
-            link_bytes_per_s=device.link_bytes_per_s if device.is_tpu else None,
-            extra_ms=round(ms - float(cost.total_ms - cost.extra_ms), 6),
-            link=device.link if device.is_tpu else None,
-            bus=device.bus if device.is_tpu else None),
+        cost=_parts(cost, device, ms),
     )
     return stage, ms
+
+
+def _spec(device: Device, names: Dict[str, str]):
+    return parse_device(names[device.name] if device.is_tpu else device.name)
+
+
+def _parts(cost: StageCost, device: Device, ms: float) -> CostParts:
+    """The plan's record of what a stage's time (``ms``: its cost and the ops left to the CPU) is made of."""
+    return CostParts(
+        compute_ms=round(float(cost.compute_ms), 6),
+        invoke_ms=round(float(cost.invoke_ms), 6),
+        link_bytes=int(cost.streamed_bytes + cost.io_bytes),
+        link_bytes_per_s=device.link_bytes_per_s if device.is_tpu else None,
+        extra_ms=round(ms - float(cost.total_ms - cost.extra_ms), 6),
+        link=device.link if device.is_tpu else None,
+        bus=device.bus if device.is_tpu else None)
+
+
+def _shares(shares: Sequence[float]) -> List[float]:
+    """Shares written to 6 decimals, the first taking the rounding so that they add up to 1."""
+    rounded = [round(float(s), 6) for s in shares]
+    rounded[0] = round(1.0 - sum(rounded[1:]), 6)
+    return rounded
+
+
+def _with_replicas(stage: Stage, model: CostModel, k: int, split: Partition,
+                   names: Dict[str, str]) -> Stage:
+    """Stage ``k`` with its copies on the split's other devices for it (an empty stage has none)."""
+    if not split.copies or not split.copies[k] or stage.empty:
+        return stage
+    start, end = stage.ops
+    cpu_ops_ms = (stage.edgetpu.cpu_ops_ms or 0.0) if stage.edgetpu is not None else 0.0
+    shares = _shares(split.shares[k])
+    replicas = []
+    for device, share in zip(model.copies[k], shares[1:]):
+        cost = model.cost_on(device, start, end, rnn=False)
+        ms = float(cost.total_ms) + (cpu_ops_ms if device.is_tpu else 0.0)
+        replicas.append(Replica(_spec(device, names), share, round(ms, 6), _parts(cost, device, ms)))
+    return dataclasses.replace(stage, share=shares[0], replicas=tuple(replicas))
 
 
 def _boundary(graph: Graph, segment: Optional[Segment], start: int,
@@ -148,13 +182,13 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
     built = [_stage(graph, board, model, k, start, end, by_range.get((start, end)) if end > start else None,
                     edgetpu[k] if model.devices[k].is_tpu else None, names)
              for k, (start, end) in enumerate(split.ranges)]
-    stages = [stage for stage, _ in built]
+    stages = [_with_replicas(stage, model, k, split, names) for k, (stage, _) in enumerate(built)]
     stage_ms = [ms for _, ms in built]
     # The bus's time rides on the split: a bus-bound period is its total, and
     # bottleneck_stage is then the stage moving the most bytes over it.
     timed = dataclasses.replace(split, stage_ms=tuple(stage_ms))
-    used = {d.bus for d in model.devices if d.bus is not None}
-    return Plan(
+    used = {d.bus for d in [*model.devices, *(c for copies in model.copies for c in copies)] if d.bus is not None}
+    plan = Plan(
         path=None,
         board=board.name,
         model_file=model_file,
@@ -173,4 +207,9 @@ def build_plan(graph: Graph, model_file: str, board: Board, model: CostModel,
             bottleneck_stage=int(timed.bottleneck_stage),
         ),
         buses=tuple(b for b in board.buses if b.name in used),
+        cpu_frame=model.cpu_frame if model.cpu_frame != CpuFrame() else None,
     )
+    # A replicated stage's time is its copies' together, and the CPU's own work a frame
+    # depends on the stages: the one pricing function's.
+    return dataclasses.replace(plan, predicted=price(plan).prediction()) \
+        if split.replicated or plan.cpu_frame is not None else plan

@@ -6,8 +6,9 @@ runtime's own terms (``edgecap.plans.pricing.Correction`` per device): one TPU
 at 0.5x, 0.7x or 1.5x its profile's speed, one TPU's link slower (a USB one
 at USB 2's usable rate, a PCIe one trained down to Gen1), the CPU at half or
 twice its speed, or fewer TPUs attached. The pool is the
-partitioner's optimum under each scenario (exact, over cuts and TPU orders)
-plus the optimum in each TPU order under the profile; plans that run the
+schedule search's optimum under each scenario (``edgecap_compile.schedules``:
+exact over pipelines, copies and hybrids) plus the best pipeline in each TPU
+order under the profile; plans that run the
 same op ranges on the same devices are one. Every plan is priced under every
 scenario with ``edgecap.plans.pricing.price``, the function the running board
 re-chooses with, so what is chosen here is what wins there. ``corrected_board``
@@ -35,6 +36,7 @@ from edgecap_compile.boards import PRICES, Board, Device
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import Graph
 from edgecap_compile.partitioner import Partition, evaluate, orders, partition
+from edgecap_compile.schedules import search
 from edgecap_compile.plan import build_plan, plan_devices
 
 # TPU speeds tried (``Correction.speed``): a TPU at 0.5x and 0.7x its
@@ -166,6 +168,11 @@ def _corrected(device: Device, c: Optional[Correction]) -> Device:
     device = device.with_coefficients(slowed) if c.speed != 1.0 else device
     if c.link_bytes_per_s and device.link_bytes_per_s is not None:
         device = dataclasses.replace(device, link_bytes_per_s=c.link_bytes_per_s)
+    if c.speed != 1.0 and not device.is_tpu:  # the CPU's own work a frame is CPU work too
+        rate = device.frame_elements_per_s
+        device = dataclasses.replace(device, frame_ms=device.frame_ms / c.speed,
+                                     handoff_ms=device.handoff_ms / c.speed,
+                                     frame_elements_per_s=None if rate is None else rate * c.speed)
     return device
 
 
@@ -182,13 +189,13 @@ class _Option:
 
 
 def _key(plan: Plan) -> Tuple[Tuple[str, Tuple[int, int]], ...]:
-    # Plans that run the same op ranges on the same devices are the same plan.
-    return tuple((s.device, s.ops) for s in plan.active_stages)
+    # Plans that run the same op ranges on the same devices (copies included) are the same plan.
+    return tuple((",".join(map(str, s.devices)), s.ops) for s in plan.active_stages)
 
 
 def _option(graph: Graph, model_file: str, board: Board, nominal: CostModel,
             split: Partition) -> _Option:
-    model = nominal.in_order(split.order)
+    model = nominal.in_order(split.order, split.copies)
     reports = {k: EdgeTpuReport(compiled=False, reason="not written")
                for k, d in enumerate(model.devices) if d.is_tpu}
     plan = build_plan(graph, model_file, board, model, split, [], reports)
@@ -196,7 +203,7 @@ def _option(graph: Graph, model_file: str, board: Board, nominal: CostModel,
 
 
 def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
-          window: Optional[Tuple[int, int]], cases: Sequence[Scenario]) -> List[_Option]:
+          window: Optional[Tuple[int, int]], cases: Sequence[Scenario], replicas: bool = True) -> List[_Option]:
     """The optimum of every scenario and of every TPU order, each plan once."""
     found: Dict[tuple, _Option] = {}
     boards = {t: board.with_tpus(t) for t in range(1, len(board.tpus) + 1)}
@@ -221,19 +228,28 @@ def _pool(graph: Graph, model_file: str, board: Board, rnn_ms: float,
             fixed = corrected_board(board_t, case.corrections)
             model = CostModel(graph, [*fixed.tpus, fixed.cpu],
                               rnn_ms / case.corrections.get(CPU, Correction()).speed, window=window)
-            split = partition([model.matrix(k) for k in range(len(devices))], tpus=t,
-                              bus=model.bus_matrices(board_t.buses))
-            add(_option(graph, model_file, board_t, nominal,
-                        evaluate(costs, split.cuts, split.order, bus=bus)))
+            # The best schedule as the scenario says the board runs: a pipeline, copies or a hybrid.
+            matrices, scenario_bus = [model.matrix(k) for k in range(len(devices))], model.bus_matrices(board_t.buses)
+            split = search(matrices, t, scenario_bus, frame=model.cpu_frame, copies=replicas)
+            add(_option(graph, model_file, board_t, nominal, _as_profiled(costs, bus, split)))
     return list(found.values())
 
 
+def _as_profiled(costs: Sequence[np.ndarray], bus, split: Partition) -> Partition:
+    """A schedule found under a scenario, timed as profiled.
+
+    A replicated one keeps the scenario's shares (what makes it the best
+    there); its plan's prediction is the pricing function's (``build_plan``).
+    """
+    return split if split.replicated else evaluate(costs, split.cuts, split.order, bus=bus)
+
+
 def _runs_on(plan: Plan, devices: Sequence[str]) -> bool:
-    return all(s.device in devices for s in plan.active_stages if s.spec.kind == "tpu")
+    return all(str(d) in devices for s in plan.active_stages for d in s.devices if d.kind == "tpu")
 
 
 def choose(graph: Graph, model_file: str, board: Board, best: Plan,
-           window: Optional[Tuple[int, int]] = None) -> List[Candidate]:
+           window: Optional[Tuple[int, int]] = None, replicas: bool = True) -> List[Candidate]:
     """Ranks the plans worth carrying beside the best one, most useful first.
 
     Args:
@@ -242,13 +258,14 @@ def choose(graph: Graph, model_file: str, board: Board, best: Plan,
       board: The board the best plan was made for (TPU count, budgets).
       best: The best plan, as written; its ``rnn_ms`` is charged to every candidate.
       window: ``(frames, stride)`` the plans charge RNN steps for.
+      replicas: Also offer copies and hybrids (False: pipelines only).
 
     Returns:
       The candidates in rank order; the list ends where a further plan
       would shorten no scenario's period by ``MIN_GAIN``.
     """
     cases = scenarios(board)
-    pool = [o for o in _pool(graph, model_file, board, best.rnn_ms or 0.0, window, cases)
+    pool = [o for o in _pool(graph, model_file, board, best.rnn_ms or 0.0, window, cases, replicas)
             if o.key != _key(best)]
     names = plan_devices(board)
     usable = np.array([[_runs_on(p, names[:c.tpus]) for c in cases]
@@ -289,6 +306,6 @@ def choose(graph: Graph, model_file: str, board: Board, best: Plan,
 
 
 def _name(rank: int, plan: Plan) -> str:
-    tpus = "".join(f"-{s.device.replace(':', '')}.{s.ops[0]}-{s.ops[1]}"
+    tpus = "".join(f"-{'+'.join(str(d).replace(':', '') for d in s.devices)}.{s.ops[0]}-{s.ops[1]}"
                    for s in plan.active_stages if s.spec.kind == "tpu")
     return f"{rank:02d}-{plan.board_tpus}tpu{tpus or '-cpuonly'}"

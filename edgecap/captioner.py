@@ -29,7 +29,7 @@ from edgecap.plans.plan import Plan
 from edgecap.planner import TPU_KINDS, Choice, StageRun
 from edgecap.preprocess import Preprocessor
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
-from edgecap.scheduler import Pipeline, Step
+from edgecap.scheduler import Pipeline, Replicas, Step
 from edgecap.sources import Frame, FrameSource, SourceLike, open_source, sample
 from edgecap.stats import PipelineStats
 from edgecap.supervisor import Run, Supervisor
@@ -250,7 +250,8 @@ class _RnnStep:
     """
 
     def __init__(self, bundle: Bundle, spec: WindowSpec, pace_ms: float, feature: str,
-                 quantization: Tuple[float, int], compute: bool = True, float_rnn: bool = False) -> None:
+                 quantization: Tuple[float, int], compute: bool = True, float_rnn: bool = False,
+                 frame_pace_ms: float = 0.0) -> None:
         # A timing-only board run paces the step and computes nothing, as its
         # emulated TPUs do: the host's LSTM may be slower than the board's model.
         self._rnn = RnnEncoder(bundle.steps(float_rnn).encoder_step, 1) if compute else None
@@ -259,9 +260,11 @@ class _RnnStep:
         self._feature = feature
         self._scale, self._zero_point = quantization
         self._pace_s = pace_ms / 1000.0
-        self._pacer = stages.Pacer() if pace_ms else None
+        # The emulated board CPU's own work a frame (Choice.frame_pace_ms): time taken, not a step's.
+        self._frame_pace_s = frame_pace_ms / 1000.0
+        self._pacer = stages.Pacer() if pace_ms or frame_pace_ms else None
         # The emulated board's CPU may run at another speed than profiled (edgecap.emulation).
-        self._cpu_truth = emulation.current().get("cpu") if pace_ms else None
+        self._cpu_truth = emulation.current().get("cpu") if self._pacer is not None else None
         self._run: Optional[Run] = None
         self._streams: Dict[Optional[Hashable], _StreamWindows] = {}
 
@@ -269,6 +272,9 @@ class _RnnStep:
         if job.frame is None:
             return job
         t0 = time.perf_counter()
+        if self._frame_pace_s:
+            speed = 1.0 if self._cpu_truth is None else emulation.speed_now(self._cpu_truth, "cpu", t0)
+            self._pacer.wait_until(t0 + self._frame_pace_s / speed)
         run, key = job.stream
         if run is not self._run:
             self._run, self._streams = run, {}
@@ -293,7 +299,7 @@ class _RnnStep:
             ts = time.perf_counter()
             if self._rnn is not None:
                 win.state = self._rnn.step(feature, win.state)
-            if self._pacer is not None:
+            if self._pace_s:
                 speed = 1.0 if self._cpu_truth is None else emulation.speed_now(self._cpu_truth, "cpu", ts)
                 self._pacer.wait_until(ts + self._pace_s / speed)
                 board += self._pace_s / speed * 1e3
@@ -430,13 +436,18 @@ class EdgeCaptioner:
         worker = planner.PREPROCESS_WORKER
         preprocess = functools.partial(_Preprocess, self._preprocess, self._input_name)
         steps = [Step("preprocess", worker, _guarded("preprocess", worker, preprocess))]
-        steps += [Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
-                                                          functools.partial(_CnnStage, run, released)),
-                      deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
-                 for run in choice.stages]
+        for run in choice.stages:
+            step = Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),
+                                                             functools.partial(_CnnStage, run, released)),
+                        deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s, weight=run.share)
+            if not run.copy:
+                steps.append(step)
+            else:  # the copies of one stage: dealt frames by share, put back in order before the RNN
+                first = steps.pop()
+                steps.append(Replicas((*(first.copies if isinstance(first, Replicas) else (first,)), step)))
         rnn = functools.partial(_RnnStep, self.bundle, self.window, choice.rnn_pace_ms, self._output_name,
                                 self._output_quantization, compute=choice.rnn_compute,
-                                float_rnn=self.options.float_rnn)
+                                float_rnn=self.options.float_rnn, frame_pace_ms=choice.frame_pace_ms)
         steps.append(Step("rnn_step", str(planner.CPU), _guarded("rnn_step", str(planner.CPU), rnn)))
         # The decoder sees only frames that end a window: the others pass its worker by.
         decode = functools.partial(_Decode, self.bundle, self.options.beam, self.options.float_rnn)

@@ -229,7 +229,7 @@ def _candidate_lines(bundle: Any) -> List[str]:
             inodes.update({(st.st_dev, st.st_ino): st.st_size for st in (p.stat() for p in paths)
                            if (st.st_dev, st.st_ino) not in ours})
             size = sum(p.stat().st_size for p in paths)
-            devices = " ".join(f"{s.device}[{s.ops[0]},{s.ops[1]})" for s in plan.active_stages)
+            devices = " ".join(s.describe() for s in plan.active_stages)
             rows.append(f"  {name}: {plan.board_tpus} TPU(s), {devices}, predicted "
                         f"{plan.predicted.fps if plan.predicted else '-'} fps, {size / 1e6:.2f} MB")
         lines.append(f"candidates for {board}: {len(found.usable)} usable, {len(found.skipped)} "
@@ -615,7 +615,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     result = compiler.compile_model(args.model, args.board, out, tpus=args.tpus,
                                     sram=args.sram, calibration=args.calibration,
                                     report=args.report,
-                                    min_runtime_version=args.min_runtime_version)
+                                    min_runtime_version=args.min_runtime_version,
+                                    replicas=not args.pipeline_only)
     candidates = None
     if args.into_bundle:
         count = DEFAULT_CANDIDATES if args.candidates is None else args.candidates
@@ -623,14 +624,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         candidates = compiler.compile_candidates(
             args.model, args.board, result.plan, count, int(mb * 1e6), tpus=args.tpus,
             sram=args.sram, calibration=args.calibration,
-            min_runtime_version=args.min_runtime_version)
+            min_runtime_version=args.min_runtime_version, replicas=not args.pipeline_only)
     pred = result.plan.predicted
     if args.json:
         print(json.dumps(_compile_json(result, candidates)))
         return 0
     if result.report:
         print(result.report)
-    devices = ", ".join(f"{s.device} ops [{s.ops[0]}, {s.ops[1]})" for s in result.plan.stages)
+    devices = ", ".join(s.describe() for s in result.plan.stages)
     print(f"wrote {result.plan_path}: {devices}; predicted {pred.fps} fps, "
           f"latency {pred.latency_ms:.2f} ms")
     if candidates is not None:
@@ -712,6 +713,9 @@ def _add_compile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sram", type=int_in(1, MAX_SRAM), help="usable parameter cache per TPU in bytes "
                                             "(default: the board profile's sram_usable_bytes)")
     p.add_argument("--calibration", help="coefficients file from `edgecap calibrate`")
+    p.add_argument("--pipeline-only", action="store_true",
+                   help="one device per stage: search pipelines only, no copies of a stage on several "
+                        "devices (docs/plan.md, Replicas)")
     p.add_argument("--report", action="store_true",
                    help="also write report.md and split.png (needs matplotlib)")
     p.add_argument("--min-runtime-version", type=int_in(*RUNTIME_VERSIONS),

@@ -83,6 +83,9 @@ class StageRun:
         segment's parameters then).
       bus: The plan bus the stage's link shares (``cost.bus``), or None; an
         emulated stage paces its link bytes on that bus's clock.
+      copy: Which copy of a replicated stage it is (``Stage.copies``; 0: the
+        stage's own device, or a stage without replicas): ``stage`` is that copy.
+      share: The fraction of frames it takes (the dealer's weight).
     """
 
     stage: Stage
@@ -94,6 +97,8 @@ class StageRun:
     deadline_s: Optional[float] = None
     first_deadline_s: Optional[float] = None
     bus: Optional[Bus] = None
+    copy: int = 0
+    share: float = 1.0
 
     @property
     def name(self) -> str:
@@ -133,6 +138,9 @@ class Choice:
       stages: How each active CNN stage runs, in pipeline order.
       rnn_pace_ms: The RNN encoder step's paced time (0: unpaced).
       rnn_compute: False: a timing-only board run paces the step without computing it.
+      frame_pace_ms: The board CPU's own work a frame (``Plan.cpu_frame``:
+        preprocessing, a hand-off per stage), paced on the RNN step's worker on
+        an emulated board (0: unpaced).
       pipelined: Run each worker on its own thread (False: the sequential path).
       batch: Frames of a file source handed between workers at once.
       emulated: Whether the board is emulated (some TPU stage on ``emu-tpu``).
@@ -156,6 +164,7 @@ class Choice:
     stages: Tuple[StageRun, ...]
     rnn_pace_ms: float = 0.0
     rnn_compute: bool = True
+    frame_pace_ms: float = 0.0
     pipelined: bool = True
     batch: int = 1
     emulated: bool = False
@@ -172,13 +181,33 @@ class Choice:
         return [s.worker for s in self.stages if s.worker.kind in TPU_KINDS]
 
     def describe(self) -> str:
-        """One line of the plan's stages and their workers, e.g. ``tpu:0@emu-tpu:0 cpu@cpu``."""
-        return " ".join(f"{s.stage.device}@{s.worker}" for s in self.stages)
+        """One line of the plan's stages and their workers, e.g. ``tpu:0@emu-tpu:0 cpu@cpu``.
+
+        A replicated stage's copies are joined by ``+``: ``pci:0@pci:0+usb:0@usb:0 cpu@cpu``.
+        """
+        words: List[str] = []
+        for s in self.stages:
+            word = f"{s.stage.device}@{s.worker}"
+            if s.copy:
+                words[-1] += f"+{word}"
+            else:
+                words.append(word)
+        return " ".join(words)
 
 
 def tpus_used(plan: Plan) -> int:
-    """Returns how many distinct EdgeTPUs a plan's active stages run on."""
-    return len({s.spec for s in plan.active_stages if s.spec.kind == "tpu"})
+    """Returns how many distinct EdgeTPUs a plan's active stages (and their copies) run on."""
+    return len(_tpu_specs(plan))
+
+
+def _tpu_specs(plan: Plan) -> List[DeviceSpec]:
+    """The EdgeTPUs a plan runs on, each once, in pipeline order (a stage's copies after it)."""
+    return list(dict.fromkeys(d for s in plan.active_stages for d in s.devices if d.kind == "tpu"))
+
+
+def _copies(plan: Plan) -> List[Tuple[int, Stage]]:
+    """Every copy of every active stage, in pipeline order: ``(copy index, the stage as that copy runs it)``."""
+    return [(i, c) for s in plan.active_stages for i, c in enumerate(s.copies)]
 
 
 def choose(bundle: Bundle, options: CaptionerOptions, hardware: Optional[Hardware] = None) -> Choice:
@@ -345,7 +374,8 @@ def choose_after(bundle: Bundle, options: CaptionerOptions, start: Choice, faile
             _log.warning("edgecap: re-partitioning for %s failed (%s); failed stages go to the CPU",
                          board, exc)
     overrides: Dict[DeviceSpec, DeviceSpec] = {}
-    spare = 1
+    # CPU workers of their own, after any the start runs (a copy taking whole frames has cpu:1).
+    spare = 1 + max((r.worker.index or 0 for r in start.stages if r.worker.kind == "cpu"), default=0)
     for run in start.stages:
         if run.worker in failed:
             overrides[run.stage.spec] = DeviceSpec("cpu", spare)
@@ -400,7 +430,7 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
     priced = []
     for plan, why in offers:
         # A real EdgeTPU runs only what edgetpu_compiler compiled (a board's own re-partition is not).
-        if (all(s.spec in workers for s in plan.active_stages if s.spec.kind == "tpu")
+        if (all(d in workers for d in _tpu_specs(plan))
                 and not (real and _uncompiled(plan))):
             priced.append((price(plan, corrections).period_ms, plan, why))
     if not priced:
@@ -408,7 +438,7 @@ def choose_measured(bundle: Bundle, options: CaptionerOptions, current: Choice,
     best, plan, why = min(priced, key=lambda p: p[0])
     if best * (1.0 + margin) > now:
         return None
-    overrides = {s.spec: workers[s.spec] if s.spec.kind == "tpu" else CPU for s in plan.active_stages}
+    overrides = {c.spec: workers[c.spec] if c.spec.kind == "tpu" else _cpu_worker(i) for i, c in _copies(plan)}
     said = (f"{why}: {1e3 / best:.1f} fps where the running plan makes {1e3 / now:.1f} "
             "under the corrections")
     choice = _settle(bundle, options, plan, how="measured", reason=said, overrides=overrides,
@@ -583,21 +613,27 @@ def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, 
     if cpu_only and not emulated and overrides is None and _host_rule_applies(options):
         host = _host(bundle, plan, options)
         workers = {device: host.cnn_worker for device in workers}
-    stages = tuple(_stage_run(s, workers[s.device], plan, options, pace_cpu, host) for s in plan.active_stages)
-    rnn_pace = (plan.rnn_ms or 0.0) if pace_cpu else 0.0
+    stages = tuple(_stage_run(c, workers[c.device], plan, options, pace_cpu, host, copy=i) for i, c in _copies(plan))
+    rnn_pace, frame_pace = _cpu_paces(plan) if pace_cpu else (0.0, 0.0)
     pipelined = options.pipelined if options.pipelined is not None else (host.pipelined if host else True)
     batch = options.batch if options.batch is not None else 1
     return Choice(plan=plan, workers=workers, stages=stages, rnn_pace_ms=rnn_pace,
-                  rnn_compute=not (options.timing_only and rnn_pace > 0), pipelined=pipelined,
+                  rnn_compute=not (options.timing_only and rnn_pace > 0), frame_pace_ms=frame_pace,
+                  pipelined=pipelined,
                   batch=batch, emulated=emulated, how=how, reason=reason, board=board,
                   fallback=fallback, skipped=skipped, host=host)
+
+
+def _cpu_paces(plan: Plan) -> Tuple[float, float]:
+    """An emulated board CPU's paces: an RNN step, and its own work a frame (as the pricing charges it)."""
+    return plan.rnn_ms or 0.0, price(plan).cpu_frame_ms if plan.cpu_frame is not None else 0.0
 
 
 def _wanted(options: CaptionerOptions, plan: Plan,
             overrides: Optional[Mapping[DeviceSpec, DeviceSpec]]) -> Dict[DeviceSpec, DeviceSpec]:
     """The workers asked for by plan device (``devices_map``, or the caller's overrides), checked against the plan."""
     wanted = dict(options.devices_map if overrides is None else overrides)
-    planned = [s.spec for s in plan.active_stages]
+    planned = [c.spec for _, c in _copies(plan)]
     unknown = sorted(str(k) for k in wanted if k not in planned)
     if unknown:
         raise ConfigError(
@@ -609,7 +645,7 @@ def _wanted(options: CaptionerOptions, plan: Plan,
 
 def _emulate(options: CaptionerOptions, plan: Plan, attached: Optional[int]) -> Optional[bool]:
     """Whether the plan's TPU stages run on emulated TPUs: as asked, else when fewer TPUs are attached."""
-    tpus = [s.spec for s in plan.active_stages if s.spec.kind == "tpu"]
+    tpus = _tpu_specs(plan)
     if options.emulate is not None or not tpus:
         return options.emulate
     if attached is None:
@@ -618,20 +654,26 @@ def _emulate(options: CaptionerOptions, plan: Plan, attached: Optional[int]) -> 
 
 
 def _workers(plan: Plan, wanted: Mapping[DeviceSpec, DeviceSpec], emulate: Optional[bool]) -> Dict[str, DeviceSpec]:
-    """Each active stage's device (its canonical string) -> the worker that runs it."""
-    tpus = [s.spec for s in plan.active_stages if s.spec.kind == "tpu"]
+    """Each active stage's device, and each copy's (its canonical string) -> the worker that runs it."""
+    tpus = _tpu_specs(plan)
     workers: Dict[str, DeviceSpec] = {}
-    for spec in (s.spec for s in plan.active_stages):
+    for i, spec in ((i, c.spec) for i, c in _copies(plan)):
         if spec in wanted:
             workers[str(spec)] = wanted[spec]
         elif spec.kind == "tpu" and emulate:
             # Emulated TPUs are numbered in pipeline order: pci:0 and usb:0 are two TPUs.
             workers[str(spec)] = DeviceSpec("emu-tpu", tpus.index(spec))
         elif spec.kind == "cpu":
-            workers[str(spec)] = CPU
+            workers[str(spec)] = _cpu_worker(i)
         else:
             workers[str(spec)] = spec
     return workers
+
+
+def _cpu_worker(copy: int) -> DeviceSpec:
+    """The worker of a CNN copy on the CPU: ``cpu`` for the CPU stage; a copy taking whole
+    frames runs on a worker of its own (``cpu:1``), beside the RNN steps on ``cpu``."""
+    return CPU if copy == 0 else DeviceSpec("cpu", 1)
 
 
 def _host_rule_applies(options: CaptionerOptions) -> bool:
@@ -650,8 +692,8 @@ def _host(bundle: Bundle, plan: Plan, options: CaptionerOptions) -> HostSchedule
 
 
 def _stage_run(stage: Stage, worker: DeviceSpec, plan: Plan, options: CaptionerOptions, pace_cpu: bool,
-               host: Optional[HostSchedule]) -> StageRun:
-    """How one stage runs on its worker: threads, pace, isolation and deadlines."""
+               host: Optional[HostSchedule], copy: int = 0) -> StageRun:
+    """How one stage (or one copy of it) runs on its worker: threads, pace, isolation and deadlines."""
     on_cpu = stage.spec.kind == "cpu"
     pace_ms: Optional[float] = None
     if worker.kind == "emu-tpu":
@@ -661,8 +703,8 @@ def _stage_run(stage: Stage, worker: DeviceSpec, plan: Plan, options: CaptionerO
         pace_ms = stage.predicted_ms
     elif on_cpu and pace_cpu:
         # The board's CPU stage time includes the RNN steps (one per window the
-        # frame feeds), which the RNN step paces on its own.
-        pace_ms = max(0.0, stage.predicted_ms - plan.rnn_frame_ms)
+        # frame feeds), which the RNN step paces on its own; a copy's does not.
+        pace_ms = max(0.0, stage.predicted_ms - (0.0 if copy else plan.rnn_frame_ms))
     if host is not None:
         threads = host.num_threads
     else:
@@ -679,15 +721,15 @@ def _stage_run(stage: Stage, worker: DeviceSpec, plan: Plan, options: CaptionerO
     return StageRun(stage=stage, worker=worker, threads=threads, pace_ms=pace_ms,
                     compute=not (options.timing_only and pace_ms is not None),
                     isolate=bool(isolate) and tpu,  # a CPU stage has no delegate to abort
-                    deadline_s=deadline, first_deadline_s=first, bus=bus)
+                    deadline_s=deadline, first_deadline_s=first, bus=bus, copy=copy, share=stage.share)
 
 
 def _onto(bundle: Bundle, options: CaptionerOptions, plan: Plan, left: Sequence[DeviceSpec], how: str,
           reason: str) -> Choice:
     """Places ``plan`` with its TPU stages, in order, on the TPUs left."""
-    tpus = list(dict.fromkeys(s.spec for s in plan.active_stages if s.spec.kind == "tpu"))
+    tpus = _tpu_specs(plan)
     overrides = {spec: left[i] for i, spec in enumerate(tpus)}
-    overrides.update({s.spec: CPU for s in plan.active_stages if s.spec.kind == "cpu"})
+    overrides.update({c.spec: _cpu_worker(i) for i, c in _copies(plan) if c.spec.kind == "cpu"})
     return _settle(bundle, options, plan, how=how, reason=reason, overrides=overrides, attached=len(left))
 
 
@@ -698,7 +740,7 @@ def _unfit(plan: Plan, hardware: Hardware) -> Optional[str]:
         return f"needs {needed} EdgeTPU(s), {attached} attached"
     # A plan that names a bus (pci:N, usb:N) opens only a TPU on that bus.
     for bus, label in (("pci", "PCIe"), ("usb", "USB")):
-        on_bus = len({s.spec for s in plan.active_stages if s.spec.bus == bus})
+        on_bus = len({d for d in _tpu_specs(plan) if d.bus == bus})
         there = sum(1 for t in hardware.tpus if t.kind == bus)
         if on_bus > there:
             return f"needs {on_bus} {label} EdgeTPU(s), {there} attached"

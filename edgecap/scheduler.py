@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import itertools
 import math
 import threading
 import time
@@ -137,6 +138,24 @@ class Step:
     accepts: Optional[Callable[[Any], bool]] = None
     deadline_s: Optional[float] = None
     first_deadline_s: Optional[float] = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """One step run as copies on several workers: items dealt by weight, put back in order after them.
+
+    Each copy is a ``Step`` on a worker of its own; its ``weight`` is its
+    share of the items. The dealer is a deterministic smooth weighted
+    round-robin (each run deals the same way from its first item), and a
+    reorder buffer after the copies hands items on in input order, so what
+    follows sees exactly what one worker would have given it.
+
+    Attributes:
+      copies: The copies, at least two, on distinct workers; none may have ``accepts``.
+    """
+
+    copies: Tuple[Step, ...]
 
 
 class _Flag:
@@ -167,7 +186,10 @@ class _Flag:
 class _Run:
     """One run's shared state: its recorder, how far it goes, who consumes it."""
 
+    _numbers = itertools.count()
+
     def __init__(self, recorder: RunRecorder) -> None:
+        self.number = next(_Run._numbers)  # later runs have larger numbers
         self.recorder = recorder
         # Items after this sequence number are dropped: inf while the run goes
         # on, the failing item's after an error, -1 once cancelled.
@@ -221,11 +243,12 @@ class _Item:
 class _Job:
     """What one hand-off carries: items of one run, or the run's end (with its error, if any)."""
 
-    __slots__ = ("run", "seq", "items", "end", "error")
+    __slots__ = ("run", "seq", "items", "end", "error", "dealt")
 
     def __init__(self, run: _Run, seq: int, items: List[_Item], end: bool = False,
                  error: Optional[BaseException] = None) -> None:
         self.run, self.seq, self.items, self.end, self.error = run, seq, items, end, error
+        self.dealt = 0  # its place in the run's deal to the copies of a replicated step
 
 
 class _OpenStep:
@@ -353,6 +376,89 @@ class _Channel:
             self._not_full.notify_all()
 
 
+class _Dealer:
+    """Deals jobs to the inboxes of a replicated step's copies: a smooth weighted round-robin.
+
+    Each pick adds every copy's weight to its credit and takes the copy with
+    the most (the first among equals), which then pays the total: over any
+    stretch each copy gets its weight's share, evenly spread. A new run starts
+    the deal afresh, so a run is dealt the same way whenever it runs. One
+    thread puts at a time (the worker before, or the reorder buffer that
+    feeds it).
+    """
+
+    def __init__(self, inboxes: Sequence[_Channel], weights: Sequence[float]) -> None:
+        self._inboxes = list(inboxes)
+        self._deal = _Deal(weights)
+        self._run: Optional[_Run] = None
+        self._dealt = 0
+
+    def put(self, job: _Job) -> None:
+        """Stamps ``job`` with its place in the deal and puts it into the next copy's inbox (may wait for room)."""
+        if job.run is not self._run:
+            self._run, self._dealt = job.run, 0
+            self._deal.restart()
+        job.dealt, self._dealt = self._dealt, self._dealt + 1
+        self._inboxes[self._deal.next()].put(job)
+
+
+class _Deal:
+    """A smooth weighted round-robin: which copy takes the next item."""
+
+    def __init__(self, weights: Sequence[float]) -> None:
+        self._weights = [float(w) for w in weights]
+        self._total = sum(self._weights)
+        self.restart()
+
+    def restart(self) -> None:
+        self._credit = [0.0] * len(self._weights)
+
+    def next(self) -> int:
+        credit = self._credit
+        for i, w in enumerate(self._weights):
+            credit[i] += w
+        pick = credit.index(max(credit))
+        credit[pick] -= self._total
+        return pick
+
+
+class _Reorder:
+    """Where a replicated step's copies put their jobs: handed on in the order they were dealt.
+
+    A copy that finishes early waits here (it does not block: the jobs held
+    are at most those in flight between the dealer and here); the next job in
+    the deal is handed on at once, on the thread that put it, so a copy
+    never waits for room behind a job that is not yet done. Jobs of a run
+    older than the newest seen are stale (their run stopped) and are dropped.
+    """
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self._lock = threading.RLock()
+        self._run: Optional[_Run] = None
+        self._next = 0
+        self._held: Dict[int, _Job] = {}
+
+    def put(self, job: _Job) -> None:
+        """Takes a copy's job; hands on every job now in order (may wait for room downstream)."""
+        with self._lock:
+            run = job.run
+            if self._run is None or run.number > self._run.number:
+                self._run, self._next, self._held = run, 0, {}
+            elif run is not self._run:
+                return
+            self._held[job.dealt] = job
+            while self._next in self._held:
+                ready = self._held.pop(self._next)
+                self._next += 1
+                if ready.seq > run.stop_after:
+                    continue  # its run stopped: no one waits for it
+                try:
+                    self._target.put(ready)
+                except _Dropped:
+                    pass
+
+
 def sleep_until(deadline: float) -> bool:
     """Sleeps until ``time.perf_counter()`` reaches ``deadline``, or the current run stops.
 
@@ -389,21 +495,33 @@ class _Core:
     finalizer stops the threads.
     """
 
-    def __init__(self, groups: List[Tuple[str, List[Step]]], queue_size: int, batch: int,
-                 tracer: Optional[Tracer]) -> None:
+    def __init__(self, groups: List[Tuple[str, List[Step]]], positions: List[List[int]], queue_size: int,
+                 batch: int, tracer: Optional[Tracer]) -> None:
         self.groups = groups
         self.batch = batch
         self.tracer = tracer
+        # channels[w]: worker w's inbox; channels[-1]: the consumer's.
         self.channels = [_Channel(i, queue_size) for i in range(len(groups) + 1)]
+        self.position = [p for p, workers in enumerate(positions) for _ in workers]
+        # What each position is fed through: its one worker's inbox, or a dealer to its copies'.
+        entries: List[Any] = [self.channels[ws[0]] if len(ws) == 1 else
+                              _Dealer([self.channels[w] for w in ws], [groups[w][1][0].weight for w in ws])
+                              for ws in positions]
+        self.entries = entries + [self.channels[-1]]
+        # What each worker puts into: the next position's entry, or after copies their reorder buffer.
+        joins = {p: _Reorder(self.entries[p + 1]) for p, ws in enumerate(positions) if len(ws) > 1}
+        self.targets = [joins.get(self.position[w], self.entries[self.position[w] + 1])
+                        for w in range(len(groups))]
         # Jobs each worker has finished with (forwarded or dropped), written by
         # that worker only: with its inbox's puts it tells whether it is idle.
         self.done = [0] * len(groups)
         # Per worker: the predicates an item must fail to pass it by, or None
         # when it takes every item (the first worker and the consumer do).
         self.skips: List[Optional[List[Callable[[Any], bool]]]] = [None]
-        for _, steps in groups[1:]:
+        for w, (_, steps) in enumerate(groups[1:], start=1):
             preds = [s.accepts for s in steps if s.accepts is not None]
-            self.skips.append(preds if len(preds) == len(steps) else None)
+            alone = len(positions[self.position[w]]) == 1
+            self.skips.append(preds if alone and len(preds) == len(steps) else None)
         self.skips.append(None)
         self.threads: List[threading.Thread] = []
         self.feeders: List[threading.Thread] = []
@@ -418,7 +536,11 @@ class _Core:
         self.closing = _Flag()
 
     def route(self, worker: int, job: _Job) -> int:
-        """The channel a job leaving ``worker`` goes to: the next worker's, or past it."""
+        """The channel a job leaving ``worker`` goes to: the next worker's, or past it.
+
+        Only a worker alone at its position, before one alone at its, routes
+        (``skips``): worker and position indices then agree.
+        """
         k = worker + 1
         while True:
             preds = self.skips[k]
@@ -428,6 +550,10 @@ class _Core:
             if any(accepts(item.payload) for item in job.items for accepts in preds):
                 return k
             k += 1
+
+    def entry(self, worker: int) -> Any:
+        """What feeds ``worker``'s position (``len(groups)``: the consumer's channel)."""
+        return self.entries[self.position[worker]] if worker < len(self.groups) else self.channels[-1]
 
     def wake(self) -> None:
         for channel in self.channels:
@@ -546,7 +672,8 @@ def _serve(core: _Core, w: int, first: int, steps: List[Step], fns: List[Callabl
     name = core.groups[w][0]
     plan = [_OpenStep(first + j, step, fn) for j, (step, fn) in enumerate(zip(steps, fns))]
     inbox, channels, done, tracer = core.channels[w], core.channels, core.done, core.tracer
-    route = core.route if core.skips[w + 1] is not None else None
+    target = core.targets[w]
+    route = core.route if core.skips[w + 1] is not None and target is channels[w + 1] else None
     current: Optional[_Run] = None
     busy: List[float] = []
     invokes: List[int] = []
@@ -564,7 +691,7 @@ def _serve(core: _Core, w: int, first: int, steps: List[Step], fns: List[Callabl
                 _run_items(job, plan, name, tracer, busy, invokes, core.invoking, w)
             if job.seq <= run.stop_after:
                 try:
-                    channels[w + 1 if route is None else route(w, job)].put(job)
+                    (target if route is None else core.entry(route(w, job))).put(job)
                 except _Dropped:
                     pass
             done[w] += 1
@@ -672,7 +799,7 @@ class Pipeline:
 
     def __init__(
         self,
-        steps: Sequence[Step],
+        steps: Sequence["Step | Replicas"],
         *,
         pipelined: bool = True,
         queue_size: int = 2,
@@ -685,14 +812,14 @@ class Pipeline:
             raise ConfigError(f"queue_size {queue_size}: each queue must hold at least 1 hand-off; use 1 or more")
         if batch < 1:
             raise ConfigError(f"batch {batch}: hand over at least 1 frame at a time; use 1 or more")
-        self._steps = list(steps)
+        self._groups, positions = _group_by_worker(steps)
+        self._steps = [step for _, group in self._groups for step in group]
+        self._positions = positions
         self._pipelined = pipelined
-        self._groups = _group_by_worker(self._steps)
-        ends = [SOURCE_TRACK] + [name for name, _ in self._groups] + ["consumer"]
-        self._queue_names = [f"{a}->{b}" for a, b in zip(ends, ends[1:])]
+        self._queue_names = _queue_names([[self._groups[w][0] for w in ws] for ws in positions])
         self._queue_size = queue_size
         self._tracer = tracer
-        self._core = _Core(self._groups, queue_size, batch, tracer)
+        self._core = _Core(self._groups, positions, queue_size, batch, tracer)
         self._lock = threading.RLock()
         self._closed = False
         self._inline: Optional[List[Callable[[Any], Any]]] = None
@@ -956,6 +1083,18 @@ class _InlineRun(Iterator[Any]):
         self._items = items
         self._seq = 0
         self._done = False
+        # Per replicated position: the steps of each copy, and the deal among them.
+        copies = [[[j for j, _ in _steps_of(pipeline, w)] for w in ws]
+                  for ws in pipeline._positions if len(ws) > 1]
+        self._deals = [(c, _Deal([pipeline._steps[steps[0]].weight for steps in c])) for c in copies]
+        self._every = set(range(len(self._fns))) - {j for c in copies for steps in c for j in steps}
+
+    def _taken(self) -> set:
+        """The steps the next item runs: every step but the copies it is not dealt to."""
+        taken = set(self._every)
+        for copies, deal in self._deals:
+            taken.update(copies[deal.next()])
+        return taken
 
     def __next__(self) -> Any:
         run = self._run
@@ -976,8 +1115,9 @@ class _InlineRun(Iterator[Any]):
             if tracer is not None:
                 tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
             recorder.item_in(t_in)
+            taken = self._taken()
             for j, (step, fn) in enumerate(zip(self._pipeline._steps, self._fns)):
-                if step.accepts is not None and not step.accepts(payload):
+                if j not in taken or (step.accepts is not None and not step.accepts(payload)):
                     continue
                 start = time.perf_counter()
                 payload = fn(payload)
@@ -1019,13 +1159,44 @@ class _InlineRun(Iterator[Any]):
             pass
 
 
-def _group_by_worker(steps: Sequence[Step]) -> List[Tuple[str, List[Step]]]:
+def _steps_of(pipeline: "Pipeline", worker: int) -> List[Tuple[int, Step]]:
+    """Worker ``worker``'s steps with their indices in the pipeline's flat list."""
+    first = sum(len(group) for _, group in pipeline._groups[:worker])
+    return list(enumerate(pipeline._groups[worker][1], start=first))
+
+
+def _queue_names(positions: List[List[str]]) -> List[str]:
+    """Each inbox's name (``a->b``; a copy's inbox is fed from what comes before its position), then the consumer's."""
+    names, before = [], SOURCE_TRACK
+    for workers in positions:
+        names += [f"{before}->{w}" for w in workers]
+        before = "+".join(workers)
+    return names + [f"{before}->consumer"]
+
+
+def _group_by_worker(steps: Sequence["Step | Replicas"]) -> Tuple[List[Tuple[str, List[Step]]], List[List[int]]]:
+    """The workers, each with its steps, and the positions of the chain, each its worker(s) by index.
+
+    Consecutive steps on one worker share it; each copy of a ``Replicas`` is
+    a worker of its own, and the copies together one position.
+
+    Raises:
+      ConfigError: If a worker's steps are not consecutive, the first step is
+        replicated, or a ``Replicas`` has fewer than two copies or a copy with ``accepts``.
+    """
     groups: List[Tuple[str, List[Step]]] = []
+    positions: List[List[int]] = []
     for step in steps:
-        if groups and groups[-1][0] == step.worker:
+        if isinstance(step, Replicas):
+            _check_replicas(step, first=not groups)
+            for copy in step.copies:
+                groups.append((copy.worker, [copy]))
+            positions.append(list(range(len(groups) - len(step.copies), len(groups))))
+        elif groups and groups[-1][0] == step.worker and len(positions[-1]) == 1:
             groups[-1][1].append(step)
         else:
             groups.append((step.worker, [step]))
+            positions.append([len(groups) - 1])
     # A worker feeding itself through the chain could deadlock: its steps must be consecutive.
     first: Dict[str, str] = {}
     for name, group in groups:
@@ -1035,4 +1206,17 @@ def _group_by_worker(steps: Sequence[Step]) -> List[Tuple[str, List[Step]]]:
                 "between them; give each device a worker of its own, e.g. cpu:1"
             )
         first[name] = group[0].name
-    return groups
+    return groups, positions
+
+
+def _check_replicas(step: Replicas, first: bool) -> None:
+    names = ", ".join(c.name for c in step.copies)
+    if len(step.copies) < 2:
+        raise ConfigError(f"replicas of {names or 'nothing'}: give at least two copies, or the step alone")
+    if first:
+        raise ConfigError(f"replicas of {names}: the first step takes every item as it comes (a live source "
+                          "keeps the newest); put a step before the copies")
+    if any(c.accepts is not None for c in step.copies):
+        raise ConfigError(f"replicas of {names}: a copy takes every item dealt to it; drop its accepts")
+    if any(not (c.weight > 0 and math.isfinite(c.weight)) for c in step.copies):
+        raise ConfigError(f"replicas of {names}: each copy's weight must be a positive finite share")

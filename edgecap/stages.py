@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import sys
 import threading
 import time
@@ -39,6 +40,10 @@ _PR_SET_TIMERSLACK = 29  # linux/prctl.h
 # at a time, each after every USB TPU is out of its bootloader.
 _TPU_OPENING = threading.RLock()
 _depth = 0
+# Segment SHA-256 -> whether it is EdgeTPU-compiled, for each file content that passed the verifier.
+_COMPILED: Dict[str, bool] = {}
+_CHECKING = threading.Lock()
+_CHECK_LOCKS: Dict[str, threading.Lock] = {}
 
 Tensors = Dict[str, np.ndarray]
 
@@ -221,17 +226,7 @@ def open_stage(
     truth_pace = emulation.pace(stage, spec, pace_ms, bus) if paced else None
     opened = stage.compiled_segment if spec.kind == "tpu" else stage.segment
     if opened is not None and not (timing_only and paced):
-        # Not every interpreter verifies what it parses (ai-edge-litert 1.4,
-        # tflite_runtime, libedgetpu's): a corrupt segment would crash it.
-        fix = "re-run `edgecap compile` to rewrite the plan's segments"
-        data = files.read_bytes(opened, what="segment", fix=fix, kind="model", error=PlanError)
-        if verify_tflite(data, str(opened), error=PlanError, fix=fix).edgetpu_compiled and spec.kind != "tpu":
-            raise PlanError(
-                f"stage {stage.index} on {spec}: {opened.name} is EdgeTPU-compiled (its edgetpu-custom-op "
-                "cannot run on a CPU): an emulated run of it is timing-only (paced to predicted_ms, "
-                "outputs zeros); run timing-only, or on a real EdgeTPU")
-        if spec.kind != "tpu":  # a segment the verifier passes may still crash a kernel: a child runs it first
-            trial_invoke.check(data, opened, error=PlanError, fix=fix)
+        _check_segment(stage, spec, opened)
     if timing_only and paced:
         return SegmentRunner(stage, None, pace_ms, truth_pace)
     if spec.kind == "tpu":
@@ -244,6 +239,31 @@ def open_stage(
         return SegmentRunner(stage, _open_edgetpu(spec, stage), pace_ms)
     return SegmentRunner(stage, _bind(interpreter.make_cpu_interpreter(stage.segment, num_threads), stage), pace_ms,
                          truth_pace)
+
+
+def _check_segment(stage: Stage, spec: DeviceSpec, opened: Path) -> None:
+    """Verifies a segment file, and on a CPU runs its first invoke in a child, once per content.
+
+    Not every interpreter verifies what it parses (ai-edge-litert 1.4,
+    tflite_runtime, libedgetpu's): a corrupt segment would crash it. A
+    replicated stage's copies open the same file, each in its own thread at
+    once: one verifies it, the others wait and take its answer.
+    """
+    fix = "re-run `edgecap compile` to rewrite the plan's segments"
+    data = files.read_bytes(opened, what="segment", fix=fix, kind="model", error=PlanError)
+    digest = hashlib.sha256(data).hexdigest()
+    with _CHECKING:
+        lock = _CHECK_LOCKS.setdefault(digest, threading.Lock())
+    with lock:
+        if digest not in _COMPILED:
+            _COMPILED[digest] = verify_tflite(data, str(opened), error=PlanError, fix=fix).edgetpu_compiled
+        if _COMPILED[digest] and spec.kind != "tpu":
+            raise PlanError(
+                f"stage {stage.index} on {spec}: {opened.name} is EdgeTPU-compiled (its edgetpu-custom-op "
+                "cannot run on a CPU): an emulated run of it is timing-only (paced to predicted_ms, "
+                "outputs zeros); run timing-only, or on a real EdgeTPU")
+        if spec.kind != "tpu":  # a segment the verifier passes may still crash a kernel: a child runs it first
+            trial_invoke.check(data, opened, error=PlanError, fix=fix)
 
 
 @contextlib.contextmanager

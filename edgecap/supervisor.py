@@ -559,14 +559,17 @@ class Supervisor:
 
 def _clock_prior(start: Choice) -> Dict[str, adapt.Correction]:
     """The start plan's USB TPUs at the clock libedgetpu gives them (``libedgetpu1-std``: 250 MHz, half
-    the profiles' 500): a correction of their compute and invoke time, before anything is measured."""
+    the profiles' 500): a correction of their compute and invoke time, before anything is measured.
+
+    A replicated stage's copies count too: a correction is keyed by device, and the
+    pricing applies a device's correction to its copy as to a stage."""
     from edgecap import edgetpu_runtime
 
     speed = edgetpu_runtime.usb_speed(edgetpu_runtime.usb_clock())
     if speed == 1.0:
         return {}
-    return {s.device: adapt.Correction(speed=speed) for s in start.plan.active_stages
-            if s.spec.kind == "tpu" and s.cost is not None and (s.cost.link or "").startswith("usb")}
+    return {c.device: adapt.Correction(speed=speed) for s in start.plan.active_stages for c in s.copies
+            if c.spec.kind == "tpu" and c.cost is not None and (c.cost.link or "").startswith("usb")}
 
 
 def _board_workers(start: Choice, tpus: List[DeviceSpec]) -> Dict[DeviceSpec, DeviceSpec]:

@@ -21,6 +21,7 @@ from edgecap.plans.compiler import plan_for_board
 from edgecap.plans.pricing import Correction, price
 from edgecap.sources import open_source
 from edgecap.supervisor import _board_workers
+from tests.pipeline_boards import pipeline_board
 
 
 @pytest.fixture(scope="module")
@@ -170,13 +171,13 @@ def bundle(shipped_bundle):
 
 @pytest.fixture(scope="module")
 def start(bundle):
-    return choose(bundle, CaptionerOptions(board="devboard-usb", timing_only=True))
+    return choose(bundle, CaptionerOptions(board=pipeline_board("devboard-usb"), timing_only=True))
 
 
 def test_a_plan_split_under_corrections_keeps_the_profiles_predictions(bundle):
-    nominal = plan_for_board(bundle, "devboard-usb")
+    nominal = plan_for_board(bundle, pipeline_board("devboard-usb"))
     slow = {"pci:0": Correction(0.25)}
-    corrected = plan_for_board(bundle, "devboard-usb", corrections=slow)
+    corrected = plan_for_board(bundle, pipeline_board("devboard-usb"), corrections=slow)
     assert [s.device for s in corrected.active_stages] != [s.device for s in nominal.active_stages]
     # Its predictions are the profile's: what is measured is compared with them, and emulation paces to them.
     for stage in corrected.active_stages:
@@ -190,12 +191,12 @@ def test_a_plan_split_under_corrections_keeps_the_profiles_predictions(bundle):
     assert price(corrected, slow).period_ms < price(nominal, slow).period_ms / 1.05
     assert price(corrected).prediction() == corrected.predicted
     # No correction at all is the plan as compiled for the profile.
-    assert plan_for_board(bundle, "devboard-usb", corrections={}).stages == nominal.stages
+    assert plan_for_board(bundle, pipeline_board("devboard-usb"), corrections={}).stages == nominal.stages
 
 
 def test_the_plan_best_under_the_corrections_runs_on_the_devices_own_workers(bundle, start):
     workers = _board_workers(start, planner.board_tpus(start))
-    options = CaptionerOptions(board="devboard-usb", timing_only=True)
+    options = CaptionerOptions(board=pipeline_board("devboard-usb"), timing_only=True)
     assert choose_measured(bundle, options, start, {}, BundlePlans(), workers, 0.05) is None
     # Measured as the model says (within the margin): no switch.
     assert choose_measured(bundle, options, start, {"pci:0": Correction(1 / 1.03)}, BundlePlans(), workers,
@@ -213,7 +214,7 @@ def test_on_real_tpus_only_plans_edgetpu_compiler_compiled_are_chosen(bundle, st
     from edgecap.devices import DeviceSpec
 
     real = {DeviceSpec("tpu", 0, bus): DeviceSpec("tpu", 0, bus) for bus in ("pci", "usb")}
-    options = CaptionerOptions(board="devboard-usb")
+    options = CaptionerOptions(board=pipeline_board("devboard-usb"))
     # The re-partition made here has no compiled segments (no edgetpu_compiler): not for a real TPU.
     assert choose_measured(bundle, options, start, {"pci:0": Correction(0.25)}, BundlePlans(), real, 0.05) is None
 
@@ -298,7 +299,7 @@ def _one_refit(board: str, start, slow: Dict[str, float]) -> Dict[str, Correctio
 
 def test_the_cpus_rnn_steps_are_its_time_when_it_runs_no_cnn_stage(bundle):
     # Coral's default, the whole CNN on pci:0: the CPU runs the RNN steps only.
-    plan = plan_for_board(bundle, "devboard-usb", whole_on_tpu=True)
+    plan = plan_for_board(bundle, pipeline_board("devboard-usb"), whole_on_tpu=True)
     start = choose(bundle, CaptionerOptions(plan=plan, emulate=True, timing_only=True))
     assert "cpu" not in start.workers
     corrections = _one_refit("devboard-usb", start, {"cpu": 3.0})
@@ -335,7 +336,7 @@ def test_an_adapter_that_may_not_switch_only_measures(start):
 def test_a_healthy_emulated_board_never_switches(shipped_bundle, frames, monkeypatch, tmp_path):
     monkeypatch.delenv(TRUTH, raising=False)
     store = tmp_path / "corrections.json"
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", timing_only=True, corrections=store) as cap:
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), timing_only=True, corrections=store) as cap:
         assert _run(cap, frames, 1200) == 1200
         stats = cap.stats()
     assert stats.switches == 0 and not stats.failovers and stats.corrections == {}
@@ -353,7 +354,7 @@ def test_an_isolated_emulated_stage_is_not_measured_by_this_hosts_clock(shipped_
     # Its worker process paces it and reports the paced time: the wall time seen here
     # adds this host's load and the IPC, and must not be learned as the board's.
     monkeypatch.delenv(TRUTH, raising=False)
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", timing_only=True, isolate=True,
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), timing_only=True, isolate=True,
                        corrections=tmp_path / "corrections.json") as cap:
         _run(cap, frames, 200)
         stats = cap.stats()
@@ -368,7 +369,7 @@ def test_a_slowed_tpu_is_left_for_the_plan_best_for_the_board_and_remembered(shi
                                                                                  monkeypatch, tmp_path):
     monkeypatch.setenv(TRUTH, "pci:0=speed:0.25")
     store = tmp_path / "corrections.json"
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", timing_only=True, corrections=store) as cap:
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), timing_only=True, corrections=store) as cap:
         assert [r.stage.device for r in cap.choice.stages][0] == "pci:0"
         _run(cap, frames, 1200)
         stats = cap.stats()
@@ -382,7 +383,7 @@ def test_a_slowed_tpu_is_left_for_the_plan_best_for_the_board_and_remembered(shi
     assert stats.corrections["pci:0"]["compute_scale"] == pytest.approx(1 / stats.corrections["pci:0"]["speed"],
                                                                        rel=1e-3)
     # The next start begins on the plan best under what was learned.
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", timing_only=True, corrections=store) as cap:
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), timing_only=True, corrections=store) as cap:
         assert cap.choice.how == "measured" and cap.choice.reason.startswith("learned corrections")
         assert "pci:0" not in {r.stage.device for r in cap.choice.stages}
 

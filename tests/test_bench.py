@@ -38,46 +38,56 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     table = capsys.readouterr().out
     assert "== devboard-usb (emulated)" in table and "== host" in table
     assert "scheduler overhead" in table and "sequential vs pipelined" in table
-    assert [x["invokes"] for x in json.loads(out.read_text())["host_scaling"]] == [1, 4, 16]
+    assert "paper" in table and "54.9x" in table and "goals, devboard-usb" in table
     result = json.loads(out.read_text())
+    assert [x["invokes"] for x in result["host_scaling"]] == [1, 4, 16]
+    assert [p["fps"] for p in result["published"]] == [59.0]
     rows = {(r["profile"], r["schedule"]): r for r in result["rows"]}
-    board = "devboard-usb (emulated)"
+    assert all(r["same_captions"] for r in result["rows"] if "timing-only" not in r["schedule"])
+    _check_board_rows(rows, "devboard-usb (emulated)")
+    _check_host_rows(rows, result)
+    for path in (png, tmp_path / "bench-timeline.png"):
+        assert path.stat().st_size > 1000
+
+
+def _check_board_rows(rows, board):
+    """The emulated board's rows: every schedule, the CPU path's features, placements and the modelled bound."""
     assert {s for p, s in rows if p == board} == {"a", "b", "e", "c", "d", "d timing-only"}
+    assert rows[(board, "a")]["speedup"] == 1.0
+    ours = [r for (p, _), r in rows.items() if p == board]
+    # Every board row's segments were chained on the CPU and gave its features bit for bit.
+    assert all(r["same_features"] for r in ours)
+    # The equal-parameter split leaves the CPU only the RNN: its CNN is all on the TPUs.
+    assert set(rows[(board, "e")]["placement"]) == {"pci:0", "usb:0"}
+    placement = rows[(board, "d")]["placement"]
+    # The devboard-usb plan names its TPUs by bus (pci:0 on PCIe, usb:0 on USB), one emulated
+    # TPU each (the demo's CNN runs as copies on both).
+    assert placement["pci:0"] == "emu-tpu:0" and placement.get("usb:0", "emu-tpu:1") == "emu-tpu:1"
+    # Emulation paces to the board's predictions: never faster than the bound, which is the
+    # pricing function's for the plan that runs (copies included).
+    for r in ours:
+        assert 0 < r["fps"] <= r["bound_fps"] * 1.01
+        assert 0 < r["of_bound"] <= 1.01
+    # The pipeline on the emulated board beats the sequential CPU by a wide margin.
+    assert rows[(board, "d")]["speedup"] > 2
+
+
+def _check_host_rows(rows, result):
+    """The host rows: the host plan's schedules, each on the compiler's plan for the host."""
     # On the host plan (one CPU stage) b, c and e would be a again: sequential, nothing to place.
     assert {s for p, s in rows if p == "host"} == {
         "a 1 thread", "a all cores", "d threads", "d one CNN worker", "d threads, batched 8",
         "d one CNN worker, batched 8", f"edgecap host plan ({result['host_choice']['kind']})"}
-    assert rows[(board, "a")]["speedup"] == 1.0
-    assert all(r["same_captions"] for r in result["rows"] if "timing-only" not in r["schedule"])
-    # Every board row's segments were chained on the CPU and gave its features bit for bit.
-    assert all(r["same_features"] for r in result["rows"] if r["profile"] == board)
-    # The equal-parameter split leaves the CPU only the RNN: its CNN is all on the TPUs.
-    assert set(rows[(board, "e")]["placement"]) == {"pci:0", "usb:0"}
-    assert "paper" in table and "54.9x" in table and "goals, devboard-usb" in table
-    placement = rows[(board, "d")]["placement"]
-    # The devboard-usb plan names its TPUs by bus (pci:0 on PCIe, usb:0 on USB), one emulated
-    # TPU each; on the v2 profiles the demo encoder's plan leaves the USB TPU empty.
-    assert placement["pci:0"] == "emu-tpu:0" and placement.get("usb:0", "emu-tpu:1") == "emu-tpu:1"
     # Host rows run the compiler's plan for the host (no TPU: the CNN on the CPU),
     # not the board's, cut for TPU invoke overhead (issue #7).
     assert {r["plan_board"] for r in result["rows"] if r["profile"] == "host"} == {"host"}
     assert rows[("host", "d threads")]["placement"] == {"cpu": "cpu"}
     assert rows[("host", "d one CNN worker")]["placement"] == {"cpu": "cpu:1"}
-    assert [p["fps"] for p in result["published"]] == [59.0]
-    # Emulation paces to the board's predictions: never faster than the bound.
-    for r in result["rows"]:
-        if r["profile"] == board:
-            assert 0 < r["fps"] <= r["bound_fps"] * 1.01
-            assert 0 < r["of_bound"] <= 1.01
-    # The pipeline on the emulated board beats the sequential CPU by a wide margin.
-    assert rows[(board, "d")]["speedup"] > 2
-    for path in (png, tmp_path / "bench-timeline.png"):
-        assert path.stat().st_size > 1000
 
 
 @pytest.mark.parametrize("stride, sequential_ms, pipelined_ms", [
-    # pci:0 2.0 ms, cpu 1.5 ms of which the RNN step 0.5 ms; 8-frame windows:
-    # the runtime steps the RNN 8 / stride times a frame.
+    # pci:0 2.0 ms, cpu 1.0 ms and the RNN step 0.5 ms; 8-frame windows:
+    # the runtime steps the RNN 8 / stride times a frame, and the plan made for that window charges it so.
     (8, 2.0 + 1.5, 2.0),
     (4, 2.0 + 1.0 + 2 * 0.5, 2.0),
     (2, 2.0 + 1.0 + 4 * 0.5, 1.0 + 4 * 0.5),
@@ -85,14 +95,36 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
 ])
 def test_bound_charges_the_rnn_step_once_per_open_window(shipped_bundle, stride, sequential_ms,
                                                          pipelined_ms):
-    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb", tpus=1)
-    assert [s.device for s in plan.stages] == ["pci:0", "cpu"]
-    times = {"pci:0": 2.0, "cpu": 1.5}
-    plan = dataclasses.replace(plan, rnn_ms=0.5, stages=tuple(
-        dataclasses.replace(s, predicted_ms=times[s.device]) for s in plan.stages))
     window = WindowSpec(frames=8, stride=stride, sample_fps=0)
-    assert _bound_fps(plan, False, window) == pytest.approx(1000 / sequential_ms)
-    assert _bound_fps(plan, True, window) == pytest.approx(1000 / pipelined_ms)
+    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb", tpus=1, window=window, replicas=False)
+    assert [s.device for s in plan.stages] == ["pci:0", "cpu"]
+    assert plan.rnn_steps_per_frame == 8 / stride
+    # The bound is the pricing function's: times as the stages predict them, no CPU work besides.
+    times = {"pci:0": 2.0, "cpu": 1.0 + 0.5 * plan.rnn_steps_per_frame}
+    plan = dataclasses.replace(plan, rnn_ms=0.5, cpu_frame=None, stages=tuple(
+        dataclasses.replace(s, predicted_ms=times[s.device], cost=None) for s in plan.stages))
+    assert _bound_fps(plan, False) == pytest.approx(1000 / sequential_ms)
+    assert _bound_fps(plan, True) == pytest.approx(1000 / pipelined_ms)
+
+
+def test_rows_that_ran_fewer_frames_compare_the_windows_both_captioned():
+    from edgecap_lab.bench import _same_windows
+
+    # A row whose bound is slow runs fewer frames (row_seconds): its windows are the others' first ones.
+    assert _same_windows([[1, 2], [3]], [[1, 2], [3], [4]]) and _same_windows([[1, 2], [3], [4]], [[1, 2], [3]])
+    assert not _same_windows([[1, 2], [5]], [[1, 2], [3], [4]])
+    assert not _same_windows([], [[1]])
+
+
+def test_the_bound_under_an_emulated_truth_is_where_the_plan_settles(shipped_bundle, monkeypatch):
+    from edgecap import emulation
+
+    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb")
+    assert any(s.replicas for s in plan.active_stages)  # the demo's CNN as copies
+    as_profiled = _bound_fps(plan, True)
+    monkeypatch.setenv(emulation.ENV, "pci:0=speed:0.2;usb:0=speed:0.2;cpu=speed:0.2")
+    assert _bound_fps(plan, True) == pytest.approx(emulation.steady_fps(plan, emulation.current()))
+    assert _bound_fps(plan, True) == pytest.approx(as_profiled * 0.2)  # every device 5x slower
 
 
 @pytest.mark.slow
@@ -119,7 +151,8 @@ def test_null_stage_overhead_is_measured():
 def test_board_name_plans_on_the_fly_with_emulated_tpus(shipped_bundle):
     with EdgeCaptioner(shipped_bundle, board="devboard-usb") as cap:
         assert cap.plan.board == "devboard-usb"
-        assert set(cap.devices.values()) <= {"emu-tpu:0", "emu-tpu:1", "cpu"}
+        # The demo runs copies of its CNN: on both TPUs, and the CPU takes whole frames on a worker of its own.
+        assert set(cap.devices.values()) <= {"emu-tpu:0", "emu-tpu:1", "cpu", "cpu:1"}
         assert "emu-tpu:0" in cap.devices.values()
 
 

@@ -78,22 +78,45 @@ def test_every_row_checks_the_search_against_brute_force_and_the_baselines(monke
     # One board of each kind: no bus, a bus over 2 TPUs, 4 TPUs (no brute force).
     boards = ["devboard-usb", "rpi4-2usb", "pc-4tpu-pcie"]
     assert set(boards) <= set(benchmark.BOARDS)
-    doc = benchmark.benchmark(["tiny"], boards, shipped_bundle / "rnn_encoder_step.tflite")
+    doc = benchmark.benchmark(["tiny"], boards, shipped_bundle / "rnn_encoder_step_int8.tflite",
+                              bundles=[shipped_bundle])
     assert [r["board"] for r in doc["rows"]] == boards
+    # The demo's own encoder joins the schedules table, on each of those boards it runs.
+    assert [(r["model"], r["board"]) for r in doc["bundle_rows"]] == [("demo (bundle)", b) for b in boards]
     for r in doc["rows"]:
-        assert r["bit_exact"] and r["tpus"] == r["board_tpus"]
-        # Brute force up to 2 TPUs (the 4-TPU card's cut sets would take too long).
-        assert (r["ours_is_optimal"] is None) == (r["tpus"] > benchmark.EXHAUSTIVE_TPUS)
-        ours = r["ours"]["bottleneck_ms"]
-        for baseline in ("ours_profile_order", "equal_param", "balanced_tpu", "one_tpu",
-                         "ours_without_bus_under_bus"):
-            assert ours <= r[baseline]["bottleneck_ms"] * (1 + 1e-9), baseline
-        if r["exhaustive"] is not None:
-            assert r["ours_is_optimal"]
-            assert sorted(r["ours"]["devices"]) == sorted(r["exhaustive"]["devices"])
-        # A board with a shared bus counts it in every bottleneck.
-        assert bool(r["buses"]) == (r["board"] != "devboard-usb")
-        assert r["ours"]["bottleneck_ms"] >= r["ours"]["bus_ms"]
+        _check_pipeline_row(r)
+    for r in [*doc["rows"], *doc["bundle_rows"]]:
+        _check_schedules(r)
     text = benchmark.markdown(doc)
+    assert "## Schedules" in text and "demo (bundle)" in text and "replicate-slowest" in text
     assert "balanced TPU-only" in text and "ours = optimum on every row brute force ran on" in text
-    assert "NOT met" not in text.split("; ours <=")[0]
+    (goals,) = [line for line in text.splitlines() if line.startswith("Goals: ours = optimum")]
+    assert "NOT met" not in goals.split("; ours <=")[0]
+
+
+def _check_pipeline_row(r: dict) -> None:
+    """The pipeline search's row: bit-exact segments, brute force where it ran, no pipeline baseline better."""
+    assert r["bit_exact"] and r["tpus"] == r["board_tpus"]
+    # Brute force up to 2 TPUs (the 4-TPU card's cut sets would take too long).
+    assert (r["ours_is_optimal"] is None) == (r["tpus"] > benchmark.EXHAUSTIVE_TPUS)
+    ours = r["ours"]["bottleneck_ms"]
+    for baseline in ("ours_profile_order", "equal_param", "balanced_tpu", "one_tpu",
+                     "ours_without_bus_under_bus"):
+        assert ours <= r[baseline]["bottleneck_ms"] * (1 + 1e-9), baseline
+    if r["exhaustive"] is not None:
+        assert r["ours_is_optimal"]
+        assert sorted(r["ours"]["devices"]) == sorted(r["exhaustive"]["devices"])
+    # A board with a shared bus counts it in every bottleneck.
+    assert bool(r["buses"]) == (r["board"] != "devboard-usb")
+    assert r["ours"]["bottleneck_ms"] >= r["ours"]["bus_ms"]
+
+
+def _check_schedules(r: dict) -> None:
+    """The compiler's schedule (with the CPU's own work a frame) is no slower than the best
+    pipeline or any of the four baselines priced the same way."""
+    c = r["schedules"]
+    ours = c["ours"]["bottleneck_ms"]
+    for key in ("pipeline", *benchmark.BASELINES):
+        assert c[key] is None or ours <= c[key]["bottleneck_ms"] * (1 + 1e-6), (r["model"], r["board"], key)
+    assert c["ours_over_best_baseline"] <= 1 + 1e-6
+    assert c["ours_without_cpu_frame"]["bottleneck_ms"] <= ours * (1 + 1e-6)

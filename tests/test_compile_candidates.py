@@ -14,13 +14,12 @@ import pytest
 from edgecap.bundle import load_bundle
 from edgecap.cli import main as cli_main
 from edgecap.cli import run as main
-from edgecap.plans.plan import load_plan
+from edgecap.plans.plan import CpuFrame, load_plan
 from edgecap.plans.pricing import CPU, price
-from edgecap_compile import scenario_plans
+from edgecap_compile import scenario_plans, schedules
 from edgecap_compile.boards import BOARDS_DIR, PRICES, load_board
 from edgecap_compile.cost_model import CostModel
 from edgecap_compile.graph import read_graph
-from edgecap_compile.partitioner import partition
 from edgecap_compile.plan import plan_devices
 
 from test_compile_edgetpu import stand_in  # noqa: F401 (a fixture: edgetpu_compiler on PATH)
@@ -41,10 +40,25 @@ def _profile(tmp_path: Path, name: str = BOARD, change=None) -> Path:
     return path
 
 
-def _compile(bundle: Path, board: Path, *flags: str, capsys) -> dict:
+def _compile(bundle: Path, board: Path, *flags: str, capsys, pipeline_only: bool = True) -> dict:
+    # Pipelines: the profile below makes the demo CNN span both TPUs, with many
+    # near-optimal cuts to rank (copies of the whole CNN would leave one candidate).
     capsys.readouterr()
-    assert main(["compile", str(bundle), "--board", str(board), "--into-bundle", "--json", *flags]) == 0
+    assert main(["compile", str(bundle), "--board", str(board), "--into-bundle", "--json", *flags,
+                 *(["--pipeline-only"] if pipeline_only else [])]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def test_candidates_with_replicas_load_and_cover_a_missing_tpu(bundle_copy, tmp_path, capsys):
+    from edgecap.plans.plan import load_plan
+
+    doc = _compile(bundle_copy, _profile(tmp_path), "--candidates", "4", capsys=capsys, pipeline_only=False)
+    best = load_plan(bundle_copy / "plans" / BOARD)
+    assert any(s.replicas for s in best.stages)  # the CNN copied on both TPUs (and the CPU)
+    written = [load_plan(bundle_copy / "plans" / BOARD / "candidates" / w["name"])
+               for w in doc["candidates"]["written"]]
+    # A plan for the board with a TPU missing is among them.
+    assert any(p.board_tpus == 1 for p in written), [w["why"] for w in doc["candidates"]["written"]]
 
 
 def _files(folder: Path):
@@ -98,7 +112,7 @@ def test_the_caps_bound_the_count_and_the_bytes_and_zero_removes_them(bundle_cop
 
 def test_compile_prints_the_growth_and_validate_lists_the_candidates(bundle_copy, tmp_path, capsys):
     assert main(["compile", str(bundle_copy), "--board", str(_profile(tmp_path)), "--into-bundle",
-                 "--candidates", "4"]) == 0
+                 "--candidates", "4", "--pipeline-only"]) == 0
     out = capsys.readouterr().out
     assert "candidates: 4 in " in out and " MB to the bundle (" in out and "--candidates 4" in out
     assert out.count("TPU(s), predicted ") == 4
@@ -152,15 +166,16 @@ def _changed_profile(tmp_path: Path, board, case: scenario_plans.Scenario) -> Pa
 def test_every_scenario_is_served_within_the_gain_that_ends_the_list(shipped_bundle, tmp_path):
     # Uncapped, the list ends only where no plan speeds a scenario up by MIN_GAIN:
     # so for every scenario, best or candidate is within that of the optimum of a
-    # profile that really differs so (found by the partitioner, not by candidates).
+    # profile that really differs so (found by the search over pipelines, not by candidates).
     bundle = load_bundle(shipped_bundle)
     from edgecap_compile.compiler import compile_model
 
     board = load_board(str(_profile(tmp_path)))
-    best = compile_model(bundle, board, tmp_path / "best").plan
+    best = compile_model(bundle, board, tmp_path / "best", replicas=False).plan
     graph = read_graph(bundle.encoder)
     window = (bundle.window.frames, bundle.window.stride)
-    chosen = [best, *(c.plan for c in scenario_plans.choose(graph, "encoder.tflite", board, best, window))]
+    chosen = [best, *(c.plan for c in scenario_plans.choose(graph, "encoder.tflite", board, best, window,
+                                                            replicas=False))]
     cases = scenario_plans.scenarios(board)
     # As profiled, each TPU at 3 speeds and on a slower link, the CPU at 2 speeds; one TPU only.
     assert len(cases) == 1 + 2 * 4 + 2 + 1
@@ -168,8 +183,10 @@ def test_every_scenario_is_served_within_the_gain_that_ends_the_list(shipped_bun
         changed = load_board(str(_changed_profile(tmp_path, board, case)))
         cpu_speed = case.corrections.get(CPU).speed if CPU in case.corrections else 1.0
         model = CostModel(graph, [*changed.tpus, changed.cpu], best.rnn_ms / cpu_speed, window=window)
-        optimum = partition([model.matrix(k) for k in range(len(model.devices))],
-                            tpus=len(changed.tpus)).bottleneck_ms
+        # The CPU's own work a frame, as profiled, at the scenario's CPU speed (as the pricing charges it).
+        frame = CpuFrame(best.cpu_frame.preprocess_ms / cpu_speed, best.cpu_frame.handoff_ms / cpu_speed)
+        optimum = schedules.search([model.matrix(k) for k in range(len(model.devices))], len(changed.tpus),
+                                   frame=frame, copies=False).bottleneck_ms
         runs = [p for p in chosen if all(s.device in plan_devices(board)[:case.tpus]
                                          for s in p.active_stages if s.spec.kind == "tpu")]
         served = min(price(p, case.corrections).period_ms for p in runs)

@@ -59,9 +59,13 @@ def _assert_stages_cover_the_model_in_order(plan: dict) -> None:
 
 
 def _assert_prediction_is_the_stages(plan: dict) -> None:
-    """The plan's bottleneck, latency and fps are the max, the sum and the rate of its stages' times."""
+    """The plan's bottleneck, latency and fps are the max, the sum and the rate of its stages' times,
+    the CPU's (the last stage's) with its own work a frame: preprocessing and a hand-off per stage run."""
     pred = plan["predicted"]
     ms = [s["predicted_ms"] for s in plan["stages"]]
+    frame = plan.get("cpu_frame", {"preprocess_ms": 0.0, "handoff_ms": 0.0})
+    stages = sum(1 for s in plan["stages"][:-1] if s["ops"][1] > s["ops"][0]) + 1
+    ms[-1] += frame["preprocess_ms"] + frame["handoff_ms"] * stages
     assert pred["bottleneck_ms"] == pytest.approx(max(ms), abs=1e-3)
     assert pred["latency_ms"] == pytest.approx(sum(ms), abs=1e-3)
     assert pred["fps"] == pytest.approx(1e3 / max(ms), rel=1e-3)
@@ -95,7 +99,8 @@ def _assert_segments_reproduce_the_model(out: Path, plan: dict) -> None:
 
 def test_plan_follows_the_contract_and_its_segments_reproduce_the_model(tmp_path):
     out = tmp_path / "out"
-    plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "-o", out)
+    plan = _compile(MODEL, "--board", _slow_cpu_board(tmp_path), "--sram", "20000", "--pipeline-only",
+                    "-o", out)
     assert plan["plan_version"] == 1
     assert plan["model"]["file"] == MODEL.name and plan["model"]["ops"] == 21
     assert plan["board"] == {"name": "devboard-usb", "version": load_board("devboard-usb").version, "tpus": 2}
@@ -112,7 +117,7 @@ def test_cpu_only_and_more_tpus_than_the_profile(tmp_path):
     plan = _compile(MODEL, "--board", "devboard-usb", "--tpus", "0", "-o", tmp_path / "a")
     assert [(s["device"], s["ops"]) for s in plan["stages"]] == [("cpu", [0, 21])]
     assert plan["sram_bytes"] is None
-    plan = _compile(MODEL, "--board", "rpi4-2usb", "--tpus", "4", "-o", tmp_path / "b")
+    plan = _compile(MODEL, "--board", "rpi4-2usb", "--tpus", "4", "--pipeline-only", "-o", tmp_path / "b")
     # TPUs beyond the profile copy its last one, a USB Accelerator.
     assert [s["device"] for s in plan["stages"]] == ["usb:0", "usb:1", "usb:2", "usb:3", "cpu"]
 

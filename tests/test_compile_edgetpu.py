@@ -148,7 +148,7 @@ def _written(result) -> dict:
 
 def test_compiles_each_tpu_segment_and_records_the_log(stand_in, tmp_path):
     board = _slow_cpu_board(tmp_path, "devboard-usb")
-    plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000,
+    plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000, replicas=False,
                                   min_runtime_version=13))
     calls = [json.loads(line) for line in stand_in.read_text().splitlines()]
     assert [s["device"] for s in plan["stages"]] == ["pci:0", "usb:0", "cpu"]
@@ -179,7 +179,7 @@ def test_a_segment_streaming_more_than_predicted_is_resplit(stand_in, tmp_path, 
     board.write_text(json.dumps(profile))
     monkeypatch.setenv("STAND_IN_CACHE_BYTES", "2000")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
-        compile_model(MODEL, str(board), tmp_path / "out", sram=60_000)
+        compile_model(MODEL, str(board), tmp_path / "out", sram=60_000, replicas=False)
     calls = [json.loads(line) for line in stand_in.read_text().splitlines()]
     plan = _written_dir(tmp_path / "out")
     tpu_stages = [s for s in plan["stages"] if s["device"] != "cpu" and s["segment"]]
@@ -220,13 +220,13 @@ def _slow_pcie_board(tmp_path: Path, link_bytes_per_s: float = None) -> str:
 def test_the_plan_names_the_tpus_in_the_order_the_split_runs_them(tmp_path):
     from edgecap.plans.plan import load_plan
 
-    result = compile_model(MODEL, _slow_pcie_board(tmp_path), tmp_path / "out", sram=20_000)
+    result = compile_model(MODEL, _slow_pcie_board(tmp_path), tmp_path / "out", sram=20_000, replicas=False)
     plan = load_plan(result.plan_path)  # the runtime reads it
     assert [s.device for s in plan.stages] == ["usb:0", "pci:0", "cpu"]
     assert not plan.stages[0].empty and plan.board_tpus == 2
     # The same cuts in the profile's order (a fixed split keeps it) are slower.
     fixed = compile_model(MODEL, _slow_pcie_board(tmp_path), tmp_path / "fixed", sram=20_000,
-                          ranges=[s.ops for s in plan.stages]).plan
+                          ranges=[s.ops for s in plan.stages], replicas=False).plan
     assert [s.device for s in fixed.stages] == ["pci:0", "usb:0", "cpu"]
     assert fixed.predicted.bottleneck_ms > plan.predicted.bottleneck_ms
 
@@ -239,7 +239,7 @@ def test_a_resplit_lowers_the_budget_of_the_tpu_that_ran_the_segment(stand_in, t
     monkeypatch.setenv("STAND_IN_CACHE_BYTES", "2000")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
         result = compile_model(MODEL, _slow_pcie_board(tmp_path, 1e6), tmp_path / "out",
-                               sram=60_000)
+                               sram=60_000, replicas=False)
     warned = [r.getMessage().split(": ")[0] for r in caplog.records
               if "more than predicted" in r.getMessage()]
     assert warned[0] == "tpu:1"
@@ -252,7 +252,7 @@ def test_a_fixed_split_is_not_resplit(stand_in, tmp_path, monkeypatch):
     board = _slow_cpu_board(tmp_path, "devboard")
     n = len(read_graph(MODEL).ops)
     monkeypatch.setenv("STAND_IN_CACHE_BYTES", "1000")
-    plan = _written(compile_model(MODEL, board, tmp_path / "out", ranges=[(0, n), (n, n)]))
+    plan = _written(compile_model(MODEL, board, tmp_path / "out", ranges=[(0, n), (n, n)], replicas=False))
     assert len(stand_in.read_text().splitlines()) == 1
     assert plan["stages"][0]["edgetpu"]["off_chip_bytes"] > 0
 
@@ -273,10 +273,10 @@ def test_ops_left_on_the_cpu_are_reported_and_priced(stand_in, tmp_path, monkeyp
     graph = read_graph(MODEL)
     n = len(graph.ops)
     assert graph.ops[-1].type == "FULLY_CONNECTED"
-    clean = _written(compile_model(MODEL, board, tmp_path / "clean", ranges=[(0, n), (n, n)]))
+    clean = _written(compile_model(MODEL, board, tmp_path / "clean", ranges=[(0, n), (n, n)], replicas=False))
     monkeypatch.setenv("STAND_IN_FALLBACK", "1")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
-        plan = _written(compile_model(MODEL, board, tmp_path / "out", ranges=[(0, n), (n, n)]))
+        plan = _written(compile_model(MODEL, board, tmp_path / "out", ranges=[(0, n), (n, n)], replicas=False))
     stage = plan["stages"][0]
     assert stage["device"] == "pci:0" and stage["edgetpu"]["compiled"]
     assert stage["edgetpu"]["cpu_ops"][0]["op"] == "FULLY_CONNECTED"
@@ -294,7 +294,7 @@ def test_compiled_file_without_the_custom_op_is_refused(stand_in, tmp_path, monk
     monkeypatch.setenv("STAND_IN_NO_TPU", "1")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
         plan = _written(compile_model(MODEL, _slow_cpu_board(tmp_path, "devboard"),
-                                      tmp_path / "out", sram=20_000))
+                                      tmp_path / "out", sram=20_000, replicas=False))
     et = plan["stages"][0]["edgetpu"]
     assert et["compiled"] is False and et["compiled_segment"] is None
     assert "mapped no op to the Edge TPU" in et["reason"] and "edgetpu-custom-op" in et["reason"]
@@ -322,7 +322,7 @@ def test_without_the_compiler_segments_stay_uncompiled(tmp_path, monkeypatch, ca
     monkeypatch.setenv("PATH", str(tmp_path))
     board = _slow_cpu_board(tmp_path, "devboard-usb")
     with caplog.at_level(logging.WARNING, logger="edgecap_compile"):
-        plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000))
+        plan = _written(compile_model(MODEL, board, tmp_path / "out", sram=20_000, replicas=False))
     assert plan["stages"][0]["segment"]
     for stage in plan["stages"][:2]:
         assert stage["edgetpu"]["compiled"] is False

@@ -112,16 +112,17 @@ _MS = st.one_of(st.integers(0, 40).map(lambda v: v / 4), st.floats(0.0, 10.0))
 
 
 @st.composite
-def _boards(draw):
-    """``(tpus, costs)``: random non-monotone matrices for 0-4 TPUs and the CPU, some TPUs equal."""
-    tpus = draw(st.integers(0, 4))
-    n = draw(st.integers(1, 4 if tpus == 4 else 6))
+def _boards(draw, most=4, ms=_MS, ops=6):
+    """``(tpus, costs)``: random non-monotone matrices for 0-``most`` TPUs and the CPU, some TPUs
+    equal, 1-``ops`` ops (2 fewer with 4 TPUs), each time drawn from ``ms``."""
+    tpus = draw(st.integers(0, most))
+    n = draw(st.integers(1, ops - 2 if tpus == 4 else ops))
     costs = []
     for d in range(tpus + 1):
         if 0 < d < tpus and draw(st.booleans()):
             costs.append(costs[draw(st.integers(0, d - 1))].copy())  # two identical accelerators
             continue
-        c = draw(hnp.arrays(np.float64, (n + 1, n + 1), elements=_MS))
+        c = draw(hnp.arrays(np.float64, (n + 1, n + 1), elements=ms))
         c[np.tril_indices(n + 1, -1)] = np.inf
         costs.append(c)
     return tpus, costs

@@ -386,7 +386,9 @@ def test_usb_stages_start_priced_at_the_installed_clock(monkeypatch) -> None:
     from edgecap.devices import parse_device
 
     def stage(device, link):
-        return SimpleNamespace(device=device, spec=parse_device(device), cost=SimpleNamespace(link=link))
+        one = SimpleNamespace(device=device, spec=parse_device(device), cost=SimpleNamespace(link=link))
+        one.copies = (one,)
+        return one
 
     start = SimpleNamespace(plan=SimpleNamespace(active_stages=[
         stage("pci:0", "pcie"), stage("usb:0", "usb3"), stage("cpu", None)]))
@@ -395,6 +397,29 @@ def test_usb_stages_start_priced_at_the_installed_clock(monkeypatch) -> None:
     assert list(prior) == ["usb:0"] and prior["usb:0"].speed == 0.5  # PCIe is not throttled
     monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: ("libedgetpu1-max", "16.0"))
     assert supervisor._clock_prior(start) == {}
+
+
+def test_a_replicated_stages_usb_copies_start_priced_at_the_installed_clock(monkeypatch, shipped_bundle) -> None:
+    # The demo on rpi4-2usb runs its CNN as copies on usb:0 (the stage's own device) and usb:1 (a replica).
+    from types import SimpleNamespace
+
+    from edgecap import supervisor
+    from edgecap.bundle import load_bundle
+    from edgecap.plans.compiler import plan_for_board
+    from edgecap.plans.pricing import price
+
+    plan = plan_for_board(load_bundle(shipped_bundle), "rpi4-2usb")
+    (stage,) = [s for s in plan.active_stages if s.replicas]
+    usb = [c.device for c in stage.copies if c.spec.kind == "tpu"]
+    assert usb == ["usb:0", "usb:1"]
+    monkeypatch.setattr(edgetpu_runtime, "installed_package", lambda: ("libedgetpu1-std", "16.0"))
+    prior = supervisor._clock_prior(SimpleNamespace(plan=plan))
+    assert sorted(prior) == usb and {c.speed for c in prior.values()} == {0.5}
+    # The pricing applies the correction to the copy as to a stage: each USB copy's invoke is slower.
+    slow, fast = price(plan, prior), price(plan)
+    for copy in usb:
+        assert slow.device_ms(copy) > fast.device_ms(copy)
+    assert slow.period_ms > fast.period_ms
 
 
 # -- truthful advice ---------------------------------------------------------------------------

@@ -247,7 +247,9 @@ def test_a_crash_in_an_isolated_stage_fails_over(shipped_bundle, clip, reference
     isolation.close_spares()  # the spare worker process, kept for the next stage, is no leak
     children = {p.pid for p in psutil.Process().children()}
     # The demo's plan on devboard-usb: its one TPU stage aborts or segfaults in its worker process.
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, isolate=True) as cap:
+    from tests.pipeline_boards import pipeline_board
+
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), num_threads=1, isolate=True) as cap:
         assert list(cap.devices.values()) == ["emu-tpu:0", "cpu"]
         faults.inject(f"emu-tpu:0={action}@40")
         assert _texts(cap, clip) == reference
@@ -490,9 +492,11 @@ def test_the_tpus_left_are_the_boards_not_only_the_plans(monkeypatch, shipped_bu
     from edgecap.devices import DeviceInfo
     from edgecap.options import CaptionerOptions
     from edgecap.planner import board_tpus, choose
+    from tests.pipeline_boards import pipeline_board
 
     # The demo's devboard-usb plan uses one of the board's two TPUs.
-    emulated = choose(load_bundle(shipped_bundle), CaptionerOptions(board="devboard-usb", emulate=True))
+    emulated = choose(load_bundle(shipped_bundle), CaptionerOptions(board=pipeline_board("devboard-usb"),
+                                                                    emulate=True))
     assert [str(d) for d in board_tpus(emulated)] == ["emu-tpu:0", "emu-tpu:1"]
     attached = [DeviceInfo("cpu", "cpu", "", ""), DeviceInfo("tpu:0", "pci", "/dev/apex_0", ""),
                 DeviceInfo("tpu:1", "usb", "usb", "")]

@@ -27,6 +27,7 @@ from edgecap.plans.compiler import plan_for_board
 from edgecap.scheduler import Pipeline, Step
 from edgecap.stages import open_stage
 from runtime_plans import write_plan
+from tests.pipeline_boards import pipeline_board
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="process isolation is POSIX only")
 
@@ -41,7 +42,7 @@ def open_isolated(stage, device, deadline_s=2.0, **options):
 @pytest.fixture(scope="module")
 def plan(shipped_bundle):
     """The demo bundle's plan for devboard-usb: a TPU segment, then the CPU tail."""
-    plan = plan_for_board(load_bundle(shipped_bundle), "devboard-usb")
+    plan = plan_for_board(load_bundle(shipped_bundle), pipeline_board("devboard-usb"))
     assert len(plan.active_stages) >= 2
     return plan
 
@@ -354,7 +355,7 @@ def test_a_failover_opens_its_isolated_stage_in_the_spare(shipped_bundle, monkey
         return opened[-1]
 
     monkeypatch.setattr(captioner, "IsolatedSegment", recording)
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, isolate=True) as cap:
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), num_threads=1, isolate=True) as cap:
         assert list(cap.devices.values()) == ["emu-tpu:0", "cpu"]
         (spare,) = isolation.spare_pids()  # started once the first stage was open
         faults.inject("emu-tpu:0=fail@20")

@@ -20,6 +20,7 @@ from edgecap.bundle import WindowSpec
 from edgecap.captioner import EdgeCaptioner
 # The one import of the private resume point.
 from edgecap.supervisor import _resume_point
+from tests.pipeline_boards import pipeline_board
 
 
 def _expected(consumed: int, frames: int, stride: int, live: bool) -> Tuple[int, int, int]:
@@ -46,7 +47,7 @@ def test_the_resume_point_is_the_earliest_window_not_yet_captioned(frames, strid
 
 
 def _captions(shipped_bundle, clip, fault: str = "", **window) -> Tuple[List[Tuple[int, str]], list]:
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1, pipelined=False, **window) as cap:
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), num_threads=1, pipelined=False, **window) as cap:
         assert "emu-tpu:0" in cap.devices.values()
         faults.inject(fault)
         try:

@@ -11,6 +11,7 @@ import pytest
 from edgecap.errors import ConfigError
 from edgecap import faults
 from edgecap_lab.soak import _Injector, fault_schedule, run_soak
+from tests.pipeline_boards import pipeline_board
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
 
@@ -28,7 +29,7 @@ def test_a_short_soak_accounts_for_every_window_and_leaks_nothing(shipped_bundle
     # 500 frames apart (about 1 s here): time for a hang to be noticed (0.3 s) and the device to
     # come back (0.2 s, found by the 0.25 s probe) before the next fault is due.
     r = run_soak(frames=2000, every=500, back_s=0.2, warmup=200, bundle=str(shipped_bundle),
-                 deadline_floor_s=0.3)
+                 board=pipeline_board("devboard-usb"), deadline_floor_s=0.3)
     assert r.captions == r.windows_expected == 250
     assert r.windows_in_order and r.captions_match_fault_free, r
     assert r.faults_fired == len(r.faults_injected) == r.faults_planned == 3, r.faults_injected

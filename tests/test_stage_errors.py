@@ -10,6 +10,7 @@ from edgecap.cli import main
 from edgecap.command import DEBUG_ENV
 from edgecap.errors import StageFailed
 from edgecap.rnn import RnnEncoder
+from tests.pipeline_boards import pipeline_board
 
 pytestmark = pytest.mark.fast
 
@@ -54,7 +55,7 @@ def cpu_stage_raises(monkeypatch):
 
 
 def _caption(shipped_bundle, capsys, *extra):
-    code = main(["caption", "--bundle", str(shipped_bundle), "--board", "devboard-usb", *extra])
+    code = main(["caption", "--bundle", str(shipped_bundle), "--board", pipeline_board("devboard-usb"), *extra])
     return code, capsys.readouterr().err
 
 
@@ -87,7 +88,7 @@ def test_edgecap_debug_adds_the_traceback(shipped_bundle, capsys, monkeypatch):
 
 @pytest.mark.usefixtures("rnn_raises", "no_leaked_threads")
 def test_the_library_raises_stage_failed_and_closes_cleanly(shipped_bundle):
-    with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
+    with EdgeCaptioner(shipped_bundle, board=pipeline_board("devboard-usb"), num_threads=1) as cap:
         with pytest.raises(StageFailed) as info:
             list(cap.stream(str(shipped_bundle.parent / "sample.mp4")))
     assert (info.value.step, info.value.worker) == ("rnn_step", "cpu")

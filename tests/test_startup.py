@@ -15,7 +15,7 @@ from typing import Dict, List, Set
 
 import pytest
 
-from edgecap import interpreter
+from edgecap import interpreter, stages
 from edgecap.captioner import EdgeCaptioner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,13 +69,27 @@ def test_the_host_rule_opens_the_encoder_and_its_rnn_step_once_more_to_time_them
 def test_a_board_start_up_opens_no_model_for_planning(shipped_bundle: Path, opened: Counter,
                                                       tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    verified: Counter = Counter()
+    verify = stages.verify_tflite
+
+    def counting(data, where, **kwargs):
+        verified[Path(where).name] += 1
+        return verify(data, where, **kwargs)
+
+    monkeypatch.setattr(stages, "verify_tflite", counting)
+    monkeypatch.setattr(stages, "_COMPILED", {}, raising=False)
     with EdgeCaptioner(shipped_bundle, board="devboard-usb", num_threads=1) as cap:
-        segments = [s.segment.name for s in cap.plan.active_stages]
+        active = cap.plan.active_stages
+    # The demo's CNN runs as copies on devboard-usb: one segment file, several devices.
+    assert any(s.replicas for s in active)
     # Validation opens the encoder once; planning reads it with the schema bindings,
-    # not an interpreter; each segment is opened once, in its worker.
+    # not an interpreter; each segment is opened once per device that runs it, in its
+    # worker, and verified once (its copies share the file).
     expected = Counter({"encoder.tflite": 1, **RUN_INT8})
-    expected.update(segments)
+    for s in active:
+        expected[s.segment.name] += len(s.devices)
     assert opened == expected
+    assert verified == Counter({s.segment.name: 1 for s in active})
 
 
 def _imports(module: Path, package: str) -> Set[str]:

@@ -24,14 +24,15 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from edgecap.bundle import Bundle, WindowSpec
 from edgecap.errors import ConfigError
-from edgecap.plans.plan import PLAN_FILE, PLAN_VERSION, Plan, Stage, load_plan
+from edgecap.plans.plan import PLAN_FILE, PLAN_VERSION, CpuFrame, Plan, Stage, load_plan
 from edgecap.plans.pricing import AS_PROFILED, CPU, Correction, Corrections, price
 
 
 # Bumped when plan.json gains an optional field the runtime relies on: a plan
 # cached before stages recorded their cost parts (``Stage.cost``) cannot be
 # re-priced by the running board (edgecap.adapt) nor paced by a truth.
-CACHE_FORMAT = 2
+# 3: a bundle's plan charges the RNN step the runtime runs (the int8 one where shipped), not the float one.
+CACHE_FORMAT = 4
 
 
 def cache_root() -> Path:
@@ -55,7 +56,7 @@ def _compiler(board: object) -> ModuleType:
 def plan_for_board(
     bundle: Bundle, board: "str | object", *, tpus: Optional[int] = None, whole_on_tpu: bool = False,
     equal_param: bool = False, window: Optional[WindowSpec] = None,
-    corrections: Corrections = AS_PROFILED,
+    corrections: Corrections = AS_PROFILED, replicas: bool = True,
 ) -> Plan:
     """Compiles the bundle's encoder for a board profile and loads the plan.
 
@@ -78,6 +79,8 @@ def plan_for_board(
         is the best for the board as measured; the plan's predictions stay
         the profile's, as every plan's: what is measured is compared with
         them, and an emulated board paces to them.
+      replicas: Also search copies of a stage on several devices (the
+        default); False: the best pipeline, one device per stage.
 
     Returns:
       The loaded ``Plan``.
@@ -104,12 +107,14 @@ def plan_for_board(
     # The bundle recorded both models' hashes when it validated them.
     key.update(bundle.encoder_model.sha256.encode())
     key.update(bundle.encoder_step_model.sha256.encode())
+    # The step the plan charges (``Bundle.steps``: the int8 one where shipped).
+    key.update(hashlib.sha256(bundle.steps().encoder_step.read_bytes()).hexdigest().encode())
     # A plan made without edgetpu_compiler, or by another compiler or plan
     # version, must not be reused once that changes (edgecap_compile ships in
     # the edgecap distribution, so its version is edgecap's). CACHE_FORMAT marks
     # plan.json gaining optional fields within one plan version.
     key.update(repr((chosen, (bundle.window.frames, bundle.window.stride), whole_on_tpu, equal_param,
-                     edgecap_compile.find_compiler(), PLAN_VERSION, CACHE_FORMAT,
+                     edgecap_compile.find_compiler(), PLAN_VERSION, CACHE_FORMAT, replicas,
                      metadata.version("edgecap"))).encode())
     out = cache_root() / f"{bundle.encoder.stem}-{chosen.name}-{key.hexdigest()[:16]}"
     if not (out / PLAN_FILE).is_file():
@@ -125,7 +130,7 @@ def plan_for_board(
             ranges = [(0, n), (n, n)] if whole_on_tpu else None
             if equal_param:
                 ranges = edgecap_compile.equal_param_ranges(bundle.encoder, len(chosen.tpus))
-            edgecap_compile.compile_model(bundle, chosen, staging, ranges=ranges)
+            edgecap_compile.compile_model(bundle, chosen, staging, ranges=ranges, replicas=replicas)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -188,17 +193,24 @@ def _as_profiled(plan: Plan, fixes: Corrections, profile: Any, names: List[str])
     """
     rates = dict(zip(names, (t.link_bytes_per_s for t in profile.tpus)))
     cpu = fixes.get(CPU, Correction()).speed
-    stages = tuple(_stage_as_profiled(s, fixes.get(s.device, Correction()).speed, cpu, rates)
+    stages = tuple(_stage_as_profiled(s, fixes.get(s.device, Correction()).speed, cpu, rates, fixes)
                    for s in plan.stages)
-    plan = dataclasses.replace(plan, stages=stages, rnn_ms=None if plan.rnn_ms is None else plan.rnn_ms * cpu)
+    frame = plan.cpu_frame and CpuFrame(plan.cpu_frame.preprocess_ms * cpu, plan.cpu_frame.handoff_ms * cpu)
+    plan = dataclasses.replace(plan, stages=stages, rnn_ms=None if plan.rnn_ms is None else plan.rnn_ms * cpu,
+                               cpu_frame=frame)
     return dataclasses.replace(plan, predicted=plan.predicted and price(plan).prediction())
 
 
-def _stage_as_profiled(stage: Stage, speed: float, cpu: float, rates: Mapping[str, Optional[float]]) -> Stage:
+def _stage_as_profiled(stage: Stage, speed: float, cpu: float, rates: Mapping[str, Optional[float]],
+                       fixes: Corrections = AS_PROFILED) -> Stage:
     cost = stage.cost
     if cost is None:
         return stage
     cost = dataclasses.replace(cost, compute_ms=cost.compute_ms * speed, invoke_ms=cost.invoke_ms * speed,
                                extra_ms=cost.extra_ms * cpu,
                                link_bytes_per_s=rates.get(stage.device, cost.link_bytes_per_s))
-    return dataclasses.replace(stage, cost=cost, predicted_ms=round(cost.total_ms, 6))
+    # A replicated stage's copies, each at its own device's speed.
+    replicas = tuple(dataclasses.replace(r, cost=c.cost, predicted_ms=c.predicted_ms) for r, c in zip(
+        stage.replicas, (_stage_as_profiled(c, fixes.get(c.device, Correction()).speed, cpu, rates)
+                         for c in stage.copies[1:])))
+    return dataclasses.replace(stage, cost=cost, predicted_ms=round(cost.total_ms, 6), replicas=replicas)

@@ -11,7 +11,9 @@ Each device string is parsed once, when the plan is built or loaded: a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,9 @@ _Macs = Annotated[int, msgspec.Meta(ge=0, le=10**16)]
 _Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 _PlanFps = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
 _InvokeMs = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_INVOKE_MS)]
+_Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+# The copies' shares of a replicated stage add up to 1 within this (they are written to 6 decimals).
+SHARE_TOLERANCE = 1e-4
 
 
 class _TensorDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -102,6 +107,13 @@ class _BusDoc(msgspec.Struct, forbid_unknown_fields=True):
     bytes_per_s: schema.Rate
 
 
+class _ReplicaDoc(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    device: schema.Name
+    share: _Share
+    predicted_ms: Optional[_InvokeMs] = None
+    cost: Optional[_CostDoc] = None
+
+
 class _StageDoc(msgspec.Struct, forbid_unknown_fields=True):
     index: schema.Count
     device: schema.Name
@@ -119,6 +131,10 @@ class _StageDoc(msgspec.Struct, forbid_unknown_fields=True):
     segment_bytes: Optional[schema.Bytes] = None
     # What predicted_ms is made of (absent in older plans), so a board can re-price it.
     cost: Optional[_CostDoc] = None
+    # A stage run as copies (absent in older plans: one copy): the share of
+    # frames this device takes, and the other copies with theirs.
+    share: Optional[_Share] = None
+    replicas: Tuple[_ReplicaDoc, ...] = ()
 
 
 class _ModelDoc(msgspec.Struct, forbid_unknown_fields=True):
@@ -141,6 +157,11 @@ class _PredictedDoc(msgspec.Struct, forbid_unknown_fields=True):
     bottleneck_stage: schema.Count
 
 
+class _CpuFrameDoc(msgspec.Struct, forbid_unknown_fields=True):
+    preprocess_ms: _InvokeMs = 0.0
+    handoff_ms: _InvokeMs = 0.0
+
+
 class _PlanDoc(msgspec.Struct, forbid_unknown_fields=True):
     plan_version: int
     model: _ModelDoc
@@ -152,6 +173,8 @@ class _PlanDoc(msgspec.Struct, forbid_unknown_fields=True):
     predicted: Optional[_PredictedDoc] = None
     # Buses that several stages' links share (absent in older plans: none shared).
     buses: Tuple[_BusDoc, ...] = ()
+    # The board CPU's own work a frame (absent in older plans and where the profile models none).
+    cpu_frame: Optional[_CpuFrameDoc] = None
 
 
 class _VersionDoc(msgspec.Struct):
@@ -243,8 +266,50 @@ class Bus:
 
 
 @dataclass(frozen=True)
+class CpuFrame:
+    """The board CPU's own work a frame, whatever the plan (plan.json ``cpu_frame``).
+
+    Attributes:
+      preprocess_ms: Preparing a frame for the encoder at its input size
+        (resize, the quantising lookup, the channel swap and their Python calls).
+      handoff_ms: Handing a frame on from one stage to the next (a queue's put
+        and get and the Python around a stage's invoke), charged once per stage
+        a frame passes.
+    """
+
+    preprocess_ms: float = 0.0
+    handoff_ms: float = 0.0
+
+    def ms(self, stages: int) -> float:
+        """Milliseconds a frame for a plan whose frames pass ``stages`` stages."""
+        return self.preprocess_ms + self.handoff_ms * stages
+
+
+@dataclass(frozen=True)
+class Replica:
+    """Another copy of a stage: the same segment on another device, taking a share of the frames.
+
+    Attributes:
+      spec: The parsed device.
+      share: The fraction of frames it takes (the dealer's weight).
+      predicted_ms: The cost model's time for an invoke there, or None.
+      cost: What ``predicted_ms`` is made of, or None.
+    """
+
+    spec: DeviceSpec
+    share: float
+    predicted_ms: Optional[float] = None
+    cost: Optional[CostParts] = None
+
+    @property
+    def device(self) -> str:
+        """The device as plan.json writes it."""
+        return str(self.spec)
+
+
+@dataclass(frozen=True)
 class Stage:
-    """One stage of a plan: a model segment and the device it runs on.
+    """One stage of a plan: a model segment and the device(s) it runs on.
 
     Attributes:
       index: Position in the pipeline.
@@ -259,6 +324,9 @@ class Stage:
       macs: Multiply-accumulates of the range.
       edgetpu: What edgetpu_compiler reported (TPU stages of a compiled plan).
       cost: What ``predicted_ms`` is made of, or None (older plans).
+      share: The fraction of frames ``spec`` takes: 1 unless the stage has replicas.
+      replicas: The stage's other copies (docs/plan.md, "Replicas"): frames
+        are dealt among the copies by share and put back in order after them.
     """
 
     index: int
@@ -273,11 +341,36 @@ class Stage:
     macs: int = 0
     edgetpu: Optional[EdgeTpuReport] = None
     cost: Optional[CostParts] = None
+    share: float = 1.0
+    replicas: Tuple[Replica, ...] = ()
 
     @property
     def device(self) -> str:
         """The device as plan.json writes it (``cpu``, ``tpu:N``, ...)."""
         return str(self.spec)
+
+    def describe(self) -> str:
+        """The stage in words: ``pci:0 ops [0, 35)``; replicated, each copy with its share of frames."""
+        where = " + ".join(f"{c.device} x{c.share:.2f}" for c in self.copies) if self.replicas else self.device
+        return f"{where} ops [{self.ops[0]}, {self.ops[1]})"
+
+    @property
+    def devices(self) -> Tuple[DeviceSpec, ...]:
+        """Every device that runs the stage: its own, then its replicas'."""
+        return (self.spec, *(r.spec for r in self.replicas))
+
+    @property
+    def copies(self) -> Tuple["Stage", ...]:
+        """The stage as each copy runs it: one ``Stage`` per device (its own first), without replicas.
+
+        Each carries its device, share, predicted time and cost parts, so what
+        runs, paces or re-prices one stage runs a copy the same way.
+        """
+        if not self.replicas:
+            return (self,)
+        first = dataclasses.replace(self, replicas=())
+        return (first, *(dataclasses.replace(first, spec=r.spec, share=r.share, predicted_ms=r.predicted_ms,
+                                             cost=r.cost) for r in self.replicas))
 
     @property
     def empty(self) -> bool:
@@ -316,6 +409,8 @@ class Plan:
       board_tpus: EdgeTPUs of the board the plan was made for, or None
         (unknown: older plans); stage device indices stay below it.
       buses: The shared buses stages' ``cost.bus`` name.
+      cpu_frame: The board CPU's own work a frame (``CpuFrame``), or None
+        (older plans, and profiles that model none).
     """
 
     path: Optional[Path]
@@ -331,6 +426,7 @@ class Plan:
     predicted: Optional[Prediction] = None
     board_tpus: Optional[int] = None
     buses: Tuple[Bus, ...] = ()
+    cpu_frame: Optional[CpuFrame] = None
 
     @property
     def rnn_frame_ms(self) -> float:
@@ -413,8 +509,24 @@ def write_plan(plan: Plan, directory: "str | os.PathLike[str]") -> Plan:
     doc = schema.convert(msgspec.to_builtins(_to_doc(plan, path.parent)), _PlanDoc,
                          where=str(path), fix=_FIX, error=PlanError)
     written = _from_doc(doc, path)  # the reader's rules hold for what is written
-    path.write_bytes(schema.encode(doc))
+    path.write_bytes(schema.encode(_as_written(doc)))
     return written
+
+
+def _as_written(doc: _PlanDoc) -> Dict[str, Any]:
+    """The document with a stage's ``share`` and ``replicas`` left out where it runs as one copy,
+    and ``cpu_frame`` where there is none.
+
+    So a plan without them is written byte for byte as before they existed.
+    """
+    out = msgspec.to_builtins(doc)
+    if out["cpu_frame"] is None:
+        del out["cpu_frame"]
+    for stage in out["stages"]:
+        if not stage["replicas"]:
+            del stage["replicas"]
+            del stage["share"]
+    return out
 
 
 def single_cpu_plan(model: "ModelFile | str | os.PathLike[str]") -> Plan:
@@ -493,6 +605,8 @@ def _from_doc(doc: _PlanDoc, path: Path) -> Plan:
                                                     p.bottleneck_stage),
         board_tpus=doc.board.tpus,
         buses=tuple(Bus(b.name, b.bytes_per_s) for b in doc.buses),
+        cpu_frame=None if doc.cpu_frame is None else CpuFrame(doc.cpu_frame.preprocess_ms,
+                                                              doc.cpu_frame.handoff_ms),
     )
 
 
@@ -535,10 +649,49 @@ def _stage(raw: _StageDoc, position: int, base: Path, where: str) -> Stage:
         param_bytes=ParamBytes(raw.param_bytes.on_chip, raw.param_bytes.streamed),
         macs=raw.macs,
         edgetpu=report,
-        cost=None if raw.cost is None else CostParts(
-            raw.cost.compute_ms, raw.cost.invoke_ms, raw.cost.link_bytes,
-            raw.cost.link_bytes_per_s, raw.cost.extra_ms, raw.cost.link, raw.cost.bus),
+        cost=_cost(raw.cost),
+        share=1.0 if raw.share is None else raw.share,
+        replicas=_replicas(raw, spec, empty, here),
     )
+
+
+def _cost(doc: Optional[_CostDoc]) -> Optional[CostParts]:
+    return None if doc is None else CostParts(doc.compute_ms, doc.invoke_ms, doc.link_bytes, doc.link_bytes_per_s,
+                                              doc.extra_ms, doc.link, doc.bus)
+
+
+def _cost_doc(cost: Optional[CostParts]) -> Optional[_CostDoc]:
+    return None if cost is None else _CostDoc(cost.compute_ms, cost.invoke_ms, cost.link_bytes,
+                                              cost.link_bytes_per_s, cost.extra_ms, cost.link, cost.bus)
+
+
+def _replicas(raw: _StageDoc, spec: DeviceSpec, empty: bool, here: str) -> Tuple[Replica, ...]:
+    """A stage's other copies, checked: distinct devices, shares that add up to 1."""
+    if not raw.replicas:
+        if raw.share is not None and abs(raw.share - 1.0) > SHARE_TOLERANCE:
+            raise PlanError(f"{here}: share is {raw.share!r} but the stage has no replicas; "
+                            "a stage run on one device takes every frame (share 1 or absent)")
+        return ()
+    if empty:
+        raise PlanError(f"{here}: an empty stage has no replicas; {_FIX}")
+    if raw.share is None:
+        raise PlanError(f"{here}: a stage with replicas needs its own share of the frames; {_FIX}")
+    out = []
+    seen = {spec}
+    for i, r in enumerate(raw.replicas):
+        try:
+            copy = parse_device(r.device)
+        except EdgecapError as exc:
+            raise PlanError(f"{here}: replicas[{i}]: {exc}") from None
+        if copy in seen:
+            raise PlanError(f"{here}: replicas[{i}] runs on {copy}, which already runs the stage; "
+                            f"one copy per device, {_FIX}")
+        seen.add(copy)
+        out.append(Replica(copy, r.share, r.predicted_ms, _cost(r.cost)))
+    total = raw.share + sum(r.share for r in out)
+    if not math.isclose(total, 1.0, abs_tol=SHARE_TOLERANCE * len(seen)):
+        raise PlanError(f"{here}: the copies' shares add up to {total:.6g}, not 1; {_FIX}")
+    return tuple(out)
 
 
 def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
@@ -567,9 +720,10 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
                 None if compiled is None else compiled[0]),
             segment_sha256=None if segment is None else segment[0],
             segment_bytes=None if segment is None else segment[1],
-            cost=None if s.cost is None else _CostDoc(
-                s.cost.compute_ms, s.cost.invoke_ms, s.cost.link_bytes, s.cost.link_bytes_per_s,
-                s.cost.extra_ms, s.cost.link, s.cost.bus),
+            cost=_cost_doc(s.cost),
+            share=s.share if s.replicas else None,
+            replicas=tuple(_ReplicaDoc(r.device, r.share, r.predicted_ms, _cost_doc(r.cost))
+                           for r in s.replicas),
         ))
     p = plan.predicted
     return _PlanDoc(
@@ -583,6 +737,8 @@ def _to_doc(plan: Plan, base: Path) -> _PlanDoc:
         predicted=None if p is None else _PredictedDoc(p.fps, p.latency_ms, p.bottleneck_ms,
                                                        p.bottleneck_stage),
         buses=tuple(_BusDoc(b.name, b.bytes_per_s) for b in plan.buses),
+        cpu_frame=None if plan.cpu_frame is None else _CpuFrameDoc(plan.cpu_frame.preprocess_ms,
+                                                                   plan.cpu_frame.handoff_ms),
     )
 
 
@@ -667,7 +823,7 @@ def _check_segment_io(info: ModelInfo, stage: Stage, here: str, fix: str) -> Non
 
 def _check_tpus(stages: List[Stage], board: _BoardDoc, where: str) -> None:
     limit = MAX_TPUS if board.tpus is None else board.tpus
-    for s in stages:
+    for s in (c for stage in stages for c in stage.copies):
         off_tpu = [t for t in (*s.inputs, *s.outputs) if t.dtype in ("float32", "int64")]
         # A compiled segment may read or write floats (or ARG_MAX's int64) through the ops
         # edgetpu_compiler left on the CPU.
@@ -696,6 +852,7 @@ def _check_order(stages: List[Stage], where: str) -> None:
             raise PlanError(f"{where}: stages[{seen[s.spec]}] and stages[{s.index}] both run on "
                             f"{s.device}; one stage per device, {_FIX}")
         seen[s.spec] = s.index
+    _check_replicas(stages, seen, where)
     for prev, cur in zip(stages, stages[1:]):
         if cur.ops[0] != prev.ops[1]:
             raise PlanError(
@@ -704,6 +861,24 @@ def _check_order(stages: List[Stage], where: str) -> None:
             )
     if all(s.empty for s in stages):
         raise PlanError(f"{where}: every stage is empty; a plan must run the model's operators")
+
+
+def _check_replicas(stages: List[Stage], seen: Dict[DeviceSpec, int], where: str) -> None:
+    # A replica's device has no stage of its own; the CPU takes whole frames only:
+    # a copy of the whole model beside an empty CPU stage (it runs the RNN besides).
+    for s in stages:
+        for r in s.replicas:
+            other = seen.get(r.spec)
+            if r.spec.kind == "cpu":
+                cpu = stages[-1]
+                whole = s.ops[0] == 0 and all(t.empty for t in stages if t is not s)
+                if cpu.spec.kind != "cpu" or not whole:
+                    raise PlanError(f"{where}: stages[{s.index}] has a copy on the cpu, which takes whole "
+                                    "frames only: a copy of the whole model beside an empty cpu stage; "
+                                    f"{_FIX}")
+            elif other is not None:
+                raise PlanError(f"{where}: stages[{s.index}] has a copy on {r.spec}, which runs "
+                                f"stages[{other}]; one stage per device, {_FIX}")
 
 
 def _check_chain(stages: List[Stage], where: str) -> None:

@@ -17,8 +17,14 @@ or a shared bus, really moves bytes at. One function answers for a board
 
 The period is the slowest of: each stage's time an invoke; the CPU's RNN
 steps a frame where its stage runs no operators (the CPU runs them anyway);
-each shared bus's bytes a frame at its rate. The latency is the sum of the
-stages' times.
+each shared bus's bytes a frame at its rate. A stage run as K copies
+(``Stage.replicas``) holds each of its devices for that copy's share of the
+frames, so with shares in proportion to speed it sustains ``sum(1 / t_i)``
+frames a millisecond; a device's stages add up (the CPU's copy of the whole
+model and its RNN steps), and so do a bus's bytes. The board CPU's own work a
+frame (``Plan.cpu_frame``: preprocessing, and a hand-off per stage a frame
+passes) adds to the CPU's load whatever the plan. The latency is the sum of
+the stages' times, a replicated stage's its slowest copy's, and that own work.
 
 This module imports only ``edgecap.errors`` and the plan records
 (``edgecap.plans.plan``), so the runtime, the emulation and the compiler can all use it.
@@ -29,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 from edgecap.errors import ConfigError, PlanError
 from edgecap.plans.plan import CostParts, Plan, Prediction, Stage
@@ -77,6 +83,25 @@ _NONE = Correction()
 
 
 @dataclass(frozen=True)
+class CopyPrice:
+    """What one more copy of a replicated stage takes under the corrections.
+
+    Attributes:
+      device: Its plan device.
+      ms: Milliseconds an invoke there, its link's bytes included.
+      share: The fraction of frames it takes.
+      link_bytes: Bytes over its link an invoke.
+      bus: The shared bus its link sits behind, or None.
+    """
+
+    device: str
+    ms: float
+    share: float
+    link_bytes: int = 0
+    bus: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class StagePrice:
     """What one stage takes under the corrections.
 
@@ -86,6 +111,8 @@ class StagePrice:
       ms: Milliseconds an invoke, its link's bytes included.
       link_bytes: Bytes over its link an invoke.
       bus: The shared bus its link sits behind, or None.
+      share: The fraction of frames ``device`` takes (1 without replicas).
+      replicas: The stage's other copies (``Stage.replicas``), each with its share.
     """
 
     index: int
@@ -93,30 +120,45 @@ class StagePrice:
     ms: float
     link_bytes: int = 0
     bus: Optional[str] = None
+    share: float = 1.0
+    replicas: Tuple[CopyPrice, ...] = ()
 
-    # ``Price`` reads a stage only through the four below. A stage run as K
-    # copies on K devices, frames dealt in proportion to speed (issue 27), is
-    # one StagePrice with a price per copy: its period the inverse of the
-    # copies' summed rates, its latency its slowest copy's, each bus's bytes
-    # its copies' shares, each device its copy's time; ``Price`` stays as it is.
+    # ``Price`` reads a stage only through the five below. A stage of K copies
+    # dealt frames by share holds each device ``share * ms`` a frame: with
+    # shares in proportion to speed (1 / ms) that is ``1 / sum(1 / ms_i)``
+    # for every copy, the K copies together sustaining ``sum(1 / ms_i)``
+    # frames a millisecond; each frame still passes one copy, so its latency
+    # is the slowest copy's and the bus carries each copy's bytes for its share.
+
+    @property
+    def _copies(self) -> Tuple[CopyPrice, ...]:
+        return (CopyPrice(self.device, self.ms, self.share, self.link_bytes, self.bus), *self.replicas)
 
     @property
     def period_ms(self) -> float:
-        """How long the stage holds each frame: the next one cannot enter it sooner (one device: an invoke)."""
-        return self.ms
+        """How long the stage holds its busiest device a frame (one device: an invoke)."""
+        if not self.replicas:
+            return self.ms
+        return max(c.share * c.ms for c in self._copies)
 
     @property
     def latency_ms(self) -> float:
-        """How long a frame takes to pass the stage."""
-        return self.ms
+        """How long a frame takes to pass the stage (replicated: through its slowest copy)."""
+        if not self.replicas:
+            return self.ms
+        return max(c.ms for c in self._copies)
 
     def bus_bytes(self, bus: str) -> float:
         """Bytes a frame the stage moves over the shared bus ``bus``."""
-        return self.link_bytes if self.bus == bus else 0
+        return sum(c.share * c.link_bytes for c in self._copies if c.bus == bus)
 
     def device_ms(self, device: str) -> float:
-        """Milliseconds a frame the stage takes of ``device``."""
-        return self.ms if self.device == device else 0.0
+        """Milliseconds an invoke of the stage takes on ``device`` (0 where it does not run there)."""
+        return sum(c.ms for c in self._copies if c.device == device)
+
+    def load_ms(self, device: str) -> float:
+        """Milliseconds a frame the stage takes of ``device``: its share of the frames, each an invoke."""
+        return sum(c.share * c.ms for c in self._copies if c.device == device)
 
 
 @dataclass(frozen=True)
@@ -127,15 +169,36 @@ class Price:
       stages: Each stage that takes time, in pipeline order: those that run
         operators, and the CPU's where it runs only the RNN steps.
       buses: ``(name, ms)`` of each shared bus: its stages' link bytes a frame at its rate.
+      cpu_frame_ms: The board CPU's own work a frame (``Plan.cpu_frame``:
+        preprocessing, a hand-off per stage): a load on the CPU and time every frame spends.
     """
 
     stages: Tuple[StagePrice, ...]
     buses: Tuple[Tuple[str, float], ...] = ()
+    cpu_frame_ms: float = 0.0
+
+    def _loads(self) -> Dict[str, float]:
+        # Each device's load a frame: what all its stages take of it, and the CPU's own work.
+        devices = {c.device for s in self.stages for c in s._copies}
+        loads = {d: sum(s.load_ms(d) for s in self.stages) for d in devices}
+        if self.cpu_frame_ms:
+            loads[CPU] = loads.get(CPU, 0.0) + self.cpu_frame_ms
+        return loads
 
     @property
     def period_ms(self) -> float:
-        """Milliseconds a frame the pipeline sustains: its slowest stage or bus."""
-        return max([s.period_ms for s in self.stages] + [ms for _, ms in self.buses], default=0.0)
+        """Milliseconds a frame the pipeline sustains: its slowest stage, device or bus.
+
+        A device's load is what all its stages take of it a frame: the CPU's
+        RNN steps, its copy of a replicated stage and its own work a frame add up.
+        """
+        return max([s.period_ms for s in self.stages] + list(self._loads().values())
+                   + [ms for _, ms in self.buses], default=0.0)
+
+    @property
+    def serial_ms(self) -> float:
+        """Milliseconds a frame when nothing overlaps (the sequential path): each stage's copies by share, and the CPU's own work."""
+        return sum(c.share * c.ms for s in self.stages for c in s._copies) + self.cpu_frame_ms
 
     @property
     def fps(self) -> Optional[float]:
@@ -145,22 +208,26 @@ class Price:
 
     @property
     def latency_ms(self) -> float:
-        """Milliseconds a frame spends passing every stage."""
-        return sum(s.latency_ms for s in self.stages)
+        """Milliseconds a frame spends passing every stage, and the CPU's own work on it."""
+        return sum(s.latency_ms for s in self.stages) + self.cpu_frame_ms
 
     @property
     def bottleneck_stage(self) -> int:
-        """The stage that sets the period: the slowest, or, where a bus does, the one moving most bytes over it."""
+        """The stage that sets the period: the slowest; where a bus does, the one moving most bytes
+        over it; where the CPU's load does, the last stage on the CPU."""
         if not self.stages:
             return 0
         slowest = max(self.stages, key=lambda s: s.period_ms)
         bus, bus_ms = max(self.buses, key=lambda b: b[1], default=(None, 0.0))
-        if bus is not None and bus_ms > slowest.period_ms:
+        cpu_ms = self._loads().get(CPU, 0.0)
+        if bus is not None and bus_ms > max(slowest.period_ms, *self._loads().values()):
             slowest = max(self.stages, key=lambda s: s.bus_bytes(bus))
+        elif self.cpu_frame_ms and cpu_ms > max(slowest.period_ms, bus_ms):
+            slowest = ([s for s in self.stages if s.load_ms(CPU) > 0 or s.device == CPU] or [slowest])[-1]
         return slowest.index
 
     def device_ms(self, device: str) -> float:
-        """Milliseconds a frame of a plan device's stages (the CPU's: with its RNN steps)."""
+        """Milliseconds of a plan device's invokes a frame it runs (the CPU's: with its RNN steps)."""
         return sum(s.device_ms(device) for s in self.stages)
 
     def prediction(self) -> Prediction:
@@ -197,7 +264,9 @@ def price(plan: Plan, corrections: Corrections = AS_PROFILED) -> Price:
         rate = corrections.get(bus.name, _NONE).link_bytes_per_s or bus.bytes_per_s
         moved = sum(s.bus_bytes(bus.name) for s in stages)
         buses.append((bus.name, moved * 1e3 / rate))
-    return Price(tuple(stages), tuple(buses))
+    # Every frame passes each stage once (one copy of a replicated one): a hand-off each.
+    own = 0.0 if plan.cpu_frame is None else plan.cpu_frame.ms(len(stages)) / corrections.get(CPU, _NONE).speed
+    return Price(tuple(stages), tuple(buses), own)
 
 
 def stage_price(stage: Stage, corrections: Corrections = AS_PROFILED) -> StagePrice:
@@ -206,15 +275,21 @@ def stage_price(stage: Stage, corrections: Corrections = AS_PROFILED) -> StagePr
     Raises:
       PlanError: If the stage has neither cost parts nor a predicted time.
     """
+    first, *others = [_copy_price(c, corrections) for c in stage.copies]
+    return StagePrice(stage.index, first.device, first.ms, first.link_bytes, first.bus, first.share,
+                      tuple(others))
+
+
+def _copy_price(stage: Stage, corrections: Corrections) -> CopyPrice:
     own = corrections.get(stage.device, _NONE)
     cost = stage.cost
     if cost is None:
         if stage.predicted_ms is None:
             raise PlanError(f"stages[{stage.index}] on {stage.device} has no predicted time to "
                             "re-price; re-run `edgecap compile`")
-        return StagePrice(stage.index, stage.device, stage.predicted_ms / own.speed)
+        return CopyPrice(stage.device, stage.predicted_ms / own.speed, stage.share)
     link_ms, work_ms = invoke_ms(cost, own.speed, corrections.get(CPU, _NONE).speed, own.link_bytes_per_s)
-    return StagePrice(stage.index, stage.device, link_ms + work_ms, cost.link_bytes, cost.bus)
+    return CopyPrice(stage.device, link_ms + work_ms, stage.share, cost.link_bytes, cost.bus)
 
 
 def invoke_ms(cost: CostParts, speed: float = 1.0, cpu_speed: float = 1.0,
