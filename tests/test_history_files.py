@@ -167,6 +167,22 @@ def test_a_second_writer_of_one_history_is_refused_in_one_line(tmp_path):
     HistorySink(path).close(timeout=10)  # the lock goes with the sink that held it
 
 
+def test_a_fresh_history_is_marked_edgecaps_by_the_write_that_creates_it(tmp_path):
+    # Before: WAL mode wrote the first page unmarked, the schema and the mark came later; a second
+    # service checking the file in between (before the lock) called it another program's SQLite
+    # (test_a_second_writer_of_one_history_is_refused_in_one_line failed so under load).
+    from edgecap.service.history import ownership, store
+
+    path = tmp_path / "h.db"
+    ownership.create(path)
+    db = store._connect(path)  # page size, WAL: the file's first write, no table yet
+    try:
+        assert path.stat().st_size > 0
+        assert ownership.why_not_ours(path) is None
+    finally:
+        db.close()
+
+
 @pytest.mark.parametrize("umask", [0o000, 0o022])
 def test_a_fresh_history_is_private_whatever_the_umask(tmp_path, umask):
     # Before: history.db followed the umask (0644 under 022; docs/deploy.md says 0600).

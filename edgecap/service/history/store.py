@@ -185,7 +185,16 @@ def _connect(path: Path) -> sqlite3.Connection:
         # page_size and auto_vacuum take effect only before the first table: a fresh file gets them.
         # 8 KiB pages hold three or four thumbnails where 4 KiB pages held one or two (-20 % bytes).
         db.execute("PRAGMA page_size = 8192")
-        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        if os.path.getsize(path) == 0:
+            # The write that creates the file's first page marks it edgecap's: a second service
+            # looking at it meanwhile (ownership.check, before the lock) sees an empty file or
+            # edgecap's, never an unmarked SQLite file it would call another program's. Once that
+            # page exists, auto_vacuum takes effect through a VACUUM (of nothing yet: instant).
+            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            db.execute("VACUUM")
+        else:
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         db.execute("PRAGMA busy_timeout = 5000")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
