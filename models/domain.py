@@ -74,6 +74,52 @@ def first_window_confidences(bundle_dir: Path, clips: Sequence[Path], all_window
     return out
 
 
+def window_features(bundle_dir: Path, clips: Sequence[Path], all_windows: bool = False) -> np.ndarray:
+    """Each window's mean encoder feature ``[W,F]`` (the first window of each clip, or every one).
+
+    Frames are sampled, preprocessed and encoded as the runtime does (its
+    sources, ``Preprocessor`` and ``dequantize``, on the bundle's CPU encoder).
+    """
+    from edgecap.bundle import load_bundle
+    from edgecap.interpreter import make_cpu_interpreter
+    from edgecap.preprocess import Preprocessor, dequantize
+    from edgecap.sources import VideoFileSource, sample
+
+    bundle = load_bundle(bundle_dir)
+    interp = make_cpu_interpreter(bundle.encoder, 1)
+    inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
+    pre = Preprocessor(bundle.input, inp)
+    n = bundle.window.frames
+    rows = []
+    for clip in clips:
+        with VideoFileSource(clip) as src:
+            frames = [f.image for f in sample(src, bundle.window.sample_fps)]
+        starts = range(0, len(frames) - n + 1, bundle.window.stride) if all_windows else [0]
+        for s in starts:
+            feats = []
+            for frame in frames[s:s + n]:
+                interp.set_tensor(inp["index"], pre(frame))
+                interp.invoke()
+                feats.append(dequantize(interp.get_tensor(out["index"]), out).reshape(-1))
+            rows.append(np.mean(feats, axis=0))
+    return np.asarray(rows, np.float32)
+
+
+def cosines(features: np.ndarray, centroid: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row of ``features`` to ``centroid``."""
+    f = features / np.maximum(np.linalg.norm(features, axis=1, keepdims=True), 1e-12)
+    return f @ (centroid / max(float(np.linalg.norm(centroid)), 1e-12))
+
+
+def feature_calibration(features: np.ndarray, percentile: float = PERCENTILE) -> Dict[str, object]:
+    """A feature-space calibration: the held-out windows' mean-feature centroid and the low percentile of their cosine to it."""
+    centroid = features.mean(axis=0)
+    return {"statistic": "cosine of the window's mean encoder feature to the held-out centroid",
+            "percentile": percentile,
+            "unknown_below": round(float(np.percentile(cosines(features, centroid), percentile)), 6),
+            "heldout_windows": int(len(features)), "centroid": [round(float(v), 6) for v in centroid]}
+
+
 def write_fields(bundle_dir: Path, domain: Dict[str, str], calib: Dict[str, object]) -> None:
     """Adds (or replaces) ``domain`` and ``calibration`` in a bundle's bundle.json."""
     path = bundle_dir / "bundle.json"
@@ -98,16 +144,45 @@ def main(argv: Sequence[str]) -> int:
                         help="clips of a world it does not know (every window is measured)")
     parser.add_argument("--kind", choices=("synthetic", "real"), default="synthetic")
     parser.add_argument("--write", action="store_true", help="add the fields to bundle.json")
+    parser.add_argument("--percentile", type=float, default=PERCENTILE,
+                        help="the calibration's percentile of held-out confidences")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--features", action="store_true",
+                        help="also measure the feature-space calibration (cosine to the held-out centroid)")
+    parser.add_argument("--centroid", help="with --features, save the centroid in the bundle under this name (.npy)")
     args = parser.parse_args(argv)
-    calib = calibration(first_window_confidences(args.bundle, _files(args.clips)))
+    reference = first_window_confidences(args.bundle, _files(args.clips))
+    calib = calibration(reference, args.percentile)
     domain = SYNTHETIC_SHAPES if args.kind == "synthetic" else REAL_COCO
     report: Dict[str, object] = {"bundle": str(args.bundle), "domain": domain, "calibration": calib}
+    measured = {}
     for key, clips, every in (("heldout", args.heldout, False), ("foreign", args.foreign, True)):
         if clips:
-            values = first_window_confidences(args.bundle, _files(clips), all_windows=every)
+            measured[key] = values = first_window_confidences(args.bundle, _files(clips), all_windows=every)
             report[key] = {"windows": len(values), "unknown_share": round(unknown_share(values, calib["unknown_below"]), 4),
                            "confidence_range": [round(min(values), 6), round(max(values), 6)]}
+    # What other percentiles would have given, on the same confidences.
+    report["by_percentile"] = {
+        str(p): {"unknown_below": (below := calibration(reference, p)["unknown_below"]),
+                 **{f"{key}_unknown_share": round(unknown_share(v, below), 4) for key, v in measured.items()}}
+        for p in (1.0, 2.0, 5.0, 10.0)}
+    if args.features:
+        reference_f = window_features(args.bundle, _files(args.clips))
+        feat = feature_calibration(reference_f, args.percentile)
+        centroid = np.asarray(feat["centroid"], np.float32)
+        report["feature_calibration"] = {k: v for k, v in feat.items() if k != "centroid"}
+        reference_c = cosines(reference_f, centroid)
+        by = {str(p): {"unknown_below": round(float(np.percentile(reference_c, p)), 6)} for p in (1.0, 2.0, 5.0, 10.0)}
+        for key, clips, every in (("heldout", args.heldout, False), ("foreign", args.foreign, True)):
+            if clips:
+                c = cosines(window_features(args.bundle, _files(clips), all_windows=every), centroid)
+                report["feature_calibration"][f"{key}_unknown_share"] = round(float(np.mean(c < feat["unknown_below"])), 4)
+                report["feature_calibration"][f"{key}_cosine_range"] = [round(float(c.min()), 4), round(float(c.max()), 4)]
+                for row in by.values():
+                    row[f"{key}_unknown_share"] = round(float(np.mean(c < row["unknown_below"])), 4)
+        report["feature_calibration"]["by_percentile"] = by
+        if args.centroid:
+            np.save(args.bundle / args.centroid, centroid)
     print(json.dumps(report, indent=1))
     if args.write:
         write_fields(args.bundle, domain, calib)
