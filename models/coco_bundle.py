@@ -288,7 +288,10 @@ def synthetic_windows(count: int, threshold: float, rng: np.random.Generator,
         order = [int(c) for c in shown[np.argsort(-best[shown])]]
         scene = Scene(tuple((c, int(counts[c])) for c in order), (direction or None) if order else None)
         captions.append(coco_words.sentence(scene))
-    return feats.reshape(count, FRAMES, -1), captions
+    flat = feats.reshape(count, FRAMES, 4, k)
+    main = flat[:, :, 0].argmax(axis=2)
+    pick = np.take_along_axis(flat[:, :, 2:4], main[:, :, None, None].repeat(2, axis=2), axis=3)[..., 0]
+    return np.concatenate([flat.reshape(count, FRAMES, -1), pick], axis=2), captions
 
 
 def summary_tf(feature, threshold: float):
@@ -309,7 +312,10 @@ def summary_tf(feature, threshold: float):
     y = tf.reduce_sum(w * tf.reshape(centres, [1, g, 1, 1]), axis=[1, 2]) / safe
     x = tf.where(mass > 0, x, 0.5)
     y = tf.where(mass > 0, y, 0.5)
-    return tf.concat([tf.reduce_max(h, axis=[1, 2]), count, x, y], axis=1)
+    best = tf.reduce_max(h, axis=[1, 2])
+    main = tf.one_hot(tf.argmax(best, axis=1), k)  # argmax, as np.argmax: the first of equal bests
+    main_xy = tf.stack([tf.reduce_sum(x * main, axis=1), tf.reduce_sum(y * main, axis=1)], axis=1)
+    return tf.concat([best, count, x, y, main_xy], axis=1)
 
 
 def train_rnn(features: np.ndarray, captions: Sequence[str], vocab: Sequence[str], args):
@@ -427,7 +433,7 @@ def build(args: argparse.Namespace) -> Dict[str, object]:
     calibration = domain.calibration(figures.pop("confidences"))
     export.write_bundle(out, "edgecap-coco-nanodet", config, vocab, models, SAMPLE_FPS,
                         dict(zip(("pad", "bos", "eos", "unk"), (PAD, BOS, EOS, UNK))), provenance,
-                        norm=nanodet.NORM, extra={"domain": domain.REAL_COCO, "calibration": calibration})
+                        norm=nanodet.NORM, extra={"domain": domain.REAL_COCO, "calibration": {"confidence": calibration}})
     print(json.dumps({**figures, "calibration": calibration, "seconds": round(time.perf_counter() - began)}, indent=1))
     return figures
 
@@ -476,7 +482,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--heldout", type=float, default=0.15, help="share of photos held out")
     parser.add_argument("--calibration", type=int, default=64, help="photos the int8 export is calibrated on")
     parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=25)
     parser.add_argument("--synthetic", type=int, default=8000,
                         help="made-up summary windows mixed in (synthetic_windows)")
     parser.add_argument("--real-repeat", type=int, default=3, help="times each real window is repeated")

@@ -9,7 +9,10 @@ Its summary, the same in numpy here and in the TFLite encoder step
   at least ``threshold`` (one peak per object; two objects closer than a cell,
   32 pixels of the 416 frame, count as one), at most ``MAX_COUNT``;
 * ``x``, ``y``: the centre of the class's cells weighted by how far each scores
-  above ``threshold``, from 0 (left, top) to 1, or 0.5 where none does.
+  above ``threshold``, from 0 (left, top) to 1, or 0.5 where none does;
+
+and, last, the ``x`` and ``y`` of the frame's best class, so that the LSTM
+reads the main object's motion from two values wherever its class is.
 
 ``template_scene`` is the deterministic decoder over a window of summaries
 that the trained LSTM is compared with. Pure numpy.
@@ -26,7 +29,7 @@ from models.coco_words import Scene
 from models.nanodet import GRID, NUM_CLASSES
 
 MAX_COUNT = 5.0
-SUMMARY_SIZE = 4 * NUM_CLASSES
+SUMMARY_SIZE = 4 * NUM_CLASSES + 2
 _CENTRES = (np.arange(GRID, dtype=np.float32) + 0.5) / GRID
 
 
@@ -42,7 +45,9 @@ def summarise(heat: np.ndarray, threshold: float) -> np.ndarray:
     safe = np.maximum(mass, 1e-6)
     x = np.where(mass > 0, (w * _CENTRES[None, :, None]).sum(axis=(0, 1)) / safe, 0.5)
     y = np.where(mass > 0, (w * _CENTRES[:, None, None]).sum(axis=(0, 1)) / safe, 0.5)
-    return np.concatenate([h.max(axis=(0, 1)), count, x, y]).astype(np.float32)
+    best = h.max(axis=(0, 1))
+    main = int(np.argmax(best))
+    return np.concatenate([best, count, x, y, [x[main], y[main]]]).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ def template_scene(summaries: Sequence[np.ndarray], rule: TemplateRule) -> Scene
     one); the main object (the best) moves when its centre travels at least
     ``rule.motion`` between the window's first and last frames where it is seen.
     """
-    s = np.asarray(summaries, np.float32).reshape(len(summaries), 4, NUM_CLASSES)
+    s = np.asarray(summaries, np.float32)[:, :4 * NUM_CLASSES].reshape(len(summaries), 4, NUM_CLASSES)
     mean_max = s[:, 0].mean(axis=0)
     named = [int(c) for c in np.argsort(-mean_max, kind="stable") if mean_max[c] >= rule.threshold]
     named = named[: rule.max_objects]

@@ -20,7 +20,8 @@ def _map(points):
 
 def test_summary_counts_separate_peaks_and_places_them():
     s = summarise(_map([(IDX["person"], 6, 2, 0.7), (IDX["person"], 6, 10, 0.6), (IDX["car"], 1, 1, 0.3)]), 0.4)
-    best, count, x, y = s.reshape(4, NUM_CLASSES)
+    best, count, x, y = s[:-2].reshape(4, NUM_CLASSES)
+    assert np.allclose(s[-2:], [x[IDX["person"]], y[IDX["person"]]])  # the best class's place, last
     assert np.isclose(best[IDX["person"]], 0.7) and count[IDX["person"]] == 2
     assert count[IDX["car"]] == 0 and x[IDX["car"]] == 0.5  # under the threshold: no peak, no place
     assert 0.2 < x[IDX["person"]] < 0.5  # pulled towards the stronger, left one
