@@ -100,20 +100,30 @@ def caption_stills(bundle_dir: Path, paths: Sequence[Path]) -> List[str]:
         return [cap.caption_frames([cv2.imread(str(p))] * bundle.window.frames)[0].text for p in paths]
 
 
-def template_stills(bundle_dir: Path, paths: Sequence[Path]) -> List[str]:
-    """Each photo's sentence from the template decoder on the bundle's int8 class maps."""
-    from models import scene_summary
-    from models.coco_bundle import HeatEncoder
+class Template:
+    """The template decoder (``scene_summary.template_scene``) on a bundle's int8 class maps."""
 
-    meta = json.loads((bundle_dir / "bundle.json").read_text())
-    threshold = float(meta["provenance"]["threshold"])
-    rule = scene_summary.TemplateRule(threshold, meta["provenance"].get("template_motion", 0.08))
-    encoder = HeatEncoder(bundle_dir / meta["encoder"])
-    out = []
-    for p in paths:
-        s = scene_summary.summarise(encoder(cv2.imread(str(p))), threshold)
-        out.append(coco_words.sentence(scene_summary.template_scene([s] * 8, rule)))
-    return out
+    def __init__(self, bundle_dir: Path):
+        from models import scene_summary
+        from models.coco_bundle import HeatEncoder
+
+        meta = json.loads((bundle_dir / "bundle.json").read_text())
+        self._threshold = float(meta["provenance"]["threshold"])
+        self._rule = scene_summary.TemplateRule(self._threshold, meta["provenance"].get("template_motion", 0.08))
+        self._encoder = HeatEncoder(bundle_dir / meta["encoder"])
+
+    def __call__(self, window: Sequence[np.ndarray]) -> str:
+        """The sentence for a window of BGR frames."""
+        from models import scene_summary
+
+        summaries = [scene_summary.summarise(self._encoder(f), self._threshold) for f in window]
+        return coco_words.sentence(scene_summary.template_scene(summaries, self._rule))
+
+
+def template_stills(bundle_dir: Path, paths: Sequence[Path]) -> List[str]:
+    """Each photo's sentence from the template decoder, as a still window."""
+    template = Template(bundle_dir)
+    return [template([cv2.imread(str(p))] * 8) for p in paths]
 
 
 def photo_table(systems: Dict[str, List[str]], photos: Dict[int, dict]) -> Dict[str, Dict[str, float]]:
@@ -177,13 +187,16 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
         labels = json.loads(args.labels.read_text())
         index = coco_words.class_index()
         clips: Dict[str, object] = {}
-        for name in ("bundle", *[str(o) for o in args.compare], "constant"):
+        for name in ("bundle", "template", *[str(o) for o in args.compare], "constant"):
             said_all, truth_all, ok_all, per_clip = [], [], [], {}
             for clip, spec in labels["clips"].items():
                 truth = [{index[c] for c in w["present"]} for w in spec["windows"]]
                 ok = [{index[c] for c in w.get("ok", [])} for w in spec["windows"]]
                 if name == "constant":
                     said = [CONSTANT] * len(truth)
+                elif name == "template":
+                    template = Template(args.bundle)
+                    said = [template(w) for w in clip_windows(args.clips / clip, 8, 8.0)]
                 else:
                     said = caption_clip(Path(name) if name != "bundle" else args.bundle, args.clips / clip)
                 said = said[:len(truth)]
