@@ -206,9 +206,22 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
           f"{b.feature_size} features, vocabulary {len(b.vocab)}, window {b.window.frames} "
           f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps, {describe(b)}")
+    print(_knows_line(b))
     for line in _candidate_lines(b):
         print(line)
     return 0
+
+
+def _knows_line(bundle: Any) -> str:
+    """``edgecap validate``'s line on what the model knows and how its captions' scene is judged."""
+    d, c = bundle.domain, bundle.calibration
+    knows = f"knows: {d.kind} ({d.about})" if d.kind != "unknown" else "knows: not declared (no 'domain')"
+    if c is None:
+        return f"{knows}; no calibration: captions carry scene null (not judged)"
+    rule = f"confidence < {c.confidence.unknown_below:g}"
+    if c.feature is not None:
+        rule += f" or feature cosine < {c.feature.unknown_below:g}"
+    return f"{knows}; a window is an unknown scene when {rule}"
 
 
 def _candidate_lines(bundle: Any) -> List[str]:
