@@ -27,6 +27,7 @@ from edgecap import __version__, files
 from edgecap.argtypes import Parser, float_in, int_in, int_list_in, int_or_auto
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
+from edgecap.domain import notices
 from edgecap.errors import EdgecapError, RunFailure
 from edgecap.limits import (DEFAULT_BEAM, DEFAULT_CANDIDATES, DEFAULT_CANDIDATES_MB, DEFAULT_HOST_ROUNDS,
                             MAX_BEAM, MAX_CANDIDATES, MAX_CANDIDATES_MB, MAX_HOST_ROUNDS, MAX_QUEUE,
@@ -164,10 +165,15 @@ def _cmd_caption(args: argparse.Namespace) -> int:
                 print(json.dumps({**c.to_dict(), "weights": weights}), flush=True)
             else:
                 line = f"[{c.start_time:7.2f}s - {c.end_time:7.2f}s] {c.text}"
+                if c.scene == "unknown":
+                    line += "   (unknown scene)"
                 if expected is not None and c.window < len(expected):
                     ok = "ok" if c.text == expected[c.window] else "MISS"
                     line += f"   (truth: {expected[c.window]}; {ok})"
                 print(line, flush=True)
+            if len(captions) == 1:  # after the first caption is out: bad input or output stays one line
+                for note in notices(cap.bundle.name, cap.bundle.domain, cap.bundle.calibration):
+                    print(note, file=sys.stderr, flush=True)
     if captions and not args.json:
         print(_timing_table(captions, cap.window.frames, cap.stats()))
     if args.command == "camera":  # a camera has no end of its own: Ctrl-C ends it, or this

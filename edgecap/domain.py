@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 
@@ -36,21 +36,6 @@ class Domain:
 
     kind: str = "unknown"
     about: str = ""
-
-    def notice(self, name: str) -> Optional[str]:
-        """The one line a command prints about the model, or None when there is nothing to warn of.
-
-        Args:
-          name: The bundle's name.
-
-        Returns:
-          A line for a synthetic domain, None for a real one or one the bundle does not declare.
-        """
-        if self.kind != "synthetic":
-            return None
-        return (f"BUNDLE: {name} knows only a synthetic world ({self.about}); "
-                "real scenes are captioned in its words and marked unknown where its calibration tells")
-
 
 @dataclass(frozen=True)
 class Threshold:
@@ -116,3 +101,24 @@ class Calibration:
             if self.feature.cosine(mean_feature) < self.feature.unknown_below:
                 return UNKNOWN
         return KNOWN
+
+
+def notices(name: str, domain: Domain, calibration: Optional[Calibration]) -> List[str]:
+    """The lines ``caption``, ``camera`` and ``serve`` say once about what a bundle's model knows.
+
+    Args:
+      name: The bundle's name.
+      domain: Its domain.
+      calibration: Its calibration, or None.
+
+    Returns:
+      One line for a synthetic domain, one for a bundle without a calibration; none for a calibrated real one.
+    """
+    lines = []
+    if domain.kind == "synthetic":
+        lines.append(f"edgecap: {name} knows only a synthetic world ({domain.about}); "
+                     "it describes any scene in that world's words, and marks unknown the scenes its calibration tells apart")
+    if calibration is None:
+        lines.append(f"edgecap: {name} carries no calibration: edgecap cannot tell the scenes it does not know "
+                     "(every caption's scene is null; docs/bundle.md)")
+    return lines

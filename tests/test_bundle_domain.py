@@ -64,7 +64,6 @@ def test_a_bundle_without_the_fields_stays_valid_and_its_domain_is_unknown(bundl
     _edit(bundle_copy, lambda d: [d.pop("domain", None), d.pop("calibration", None)])
     bundle = load_bundle(bundle_copy)
     assert bundle.domain == Domain("unknown", "") and bundle.calibration is None
-    assert bundle.domain.notice(bundle.name) is None
 
 
 def test_a_domain_without_a_calibration_and_null_fields_are_valid(bundle_copy: Path) -> None:
