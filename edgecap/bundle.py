@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 
 from edgecap import files, schema
-from edgecap.domain import Calibration, Domain, FeatureThreshold, Threshold
+from edgecap.domain import KINDS, Calibration, Domain, FeatureThreshold, Threshold
 from edgecap.errors import BundleError
 from edgecap.modelfile import ModelFile, open_model
 from edgecap.tflite_verify import verify_tflite
@@ -246,7 +246,7 @@ _Percentile = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
 
 
 class _DomainDoc(msgspec.Struct, forbid_unknown_fields=True):
-    kind: Literal["synthetic", "real"]
+    kind: Annotated[str, msgspec.Meta(max_length=100)]  # one of domain.KINDS: checked by _check_domain, saying which
     about: _Text
 
 
@@ -603,6 +603,9 @@ def _check_domain(json_path: Path, doc: _BundleDoc, feature_size: int) -> Tuple[
     The types and ranges were checked by the decode; here, the centroid: a
     ``.npy`` file inside the bundle of ``feature_size`` finite values, not all 0.
     """
+    if doc.domain is not None and doc.domain.kind not in KINDS:
+        raise BundleError(f"{json_path}: field 'domain.kind' is {doc.domain.kind!r}: say 'synthetic' (a made-up "
+                          "world) or 'real' (docs/bundle.md)")
     domain = Domain(doc.domain.kind, doc.domain.about) if doc.domain is not None else Domain()
     if doc.calibration is None:
         return domain, None

@@ -81,7 +81,9 @@ def test_a_feature_calibration_loads_with_its_centroid(bundle_copy: Path) -> Non
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda d: d.update(domain={"kind": "imaginary", "about": "x"}), r"field 'domain.kind': invalid enum value 'imaginary'"),
+    (lambda d: d.update(domain={"kind": "imaginary", "about": "x"}),
+     r"field 'domain.kind' is 'imaginary': say 'synthetic' \(a made-up world\) or 'real' \(docs/bundle.md\)"),
+    (lambda d: d.update(domain={"kind": 1, "about": "x"}), r"field 'domain.kind' must be str, got int"),
     (lambda d: d.update(domain={"kind": "real"}), r"field 'domain.about' is missing"),
     (lambda d: d.update(domain={"kind": "real", "about": ""}), r"field 'domain.about' must be str of length >= 1"),
     (lambda d: d.update(domain="synthetic"), r"field 'domain' must be object \| null, got str"),
@@ -109,7 +111,7 @@ def test_a_feature_calibration_loads_with_its_centroid(bundle_copy: Path) -> Non
 def test_malformed_fields_are_one_line_naming_the_field(bundle_copy: Path, edit, match: str) -> None:
     _edit(bundle_copy, edit)
     msg = _refused(bundle_copy, match)
-    assert msg.startswith(str(bundle_copy / "bundle.json")) and msg.endswith("(docs/bundle.md)")
+    assert msg.startswith(str(bundle_copy / "bundle.json")) and msg.endswith("docs/bundle.md)")
 
 
 @pytest.mark.parametrize("centroid, values, match", [
@@ -143,7 +145,7 @@ def test_the_cli_prints_one_line_and_exits_2(bundle_copy: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "field 'domain.kind': invalid enum value 'fantasy'" in lines[0], proc.stderr
+    assert len(lines) == 1 and "field 'domain.kind' is 'fantasy': say 'synthetic'" in lines[0], proc.stderr
 
 
 def test_validate_says_what_the_bundle_knows(bundle_copy: Path, capsys) -> None:
