@@ -125,6 +125,17 @@ def _timing_table(captions: list, frames_per_window: int, stats: Any) -> str:
     return "\n".join(out)
 
 
+def _caption_line(c: Any, expected: Optional[List[str]]) -> str:
+    """A caption as ``caption`` and ``camera`` print it: times, text, an unknown scene marked, the demo's truth."""
+    line = f"[{c.start_time:7.2f}s - {c.end_time:7.2f}s] {c.text}"
+    if c.scene == "unknown":
+        line += "   (unknown scene)"
+    if expected is not None and c.window < len(expected):
+        ok = "ok" if c.text == expected[c.window] else "MISS"
+        line += f"   (truth: {expected[c.window]}; {ok})"
+    return line
+
+
 def _captioner_options(args: argparse.Namespace) -> "CaptionerOptions":
     """The one ``CaptionerOptions`` record of ``caption``/``camera``'s flags (checked when made)."""
     from edgecap.options import CaptionerOptions
@@ -164,13 +175,7 @@ def _cmd_caption(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({**c.to_dict(), "weights": weights}), flush=True)
             else:
-                line = f"[{c.start_time:7.2f}s - {c.end_time:7.2f}s] {c.text}"
-                if c.scene == "unknown":
-                    line += "   (unknown scene)"
-                if expected is not None and c.window < len(expected):
-                    ok = "ok" if c.text == expected[c.window] else "MISS"
-                    line += f"   (truth: {expected[c.window]}; {ok})"
-                print(line, flush=True)
+                print(_caption_line(c, expected), flush=True)
             if len(captions) == 1:  # after the first caption is out: bad input or output stays one line
                 for note in notices(cap.bundle.name, cap.bundle.domain, cap.bundle.calibration):
                     print(note, file=sys.stderr, flush=True)

@@ -105,7 +105,7 @@ def measure_set(bundle_dir: Path, clips: Sequence[Path], every_window: bool) -> 
     if every_window:  # a real clip's windows, clip by clip: [unknown, windows]
         row["by_clip"] = {clip.name: [sum(c.scene == "unknown" for p, c in pairs if p == clip),
                                       sum(p == clip for p, _ in pairs)] for clip in clips}
-    if calib is None:
+    if not captions or calib is None:
         return row
     by_confidence = np.array([c.confidence < calib.confidence.unknown_below for c in captions])
     verdict = by_confidence.copy()
@@ -120,11 +120,16 @@ def measure_set(bundle_dir: Path, clips: Sequence[Path], every_window: bool) -> 
         row["unknown_by_feature"] = int(by_feature.sum())
         row["cosine_range"] = [round(float(cos.min()), 4), round(float(cos.max()), 4)]
     row["agree"] = bool(np.array_equal(verdict, np.array([s == "unknown" for s in scenes])))
-    row["confidence_range"] = [round(min(c.confidence for c in captions), 6),
-                               round(max(c.confidence for c in captions), 6)] if captions else None
-    row["captions_of_unknown"] = _top([c.text for c in captions if c.scene == "unknown"])
-    row["captions_of_known"] = _top([c.text for c in captions if c.scene != "unknown"])
+    row.update(_what_was_said(captions))
     return row
+
+
+def _what_was_said(captions: List[Any]) -> Dict[str, Any]:
+    """The range of the captions' confidences and their commonest texts, unknown scenes and known apart."""
+    confidences = [c.confidence for c in captions]
+    return {"confidence_range": [round(min(confidences), 6), round(max(confidences), 6)],
+            "captions_of_unknown": _top([c.text for c in captions if c.scene == "unknown"]),
+            "captions_of_known": _top([c.text for c in captions if c.scene != "unknown"])}
 
 
 def _top(texts: List[str], n: int = 3) -> List[List[Any]]:
