@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.fast
-
 REPO = Path(__file__).resolve().parent.parent
 TOOL = REPO / "tools" / "scene_bench.py"
 SAMPLE = REPO / "models" / "demo" / "sample.mp4"
