@@ -170,15 +170,18 @@ def _cmd_caption(args: argparse.Namespace) -> int:
         if weights != "trained":  # a paper-scale bundle's captions are noise by design
             print(f"BUNDLE: {weights} weights — captions measure speed and exactness, "
                   "not quality", file=sys.stderr)
+        notes = notices(cap.bundle.name, cap.bundle.domain, cap.bundle.calibration)
         for c in cap.stream(source):
             captions.append(c)
+            # Once, with the first caption: what the model knows heads the text on stdout (stderr keeps
+            # to one line for an error); beside JSON lines it goes to stderr, after the first record.
+            first = notes if len(captions) == 1 else []
             if args.json:
                 print(json.dumps({**c.to_dict(), "weights": weights}), flush=True)
+                if first:
+                    print(*first, sep="\n", file=sys.stderr, flush=True)
             else:
-                print(_caption_line(c, expected), flush=True)
-            if len(captions) == 1:  # after the first caption is out: bad input or output stays one line
-                for note in notices(cap.bundle.name, cap.bundle.domain, cap.bundle.calibration):
-                    print(note, file=sys.stderr, flush=True)
+                print(*first, _caption_line(c, expected), sep="\n", flush=True)
     if captions and not args.json:
         print(_timing_table(captions, cap.window.frames, cap.stats()))
     if args.command == "camera":  # a camera has no end of its own: Ctrl-C ends it, or this

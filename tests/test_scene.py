@@ -55,12 +55,15 @@ def test_caption_marks_unknown_scenes_and_says_once_that_the_bundle_is_synthetic
     _set(bundle_copy, calibration={"confidence": {"unknown_below": -1e-12}})  # every window unknown
     assert main(["caption", str(SAMPLE), "--bundle", str(bundle_copy)]) == 0
     out, err = capsys.readouterr()
-    lines = [line for line in out.splitlines() if line.startswith("[")]
-    assert len(lines) == 3 and all(line.endswith("   (unknown scene)") for line in lines)
-    assert err.count("knows only a synthetic world (coloured circles") == 1 and len(err.splitlines()) == 1
+    lines = out.splitlines()
+    assert lines[0].startswith("edgecap: edgecap-demo-shapes knows only a synthetic world (coloured circles")
+    assert out.count("knows only") == 1 and err == ""  # on stdout, heading the captions: stderr is for errors
+    assert all(line.endswith("   (unknown scene)") for line in lines[1:4]) and lines[1].startswith("[")
+    # Beside JSON lines it goes to stderr, once.
     assert main(["caption", str(SAMPLE), "--bundle", str(bundle_copy), "--json"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["scene"] for r in rows] == ["unknown"] * 3
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["scene"] for line in out.splitlines()] == ["unknown"] * 3
+    assert err.count("knows only a synthetic world") == 1 and len(err.splitlines()) == 1
 
 
 def test_known_scenes_are_not_marked_and_camera_says_it_too(capsys):
@@ -68,7 +71,9 @@ def test_known_scenes_are_not_marked_and_camera_says_it_too(capsys):
     assert main(["camera", str(SAMPLE), "--bundle", str(REPO / "models" / "demo" / "bundle")]) == 1
     out, err = capsys.readouterr()
     assert "unknown scene" not in out and out.count("s] ") == 3
-    assert err.count("edgecap: edgecap-demo-shapes knows only a synthetic world") == 1
+    assert out.count("edgecap: edgecap-demo-shapes knows only a synthetic world") == 1
+    assert err.strip().splitlines() == [f"edgecap: error: {SAMPLE}: no more frames; start it again, or pass "
+                                        "--reconnect to wait for it"]
 
 
 def test_a_bundle_without_domain_or_calibration_says_its_scenes_are_not_judged(bundle_copy: Path, capsys):
