@@ -415,6 +415,11 @@ if [ -d "$DEMO" ] && [ ! -e "$STATEDIR/bundle" ]; then
 elif [ ! -e "$STATEDIR/bundle" ]; then
     say "no bundle at $STATEDIR/bundle: copy yours there (or set bundle = in edgecap.toml)"
 fi
+# What the installed model knows, so that whoever points a real camera at a model of a
+# made-up world hears it here, before its captions.
+if [ -f "$STATEDIR/bundle/bundle.json" ]; then
+    say "$("$PYTHON" -I "$HERE/bundle-domain.py" "$STATEDIR/bundle")"
+fi
 
 # 7. Tell systemd and udev; enable, start only when asked.
 if [ -n "$ROOT" ]; then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ import msgspec
 import numpy as np
 
 from edgecap import files, schema
+from edgecap.domain import KINDS, Calibration, Domain, FeatureThreshold, Threshold
 from edgecap.errors import BundleError
 from edgecap.modelfile import ModelFile, open_model
 from edgecap.tflite_verify import verify_tflite
@@ -138,7 +140,9 @@ class Bundle:
     ``compiled_encoder`` say which the bundle has.
     ``int8_steps`` are the step models with int8 weights (``rnn.int8``), which
     run instead of the float ones unless asked (``steps``); None when the
-    bundle ships none.
+    bundle ships none. ``domain`` is what the model knows (kind ``unknown``
+    when bundle.json does not say) and ``calibration`` the thresholds that
+    tell its world from others (``edgecap.domain``), None when it has none.
     """
 
     root: Path
@@ -176,6 +180,8 @@ class Bundle:
             return self.edgetpu_encoder_model
         return self.encoder_model if self.encoder_model.edgetpu else None
     int8_steps: Optional[RnnSteps] = None
+    domain: Domain = Domain()
+    calibration: Optional[Calibration] = None
 
     def steps(self, float_rnn: bool = False) -> RnnSteps:
         """Returns the step models to run: the int8 ones where shipped, unless ``float_rnn``."""
@@ -235,6 +241,36 @@ class _TokensDoc(msgspec.Struct, forbid_unknown_fields=True):
     unk: _TokenId
 
 
+_Text = Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+_Percentile = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
+
+
+class _DomainDoc(msgspec.Struct, forbid_unknown_fields=True):
+    kind: Annotated[str, msgspec.Meta(max_length=100)]  # one of domain.KINDS: checked by _check_domain, saying which
+    about: _Text
+
+
+class _ThresholdDoc(msgspec.Struct, forbid_unknown_fields=True):
+    # A mean log-probability: finite and at most 0.
+    unknown_below: Annotated[float, msgspec.Meta(ge=-1e6, le=0.0)]
+    statistic: str = ""
+    percentile: Optional[_Percentile] = None
+    heldout_windows: Optional[schema.Positive] = None
+
+
+class _FeatureDoc(msgspec.Struct, forbid_unknown_fields=True):
+    unknown_below: Annotated[float, msgspec.Meta(ge=-1.0, le=1.0)]  # a cosine
+    centroid: schema.Name
+    statistic: str = ""
+    percentile: Optional[_Percentile] = None
+    heldout_windows: Optional[schema.Positive] = None
+
+
+class _CalibrationDoc(msgspec.Struct, forbid_unknown_fields=True):
+    confidence: _ThresholdDoc
+    feature: Optional[_FeatureDoc] = None
+
+
 class _BundleDoc(msgspec.Struct):
     # Unknown top-level keys are allowed: bundles carry provenance and notes.
     schema_version: int
@@ -253,6 +289,9 @@ class _BundleDoc(msgspec.Struct):
     # Only "trained" captions mean anything; paper-scale bundles built with
     # random weights exist to measure speed and exactness.
     weights: Literal["trained", "imagenet", "random"] = "trained"
+    # What the model knows and when a window is not of it (docs/bundle.md); absent in older bundles.
+    domain: Optional[_DomainDoc] = None
+    calibration: Optional[_CalibrationDoc] = None
 
 
 class _VersionDoc(msgspec.Struct):
@@ -558,6 +597,47 @@ def _check_int8_steps(json_path: Path, int8: Optional[_StepsDoc], named: _Files,
     return int8_steps
 
 
+def _check_domain(json_path: Path, doc: _BundleDoc, feature_size: int) -> Tuple[Domain, Optional[Calibration]]:
+    """Reads what the model knows (``domain``) and its calibration, with the feature centroid's file.
+
+    The types and ranges were checked by the decode; here, the centroid: a
+    ``.npy`` file inside the bundle of ``feature_size`` finite values, not all 0.
+    """
+    if doc.domain is not None and doc.domain.kind not in KINDS:
+        raise BundleError(f"{json_path}: field 'domain.kind' is {doc.domain.kind!r}: say 'synthetic' (a made-up "
+                          "world) or 'real' (docs/bundle.md)")
+    domain = Domain(doc.domain.kind, doc.domain.about) if doc.domain is not None else Domain()
+    if doc.calibration is None:
+        return domain, None
+    c = doc.calibration.confidence
+    confidence = Threshold(c.unknown_below, c.statistic, c.percentile, c.heldout_windows)
+    f = doc.calibration.feature
+    if f is None:
+        return domain, Calibration(confidence)
+    field_ = "calibration.feature.centroid"
+    path = _file(json_path, field_, f.centroid)
+    assert path is not None
+    data = files.read_bytes(path, what="feature centroid", fix="restore it or re-export the bundle",
+                            error=BundleError)
+    try:
+        centroid = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError):
+        raise BundleError(f"{path}: field '{field_}' of {json_path} names a file that is not a NumPy .npy array: "
+                          "save the centroid with numpy.save") from None
+    if centroid.dtype.kind not in "fiu" or centroid.size != feature_size or centroid.ndim > 2:
+        raise BundleError(f"{path}: field '{field_}' of {json_path} holds {centroid.dtype} {list(centroid.shape)}, "
+                          f"not the {feature_size} numbers of the encoder's feature (feature_size): "
+                          "save the centroid of this encoder's features")
+    centroid = centroid.astype(np.float64).reshape(-1)
+    norm = float(np.linalg.norm(centroid)) if np.all(np.isfinite(centroid)) else float("nan")
+    if not np.isfinite(norm) or norm == 0.0:
+        raise BundleError(f"{path}: field '{field_}' of {json_path} holds a centroid with a non-finite value "
+                          "or all zeros: save the mean of held-out windows' features")
+    feature = FeatureThreshold(f.unknown_below, f.statistic, f.percentile, f.heldout_windows,
+                               centroid=(centroid / norm).astype(np.float32), centroid_file=path)
+    return domain, Calibration(confidence, feature)
+
+
 def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     """Loads a bundle directory and checks that its files agree with each other.
 
@@ -583,8 +663,7 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
     encoder, twin = _check_encoder(json_path, named, inp, doc.feature_size)
     steps = _check_steps(json_path, named, doc.feature_size, doc.rnn.hidden_size, vocab)
     int8_steps = _check_int8_steps(json_path, doc.rnn.int8, named, steps)
-    # A further part of bundle.json (what the model knows, its calibration) gets a check of its
-    # own here, taking the document and what the checks above returned, and a Bundle field.
+    domain, calibration = _check_domain(json_path, doc, doc.feature_size)
 
     root = json_path.parent.resolve()
     return Bundle(
@@ -611,4 +690,6 @@ def load_bundle(path: "str | os.PathLike[str]") -> Bundle:
         edgetpu_encoder=named.edgetpu_encoder,
         edgetpu_encoder_model=twin,
         int8_steps=int8_steps,
+        domain=domain,
+        calibration=calibration,
     )

@@ -54,6 +54,9 @@ class Caption:
       latency_ms: From the window's last frame leaving the source to this caption.
       confidence: Mean log-probability of its tokens and eos (<= 0; nearer 0
         is surer).
+      scene: ``known`` or ``unknown`` (a scene unlike the bundle's world, by
+        its calibration: the text is then a guess in that world's words), or
+        None when the bundle has no calibration to tell by (``edgecap.domain``).
     """
 
     text: str
@@ -66,6 +69,7 @@ class Caption:
     stage_ms: Dict[str, float] = field(default_factory=dict)
     latency_ms: float = 0.0
     confidence: float = 0.0
+    scene: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """Returns the record as JSON-ready plain types."""
@@ -116,6 +120,8 @@ class _Window:
     state: State
     first: Frame
     stage_ms: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    feature_sum: Optional[np.ndarray] = None  # of its frames' features, where the calibration reads their mean
+    features: int = 0
 
 
 def _windows_of(k: int, spec: WindowSpec) -> range:
@@ -267,6 +273,7 @@ class _RnnStep:
         self._cpu_truth = emulation.current().get("cpu") if self._pacer is not None else None
         self._run: Optional[Run] = None
         self._streams: Dict[Optional[Hashable], _StreamWindows] = {}
+        self._sum_features = bundle.calibration is not None and bundle.calibration.feature is not None
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         if job.frame is None:
@@ -308,6 +315,10 @@ class _RnnStep:
             win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
             win.stage_ms["preprocess"] += job.ms["preprocess"]
             win.stage_ms["cnn"] += job.ms["cnn"]
+            if self._sum_features:
+                flat = feature.reshape(-1)
+                win.feature_sum = flat.astype(np.float64) if win.feature_sum is None else win.feature_sum + flat
+                win.features += 1
             if k == n * spec.stride + spec.frames - 1:
                 job.finished.append((stream.open.pop(n), job.frame))
         job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
@@ -347,10 +358,18 @@ class _Decode:
                     stage_ms={k: round(v, 3) for k, v in win.stage_ms.items()},
                     latency_ms=round((done - job.arrived) * 1e3, 3),
                     confidence=round(decoded.confidence, 6),
+                    scene=self._scene(decoded.confidence, win),
                 )
             )
         job.finished = []
         return job
+
+    def _scene(self, confidence: float, win: _Window) -> Optional[str]:
+        calibration = self._bundle.calibration
+        if calibration is None:
+            return None
+        mean = None if win.feature_sum is None else win.feature_sum / win.features
+        return calibration.scene(confidence, mean)
 
 
 class EdgeCaptioner:

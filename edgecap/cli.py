@@ -27,6 +27,7 @@ from edgecap import __version__, files
 from edgecap.argtypes import Parser, float_in, int_in, int_list_in, int_or_auto
 from edgecap.bundle import DEMO_DIR, default_bundle
 from edgecap.command import EXIT_SIGTERM, run_command
+from edgecap.domain import notices
 from edgecap.errors import EdgecapError, RunFailure
 from edgecap.limits import (DEFAULT_BEAM, DEFAULT_CANDIDATES, DEFAULT_CANDIDATES_MB, DEFAULT_HOST_ROUNDS,
                             MAX_BEAM, MAX_CANDIDATES, MAX_CANDIDATES_MB, MAX_HOST_ROUNDS, MAX_QUEUE,
@@ -124,6 +125,17 @@ def _timing_table(captions: list, frames_per_window: int, stats: Any) -> str:
     return "\n".join(out)
 
 
+def _caption_line(c: Any, expected: Optional[List[str]]) -> str:
+    """A caption as ``caption`` and ``camera`` print it: times, text, an unknown scene marked, the demo's truth."""
+    line = f"[{c.start_time:7.2f}s - {c.end_time:7.2f}s] {c.text}"
+    if c.scene == "unknown":
+        line += "   (unknown scene)"
+    if expected is not None and c.window < len(expected):
+        ok = "ok" if c.text == expected[c.window] else "MISS"
+        line += f"   (truth: {expected[c.window]}; {ok})"
+    return line
+
+
 def _captioner_options(args: argparse.Namespace) -> "CaptionerOptions":
     """The one ``CaptionerOptions`` record of ``caption``/``camera``'s flags (checked when made)."""
     from edgecap.options import CaptionerOptions
@@ -158,16 +170,18 @@ def _cmd_caption(args: argparse.Namespace) -> int:
         if weights != "trained":  # a paper-scale bundle's captions are noise by design
             print(f"BUNDLE: {weights} weights — captions measure speed and exactness, "
                   "not quality", file=sys.stderr)
+        notes = notices(cap.bundle.name, cap.bundle.domain, cap.bundle.calibration)
         for c in cap.stream(source):
             captions.append(c)
+            # Once, with the first caption: what the model knows heads the text on stdout (stderr keeps
+            # to one line for an error); beside JSON lines it goes to stderr, after the first record.
+            first = notes if len(captions) == 1 else []
             if args.json:
                 print(json.dumps({**c.to_dict(), "weights": weights}), flush=True)
+                if first:
+                    print(*first, sep="\n", file=sys.stderr, flush=True)
             else:
-                line = f"[{c.start_time:7.2f}s - {c.end_time:7.2f}s] {c.text}"
-                if expected is not None and c.window < len(expected):
-                    ok = "ok" if c.text == expected[c.window] else "MISS"
-                    line += f"   (truth: {expected[c.window]}; {ok})"
-                print(line, flush=True)
+                print(*first, _caption_line(c, expected), sep="\n", flush=True)
     if captions and not args.json:
         print(_timing_table(captions, cap.window.frames, cap.stats()))
     if args.command == "camera":  # a camera has no end of its own: Ctrl-C ends it, or this
@@ -206,9 +220,22 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(f"{b.root}: ok: {b.name}, input {b.input.height}x{b.input.width}x{b.input.channels}, "
           f"{b.feature_size} features, vocabulary {len(b.vocab)}, window {b.window.frames} "
           f"frames / stride {b.window.stride} @ {b.window.sample_fps} fps, {describe(b)}")
+    print(_knows_line(b))
     for line in _candidate_lines(b):
         print(line)
     return 0
+
+
+def _knows_line(bundle: Any) -> str:
+    """``edgecap validate``'s line on what the model knows and how its captions' scene is judged."""
+    d, c = bundle.domain, bundle.calibration
+    knows = f"knows: {d.kind} ({d.about})" if d.kind != "unknown" else "knows: not declared (no 'domain')"
+    if c is None:
+        return f"{knows}; no calibration: captions carry scene null (not judged)"
+    rule = f"confidence < {c.confidence.unknown_below:g}"
+    if c.feature is not None:
+        rule += f" or feature cosine < {c.feature.unknown_below:g}"
+    return f"{knows}; a window is an unknown scene when {rule}"
 
 
 def _candidate_lines(bundle: Any) -> List[str]:

@@ -9,8 +9,12 @@ when, how sure the model was, and a thumbnail.
 *near-same* (the same content words in the same order) merge; a caption that
 differs opens a new event at once if it is confident, else only once
 ``confirm_windows`` consecutive windows agree on it, so that a one-window
-flicker stays inside the event it interrupted. Every window belongs to exactly
-one event.
+flicker stays inside the event it interrupted. A window of an unknown scene
+(``Caption.scene``, ``edgecap.domain``) opens no event: ``confirm_windows`` of
+them in a row close the event in progress, fewer are a flicker inside it, and
+after them a caption opens an event only once ``confirm_windows`` windows
+agree on it. Every window of a known scene (or of a bundle without a
+calibration, whose scene is not judged) belongs to exactly one event.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any, Dict, FrozenSet, List, Literal, Optional, Protocol, Tupl
 import cv2
 import numpy as np
 
+from edgecap.domain import UNKNOWN
+
 
 class CaptionLike(Protocol):
     """What the tracker reads of a window's caption (``edgecap.captioner.Caption`` has it).
@@ -36,6 +42,7 @@ class CaptionLike(Protocol):
     start_time: float
     end_time: float
     confidence: float
+    scene: Optional[str]
 
 # What happened to an event at a call of ``Sink.event``: it opened (its first
 # window), took one more window, or closed (the caption changed or the camera
@@ -145,10 +152,10 @@ def thumbnail(image: np.ndarray, rule: EventRule = EventRule()) -> bytes:
 
 @dataclass
 class _Window:
-    """A window waiting for its change to be confirmed."""
+    """A window waiting for its change to be confirmed; ``key`` None for a scene the model does not know."""
 
     text: str
-    key: Tuple[str, ...]
+    key: Optional[Tuple[str, ...]]
     start: float
     end: float
     confidence: float
@@ -172,6 +179,7 @@ class EventTracker:
         self._event: Optional[Event] = None
         self._key: Tuple[str, ...] = ()
         self._pending: List[_Window] = []  # windows that differ from the event, not yet confirmed
+        self._after_unknown = False  # the last windows were unknown scenes: the next event must be confirmed
 
     @property
     def current(self) -> Optional[Event]:
@@ -191,14 +199,16 @@ class EventTracker:
         Returns:
           The changes, in order: ``opened`` for a first window, ``extended``
           when it (and any flicker before it) joined the event in progress,
-          ``closed`` then ``opened`` when a change is confirmed, nothing while
-          a change waits for confirmation.
+          ``closed`` then ``opened`` when a change is confirmed, ``closed``
+          alone when an unknown scene is, nothing while a change waits for
+          confirmation or no event is open in an unknown scene.
         """
-        window = _Window(caption.text, self.rule.key(caption.text),
+        unknown = getattr(caption, "scene", None) == UNKNOWN
+        window = _Window(caption.text, None if unknown else self.rule.key(caption.text),
                          caption.start_time if start is None else start,
                          caption.end_time if end is None else end, caption.confidence, image)
         if self._event is None:
-            return [self._open([window])]
+            return self._start(window)
         if window.key == self._key:
             # The windows that differed in between were a flicker: they stay in this event.
             for w in self._pending + [window]:
@@ -211,20 +221,41 @@ class EventTracker:
                 self._add(w)
             self._pending = []
         self._pending.append(window)
-        if len(self._pending) < self.rule.confirm_windows and not self.rule.is_confident(window.confidence):
+        confirmed = len(self._pending) >= self.rule.confirm_windows
+        if unknown:  # never at once: one unsure window of the model's own world is no scene change
+            if not confirmed:
+                return []
+            self._pending, self._after_unknown = [], True  # they belong to no event
+            return [self._close()]
+        if not confirmed and not self.rule.is_confident(window.confidence):
             return []
         closed = self._close()
         return [closed, self._open(self._pending)]
 
+    def _start(self, window: _Window) -> List[Tuple[Event, Change]]:
+        """A window while no event is open: the first opens one at once; after unknown scenes, a confirmed run."""
+        if window.key is None:
+            self._pending, self._after_unknown = [], True
+            return []
+        if not self._after_unknown:
+            return [self._open([window])]
+        # The model was just found not to know what it saw: its confidence is no reason to believe it at once.
+        if self._pending and window.key != self._pending[-1].key:
+            self._pending = []
+        self._pending.append(window)
+        return [self._open(self._pending)] if len(self._pending) >= self.rule.confirm_windows else []
+
     def close(self) -> List[Tuple[Event, Change]]:
         """Closes the event in progress (camera offline, end of the source, stop).
 
-        Windows still waiting for confirmation join it: too few to make an event of their own.
+        Windows still waiting for confirmation join it: too few to make an event of their own
+        (with no event in progress, they are dropped).
 
         Returns:
           ``[(event, "closed")]``, or ``[]`` when no event is in progress.
         """
         if self._event is None:
+            self._pending, self._after_unknown = [], False  # what follows is a new stream
             return []
         for w in self._pending:
             self._add(w)
@@ -236,8 +267,9 @@ class EventTracker:
         self._event = Event(id=f"{self.camera}@{round(first.start * 1000)}", camera=self.camera,
                             text=first.text, start_time=first.start, end_time=first.end,
                             confidence=-math.inf, windows=0)
+        assert first.key is not None
         self._key = first.key
-        self._pending = []
+        self._pending, self._after_unknown = [], False
         for w in windows:
             self._add(w)
         return (self.current, "opened")

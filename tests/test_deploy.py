@@ -643,6 +643,8 @@ def test_install_stages_the_unit_rules_config_venv_and_bundle(staged, tmp_path):
     assert stat.S_IMODE(config.stat().st_mode) == 0o640
     assert stat.S_IMODE((root / "etc/edgecap").stat().st_mode) == 0o750
     assert (root / "var/lib/edgecap/bundle").is_dir()
+    # What the installed model knows: the demo, a synthetic world (issue #26).
+    assert "edgecap-demo-shapes knows only a synthetic world" in first.stdout
     # A staging root without a PCIe TPU under its /sys: no wait for /dev/apex_0.
     assert not (root / "etc/systemd/system/edgecap.service.d").exists()
     if shutil.which("systemctl"):

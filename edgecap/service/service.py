@@ -43,8 +43,9 @@ from typing import Any, Dict, List, Optional, TextIO
 import cv2
 
 from edgecap import devices
-from edgecap.bundle import WindowSpec, default_bundle, load_bundle
+from edgecap.bundle import Bundle, WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import Caption, EdgeCaptioner, FrameResult
+from edgecap.domain import notices
 from edgecap.errors import EdgecapError, RunCancelled, RunFailure
 from edgecap.events import Change, Event, EventTracker
 from edgecap.options import CaptionerOptions
@@ -111,6 +112,8 @@ class Service:
         try:
             self.captioner = EdgeCaptioner(bundle, options)
             self._closers.append(self.captioner)
+            info = model_info(bundle)
+            self.state.model(info)
             choice = self.captioner.choice
             if choice.fallback:
                 self.metrics.fallback(choice.fallback)
@@ -147,6 +150,8 @@ class Service:
         except BaseException:  # a bad value, or SIGTERM while starting: close what opened
             self._close_all()
             raise
+        for line in info["notices"]:  # once, when nothing can refuse the start any more
+            _log.warning("%s", line)
 
     def _spec(self, c: Any) -> CameraSpec:
         return CameraSpec(name=c.name, source=c.source, width=c.width, height=c.height, fps=c.fps,
@@ -364,6 +369,24 @@ class Service:
             except Exception as exc:  # closing must go on: the sinks hold unflushed captions
                 _log.warning("edgecap: closing %s failed: %s", type(thing).__name__, exc)
         self._closers = []
+
+
+def model_info(bundle: Bundle) -> Dict[str, Any]:
+    """What the status page and ``/api/stats`` say of the model: its name, what it knows, how scenes are judged.
+
+    Args:
+      bundle: The running bundle.
+
+    Returns:
+      ``{"name", "domain": {"kind", "about"}, "calibration": {"unknown_below",
+      "feature_unknown_below"} or None, "notices": [the lines the journal gets]}``.
+    """
+    c = bundle.calibration
+    calibration = None if c is None else {
+        "unknown_below": c.confidence.unknown_below,
+        "feature_unknown_below": None if c.feature is None else c.feature.unknown_below}
+    return {"name": bundle.name, "domain": {"kind": bundle.domain.kind, "about": bundle.domain.about},
+            "calibration": calibration, "notices": notices(bundle.name, bundle.domain, c)}
 
 
 def _on_signal(signum: int, handler: Any) -> Any:

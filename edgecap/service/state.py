@@ -80,6 +80,7 @@ class ServiceState:
         self._thumbnails: Dict[str, bytes] = {}  # event id -> JPEG, for the events the cameras keep
         self._devices: List[Dict[str, Any]] = []
         self._sinks: Dict[str, Dict[str, Any]] = {}
+        self._model: Optional[Dict[str, Any]] = None
         self._version = 0  # bumped on every write: lets a reader skip an unchanged snapshot
 
     @property
@@ -209,6 +210,16 @@ class ServiceState:
             self._sinks = {name: dict(c) for name, c in counters.items()}
             self._version += 1
 
+    def model(self, info: Dict[str, Any]) -> None:
+        """Records what the running model knows (``name``, ``domain``, ``calibration``, ``notices``), for the page.
+
+        Args:
+          info: A JSON-ready dict (``edgecap.service.service.model_info``).
+        """
+        with self._lock:
+            self._model = dict(info)
+            self._version += 1
+
     def pipeline(self, camera: str, stats: Dict[str, Any]) -> None:
         """Replaces a camera's pipeline figures (fps_in, fps_out, dropped, latency_ms, ...).
 
@@ -242,8 +253,9 @@ class ServiceState:
           ``{"version", "started", "uptime_s", "cameras": {name: {...}},
           "captions": {name: [newest first]}, "events": {name: {"current":
           event or None, "recent": [closed events, newest first]}},
-          "devices": [...], "sinks": {name: {"sent", "dropped", "errors", ...}}}``
-          (events as the module docstring says). Each camera
+          "devices": [...], "sinks": {name: {"sent", "dropped", "errors", ...}},
+          "model": {"name", "domain", "calibration", "notices"} or None}``
+          (events as the module docstring says; the model as ``model`` set it). Each camera
           has ``status``, ``reason``, ``status_age_s``, ``frame_seq`` (bumped
           per frame: a page reloads the image when it changes), ``frame_t``,
           ``frame_age_s``, ``caption_age_s``, ``captions`` (count) and
@@ -278,6 +290,7 @@ class ServiceState:
                 "events": events,
                 "devices": [dict(d) for d in self._devices],
                 "sinks": {name: dict(c) for name, c in self._sinks.items()},
+                "model": None if self._model is None else dict(self._model),
             }
 
     def health(self, max_caption_age_s: float) -> Tuple[bool, str]:

@@ -8,8 +8,10 @@ the wall clock stepped back under a running service, a new event's rowid is
 the highest yet plus one instead, so that newest first stays newest first.
 Its text and camera are indexed by an FTS5 table over the rows (external
 content, kept in step by triggers). Thumbnails are BLOBs in their own table,
-by the event's rowid; captions (optional) in theirs. The header carries
-edgecap's application id (``ownership.APPLICATION_ID``).
+by the event's rowid; captions (optional) in theirs, each with its ``scene``
+(``known``, ``unknown``, or NULL: not judged, or written before the column,
+which an older history gets at open). The header carries edgecap's
+application id (``ownership.APPLICATION_ID``).
 
 Recovery. WAL makes each commit atomic; SQLite replays or drops the WAL on the
 next open. At open the writer runs ``PRAGMA quick_check``; edgecap's own file
@@ -72,10 +74,14 @@ CREATE TABLE IF NOT EXISTS captions (
     start_time REAL NOT NULL,
     end_time REAL NOT NULL,
     text TEXT NOT NULL,
-    confidence REAL NOT NULL
+    confidence REAL NOT NULL,
+    scene TEXT
 );
 CREATE INDEX IF NOT EXISTS captions_time ON captions(time);
 """
+# Columns added since a table was first written: (table, column, declaration). A history of an
+# older edgecap gets them at open; its rows read NULL there (not recorded).
+_ADDED_COLUMNS = (("captions", "scene", "TEXT"),)
 
 # SQLite's primary result codes (sqlite3.h) and what each means to the writer.
 _KIND_OF_CODE = {5: "busy", 6: "busy", 8: "readonly", 10: "io", 11: "corrupt", 13: "full", 14: "io", 26: "corrupt"}
@@ -170,6 +176,7 @@ def open_database(path: Path) -> sqlite3.Connection:
         db = _connect(path)
     try:
         db.executescript(_SCHEMA)
+        _add_columns(db)
         db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         with db:
             db.execute("UPDATE events SET closed = 1 WHERE closed = 0")  # left open by a crash
@@ -177,6 +184,14 @@ def open_database(path: Path) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Adds the columns a history written by an older edgecap lacks (``_ADDED_COLUMNS``)."""
+    for table, column, declaration in _ADDED_COLUMNS:
+        if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+            with db:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
 
 def _connect(path: Path) -> sqlite3.Connection:

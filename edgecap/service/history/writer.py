@@ -85,6 +85,7 @@ class _Caption:
     end_time: float
     text: str
     confidence: float
+    scene: Optional[str]
 
 
 class _Waiting:
@@ -197,7 +198,7 @@ class HistorySink(Sink):
         """Queues the caption when ``captions`` is on."""
         if self._keep_captions:
             self._put(_Caption(camera, self._wall(), caption.start_time, caption.end_time, caption.text,
-                               caption.confidence))
+                               caption.confidence, caption.scene))
 
     def _put(self, item: Any) -> bool:
         """Queues ``item`` for the writer; False if it was dropped."""
@@ -351,9 +352,9 @@ class _Writer:
                         self.rowids.pop(change.event.id, None)
                     else:
                         self.rowids[change.event.id] = rowid
-                db.executemany("INSERT INTO captions(camera, time, start_time, end_time, text, confidence) "
-                               "VALUES (?, ?, ?, ?, ?, ?)",
-                               [(c.camera, c.time, c.start_time, c.end_time, c.text, c.confidence)
+                db.executemany("INSERT INTO captions(camera, time, start_time, end_time, text, confidence, scene) "
+                               "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               [(c.camera, c.time, c.start_time, c.end_time, c.text, c.confidence, c.scene)
                                 for c in waiting.captions])
         except sqlite3.Error as exc:
             self._failed(store.error_kind(exc), exc)

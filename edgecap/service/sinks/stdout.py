@@ -76,10 +76,11 @@ class StdoutSink(Sink):
         self._written = 0
 
     def caption(self, camera: str, caption: "Caption") -> None:
-        """Writes ``camera [start - end] text`` and flushes, so the journal has it at once."""
+        """Writes ``camera [start - end] text`` (and ``(unknown scene)``) and flushes, so the journal has it at once."""
         text = " ".join(caption.text.split())  # one caption, one line
+        mark = "   (unknown scene)" if getattr(caption, "scene", None) == "unknown" else ""
         self._stream.write(f"{self._prefix}{camera} [{caption.start_time:7.2f}s - "
-                           f"{caption.end_time:7.2f}s] {text}\n")
+                           f"{caption.end_time:7.2f}s] {text}{mark}\n")
         self._stream.flush()
         self._written += 1
 

@@ -171,6 +171,7 @@ function renderCamera(name, cam, captions, events) {
   }
   const latest = captions[0];
   c.caption.textContent = latest ? latest.text : "waiting for the first caption…";
+  if (latest && latest.scene === "unknown") c.caption.append(" ", el("span", "scene", "(unknown scene)"));
   renderConfidence(c, latest);
   const p = cam.pipeline || {};
   const lat = p.latency_ms && typeof p.latency_ms === "object" ? p.latency_ms.p50 : p.latency_ms;
@@ -180,6 +181,7 @@ function renderCamera(name, cam, captions, events) {
   c.recent.replaceChildren(...captions.slice(1, RECENT + 1).map((cap) => {
     const li = el("li");
     li.append(el("time", "muted", new Date(cap.at * 1000).toLocaleTimeString()), " ", cap.text);
+    if (cap.scene === "unknown") li.append(" ", el("span", "scene", "(unknown scene)"));
     return li;
   }));
   c.current = events.current || null;
@@ -232,8 +234,17 @@ function renderSinks(sinks) {
   }));
 }
 
+// What the model knows, when that is worth a warning (a synthetic world, no calibration): one line.
+function renderModel(model) {
+  const notice = document.getElementById("model-notice");
+  const lines = model && Array.isArray(model.notices) ? model.notices : [];
+  notice.textContent = lines.map((line) => line.replace(/^edgecap: /, "")).join(" ");
+  notice.hidden = !lines.length;
+}
+
 function render(snap) {
   document.getElementById("uptime").textContent = duration(snap.uptime_s);
+  renderModel(snap.model);
   const events = snap.events || {};  // per camera: {current, recent}, where the service tracks events
   for (const [name, cam] of Object.entries(snap.cameras)) {
     renderCamera(name, cam, snap.captions[name] || [], events[name] || {});
