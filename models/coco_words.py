@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 # The 80 COCO detection categories, in the order detectors trained on COCO emit them.
 CLASSES: Tuple[str, ...] = (
