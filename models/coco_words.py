@@ -56,13 +56,21 @@ def article(name: str) -> str:
     return "an" if name[0] in "aeio" or name.startswith("umbrella") else "a"
 
 
+# Names that are plural in form are counted in pairs: "a pair of skis", "two pairs of scissors".
+_PAIRS = ("skis", "scissors")
+
+
+def one(name: str) -> str:
+    """Returns one ``name`` with its article: "a bicycle", "an apple", "a pair of skis"."""
+    return f"a pair of {name}" if name in _PAIRS else f"{article(name)} {name}"
+
+
 def phrase(name: str, count: int) -> str:
-    """Returns ``name`` with its count: "a bicycle", "an apple", "two people", "many cars"."""
+    """Returns ``name`` with its count: "a bicycle", "an apple", "two people", "many cars", "two pairs of skis"."""
     if count <= 1:
-        return f"{article(name)} {name}"
-    if count < len(COUNT_WORDS):
-        return f"{COUNT_WORDS[count]} {plural(name)}"
-    return f"many {plural(name)}"
+        return one(name)
+    many = COUNT_WORDS[count] if count < len(COUNT_WORDS) else "many"
+    return f"{many} pairs of {name}" if name in _PAIRS else f"{many} {plural(name)}"
 
 
 @dataclass(frozen=True)
@@ -89,13 +97,14 @@ def sentence(scene: Scene, max_objects: int = 3) -> str:
     text = parts[0] if len(parts) == 1 else " ".join(parts[:-1]) + " and " + parts[-1]
     if scene.motion is not None:
         main = CLASSES[scene.objects[0][0]]
-        text += f" ; {article(main)} {main} moves {scene.motion}"
+        text += f" ; {one(main)} moves {scene.motion}"
     return text
 
 
 def vocabulary() -> List[str]:
     """Every word a sentence can hold (no special tokens), sorted."""
-    words = {"and", ";", "moves", "many", "a", "an", *COUNT_WORDS[1:], *MOTIONS, *NOTHING.split()}
+    words = {"and", ";", "moves", "many", "a", "an", "pair", "pairs", "of", *COUNT_WORDS[1:], *MOTIONS,
+             *NOTHING.split()}
     for name in CLASSES:
         words.update(name.split())
         words.update(plural(name).split())
