@@ -141,6 +141,27 @@ def _files(paths: Sequence[Path]) -> List[Path]:
     return [p for c in paths for p in (sorted(c.glob("*.mp4")) if c.is_dir() else [c])]
 
 
+def _feature_report(args: argparse.Namespace, report: Dict[str, object]) -> Dict[str, object]:
+    """Adds the feature-space calibration and its measured unknown shares to ``report``; returns the calibration."""
+    reference_f = window_features(args.bundle, _files(args.clips))
+    feat = feature_calibration(reference_f, args.percentile)
+    centroid = np.asarray(feat["centroid"], np.float32)
+    report["feature_calibration"] = {k: v for k, v in feat.items() if k != "centroid"}
+    reference_c = cosines(reference_f, centroid)
+    by = {str(p): {"unknown_below": round(float(np.percentile(reference_c, p)), 6)} for p in (1.0, 2.0, 5.0, 10.0)}
+    for key, clips, every in (("heldout", args.heldout, False), ("foreign", args.foreign, True)):
+        if clips:
+            c = cosines(window_features(args.bundle, _files(clips), all_windows=every), centroid)
+            report["feature_calibration"][f"{key}_unknown_share"] = round(float(np.mean(c < feat["unknown_below"])), 4)
+            report["feature_calibration"][f"{key}_cosine_range"] = [round(float(c.min()), 4), round(float(c.max()), 4)]
+            for row in by.values():
+                row[f"{key}_unknown_share"] = round(float(np.mean(c < row["unknown_below"])), 4)
+    report["feature_calibration"]["by_percentile"] = by
+    if args.centroid:
+        np.save(args.bundle / args.centroid, centroid)
+    return feat
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.domain", description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
@@ -174,27 +195,11 @@ def main(argv: Sequence[str]) -> int:
         str(p): {"unknown_below": (below := calibration(reference, p)["unknown_below"]),
                  **{f"{key}_unknown_share": round(unknown_share(v, below), 4) for key, v in measured.items()}}
         for p in (1.0, 2.0, 5.0, 10.0)}
-    if args.features:
-        reference_f = window_features(args.bundle, _files(args.clips))
-        feat = feature_calibration(reference_f, args.percentile)
-        centroid = np.asarray(feat["centroid"], np.float32)
-        report["feature_calibration"] = {k: v for k, v in feat.items() if k != "centroid"}
-        reference_c = cosines(reference_f, centroid)
-        by = {str(p): {"unknown_below": round(float(np.percentile(reference_c, p)), 6)} for p in (1.0, 2.0, 5.0, 10.0)}
-        for key, clips, every in (("heldout", args.heldout, False), ("foreign", args.foreign, True)):
-            if clips:
-                c = cosines(window_features(args.bundle, _files(clips), all_windows=every), centroid)
-                report["feature_calibration"][f"{key}_unknown_share"] = round(float(np.mean(c < feat["unknown_below"])), 4)
-                report["feature_calibration"][f"{key}_cosine_range"] = [round(float(c.min()), 4), round(float(c.max()), 4)]
-                for row in by.values():
-                    row[f"{key}_unknown_share"] = round(float(np.mean(c < row["unknown_below"])), 4)
-        report["feature_calibration"]["by_percentile"] = by
-        if args.centroid:
-            np.save(args.bundle / args.centroid, centroid)
+    feat = _feature_report(args, report) if args.features else None
     print(json.dumps(report, indent=1))
     if args.write:
         fields = {"confidence": calib}
-        if args.features and args.centroid:
+        if feat is not None and args.centroid:
             fields["feature"] = {**{k: v for k, v in feat.items() if k != "centroid"}, "centroid": args.centroid}
         write_fields(args.bundle, domain, fields)
     if args.json:

@@ -23,6 +23,8 @@ def test_counts_and_articles():
     assert phrase("umbrella", 1) == "an umbrella"
     assert phrase("person", 2) == "two people"
     assert phrase("car", 9) == "many cars"
+    assert phrase("scissors", 1) == "a pair of scissors" and phrase("skis", 2) == "two pairs of skis"
+    assert sentence(Scene(((IDX["skis"], 1),), "up")) == "a pair of skis ; a pair of skis moves up"
 
 
 def test_a_sentence_names_objects_then_the_main_ones_motion():
