@@ -128,7 +128,7 @@ def template_stills(bundle_dir: Path, paths: Sequence[Path]) -> List[str]:
 
 def photo_table(systems: Dict[str, List[str]], photos: Dict[int, dict]) -> Dict[str, Dict[str, float]]:
     """Noun precision/recall, BLEU-4 and CIDEr-D of each system's captions of the photos."""
-    from edgecap.evaluate import score
+    from edgecap_lab.evaluate import score
 
     keys = [str(k) for k in photos]
     refs = {str(k): [_clean(r) for r in v["refs"]] for k, v in photos.items()}
