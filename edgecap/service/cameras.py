@@ -283,15 +283,21 @@ class CameraFeed:
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stops the feed and waits for its threads; idempotent.
+        """Stops the feed and waits for its threads, readers left inside a hung open included; idempotent.
 
         Args:
-          timeout: Returns after this many seconds even if a read hangs (the
-            threads are daemons and end when the read returns).
+          timeout: Returns after this many seconds in all even if a read or an
+            open hangs (the threads are daemons and end when it returns).
         """
         self.request_stop()
-        if self._thread.ident is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        if self._thread.ident is None or self._thread is threading.current_thread():
+            return
+        end = time.monotonic() + timeout
+        self._thread.join(timeout)
+        with self._cond:
+            hung = [c.thread for c in self._hung if c.thread is not None]
+        for thread in hung:  # readers left inside an open: they end once it returns
+            thread.join(max(0.0, end - time.monotonic()))
 
     def request_stop(self) -> None:
         """Tells the feed to stop, without waiting (so many feeds stop at once)."""
