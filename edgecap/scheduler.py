@@ -13,7 +13,10 @@ the source, and memory stays bounded whatever the consumer does.
 
 The feeder thread reads the source. A file source blocks when the head queue is
 full; a live source (a camera) never blocks: the head keeps only the newest
-item and counts the ones it displaced as drops.
+item and counts the ones it displaced as drops. Steps on the worker ``FEEDER``
+(they must come first) run on the feeder thread, on each item as it is read,
+before its hand-off: work that belongs with reading (a frame's resize and
+quantisation), so that it overlaps the workers' without a hand-off of its own.
 
 ``Pipeline(steps, pipelined=False)`` runs every step in the calling thread
 instead, one item at a time: the sequential schedule, with the same statistics.
@@ -89,6 +92,8 @@ from edgecap.stats import PipelineStats, RunRecorder
 from edgecap.trace import Tracer
 
 SOURCE_TRACK = "source"
+# The worker of steps the feeder thread runs as it reads (see the module docstring).
+FEEDER = "feeder"
 _THREAD_PREFIX = "edgecap-"
 
 JOIN_TIMEOUT_S = 1.0
@@ -114,7 +119,10 @@ class Step:
 
     Attributes:
       name: The step's name in statistics and traces.
-      worker: The worker (device) whose thread runs it.
+      worker: The worker (device) whose thread runs it. ``FEEDER``: the
+        feeder thread of each run, as it reads; such steps come first, are
+        opened once in the pipeline's constructor, must own nothing bound to
+        a thread, and have no deadline.
       open: Called once in that thread; returns the function ``payload -> payload``
         the thread then calls for every item. It owns whatever it opens.
       accepts: Optional ``payload -> bool``: False skips the step for that
@@ -392,6 +400,8 @@ class _Core:
     def __init__(self, groups: List[Tuple[str, List[Step]]], queue_size: int, batch: int,
                  tracer: Optional[Tracer]) -> None:
         self.groups = groups
+        # The feeder's opened steps (``FEEDER``), set by the pipeline once they are open.
+        self.fed: List[_OpenStep] = []
         self.batch = batch
         self.tracer = tracer
         self.channels = [_Channel(i, queue_size) for i in range(len(groups) + 1)]
@@ -606,7 +616,8 @@ def _run_items(job: _Job, plan: List[_OpenStep], track: str, tracer: Optional[Tr
 def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
     """The feeder thread: reads the source into the head queue, then sends the run's end."""
     head = core.channels[0]
-    recorder, tracer, batch = run.recorder, core.tracer, core.batch
+    recorder, tracer, batch, fed = run.recorder, core.tracer, core.batch, core.fed
+    _local.run = run
     seq = 0
     pending: List[_Item] = []
     try:
@@ -625,6 +636,8 @@ def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
                         tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
                     recorder.item_in(t_in)
                     item = _Item(seq, payload, t_in)
+                    if fed:
+                        _run_fed(item, fed, tracer, recorder.busy, recorder.invokes)
                     seq += 1
                     if live:
                         recorder.dropped += head.put_latest(_Job(run, item.seq, [item]))
@@ -650,6 +663,21 @@ def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
                 head.put(_Job(run, seq, [], end=True))
     except (_Closed, _Dropped):
         pass
+
+
+def _run_fed(item: _Item, fed: List[_OpenStep], tracer: Optional[Tracer], busy: List[float],
+             invokes: List[int]) -> None:
+    """Runs the feeder's steps on an item as it is read; an error is the source's (see ``_feed``)."""
+    for step in fed:
+        if step.accepts is not None and not step.accepts(item.payload):
+            continue
+        start = time.perf_counter()
+        item.payload = step.fn(item.payload)
+        end = time.perf_counter()
+        busy[step.index] += end - start
+        invokes[step.index] += 1
+        if tracer is not None:
+            tracer.slice(SOURCE_TRACK, step.name, item.seq, start, end)
 
 
 class Pipeline:
@@ -687,7 +715,14 @@ class Pipeline:
             raise ConfigError(f"batch {batch}: hand over at least 1 frame at a time; use 1 or more")
         self._steps = list(steps)
         self._pipelined = pipelined
-        self._groups = _group_by_worker(self._steps)
+        fed = 0
+        while fed < len(self._steps) and self._steps[fed].worker == FEEDER:
+            fed += 1
+        self._fed = self._steps[:fed]
+        for step in self._fed:
+            if step.deadline_s is not None:
+                raise ConfigError(f"{step.name}: a step on the feeder has no deadline; give it a worker")
+        self._groups = _group_by_worker(self._steps[fed:])
         ends = [SOURCE_TRACK] + [name for name, _ in self._groups] + ["consumer"]
         self._queue_names = [f"{a}->{b}" for a, b in zip(ends, ends[1:])]
         self._queue_size = queue_size
@@ -702,10 +737,12 @@ class Pipeline:
         self._finalizer = weakref.finalize(self, self._core.shutdown, "garbage collection")
         self._finalizer.atexit = False  # _close_all_at_exit joins, with a timeout
         if pipelined:
+            self._core.fed = [_OpenStep(i, step, step.open()) for i, step in enumerate(self._fed)]
             self._start_workers()
         else:
             # Opened now, so a device that cannot open fails here, as with workers.
             self._inline = [step.open() for step in self._steps]
+            self._core.fed = [_OpenStep(i, step, fn) for i, (step, fn) in enumerate(zip(self._fed, self._inline))]
 
     @property
     def workers(self) -> List[str]:
@@ -715,7 +752,7 @@ class Pipeline:
     def _start_workers(self) -> None:
         core = self._core
         ready: List[Future] = []
-        first = 0
+        first = len(self._fed)
         for w, (name, steps) in enumerate(self._groups):
             future: Future = Future()
             thread = threading.Thread(
@@ -762,7 +799,7 @@ class Pipeline:
           PipelineBusy: If another thread's run is open.
         """
         recorder = RunRecorder(
-            steps=[(s.name, w) for w, group in self._groups for s in group],
+            steps=[(s.name, FEEDER) for s in self._fed] + [(s.name, w) for w, group in self._groups for s in group],
             queues=[(n, 1 if (i == 0 and live) else self._queue_size) for i, n in enumerate(self._queue_names)],
         )
         run = _Run(recorder)
@@ -782,7 +819,7 @@ class Pipeline:
         if previous is not None and previous.feeder is not None:
             # The previous run's source is closed before this one is read.
             _join(previous.feeder, JOIN_TIMEOUT_S, "its run was stopped")
-        if not self._pipelined:
+        if not self._pipelined and not self._fed:
             return _InlineRun(self, run, items)
         run.feeder = threading.Thread(
             target=_feed, args=(self._core, run, items, live), name=f"{_THREAD_PREFIX}feeder", daemon=True
@@ -790,6 +827,7 @@ class Pipeline:
         with self._core.lock:  # so close() joins it, or finds the queues closed when it starts
             self._core.feeders = [t for t in self._core.feeders if t.is_alive()] + [run.feeder]
             run.feeder.start()
+        _LIVE.add(self._core)
         return _ThreadedRun(self, run)
 
     def stats(self) -> Optional[PipelineStats]:
@@ -872,12 +910,20 @@ def _cancelled(run: _Run) -> BaseException:
 
 
 class _ThreadedRun(Iterator[Any]):
-    """The consumer's end of a pipelined run: payloads in input order."""
+    """The consumer's end of a pipelined run: payloads in input order.
+
+    Of a sequential run whose feeder's steps read ahead (``FEEDER``), it takes
+    the feeder's items and runs every other step on them itself, in order.
+    """
 
     def __init__(self, pipeline: Pipeline, run: _Run) -> None:
         self._pipeline = pipeline  # kept alive while the run is consumed
         self._run = run
-        self._out = pipeline._core.channels[-1]
+        core = pipeline._core
+        ahead = pipeline._inline is not None
+        self._out = core.channels[0 if ahead else -1]
+        self._steps = ([_OpenStep(i, step, fn) for i, (step, fn) in enumerate(zip(pipeline._steps, pipeline._inline))
+                        if step.worker != FEEDER] if ahead else [])
         self._pending: Deque[_Item] = collections.deque()
         self._end = False
         self._error: Optional[BaseException] = None
@@ -892,6 +938,10 @@ class _ThreadedRun(Iterator[Any]):
                 raise _cancelled(run)
             if self._pending:
                 item = self._pending.popleft()
+                if self._steps:
+                    self._run_steps(item)
+                    if run.cancelled:  # stopped while a step ran (its pacing cut short)
+                        continue
                 run.recorder.item_out(item.t_in, time.perf_counter())
                 return item.payload
             if self._end:
@@ -914,6 +964,28 @@ class _ThreadedRun(Iterator[Any]):
             if job.end:
                 self._end, self._error = True, job.error
                 run.ended = True
+
+    def _run_steps(self, item: _Item) -> None:
+        """Runs the steps this thread runs on an item; a failure stops the run and is raised."""
+        run = self._run
+        recorder, tracer = run.recorder, self._pipeline._tracer
+        _local.run = run
+        try:
+            for step in self._steps:
+                if step.accepts is not None and not step.accepts(item.payload):
+                    continue
+                start = time.perf_counter()
+                item.payload = step.fn(item.payload)
+                end = time.perf_counter()
+                recorder.busy[step.index] += end - start
+                recorder.invokes[step.index] += 1
+                if tracer is not None:
+                    tracer.slice(self._pipeline._steps[step.index].worker, step.name, item.seq, start, end)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            _local.run = None
 
     def _finish(self) -> None:
         run = self._run
@@ -1020,6 +1092,10 @@ class _InlineRun(Iterator[Any]):
 
 
 def _group_by_worker(steps: Sequence[Step]) -> List[Tuple[str, List[Step]]]:
+    for step in steps:
+        if step.worker == FEEDER:
+            raise ConfigError(f"{step.name} runs on the feeder after steps that do not; "
+                              "put the feeder's steps first")
     groups: List[Tuple[str, List[Step]]] = []
     for step in steps:
         if groups and groups[-1][0] == step.worker:

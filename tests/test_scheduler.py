@@ -8,7 +8,7 @@ import time
 import pytest
 
 from edgecap.errors import ConfigError
-from edgecap.scheduler import Pipeline, Step
+from edgecap.scheduler import FEEDER, Pipeline, Step
 from edgecap.trace import Tracer, load_slices
 
 
@@ -368,3 +368,94 @@ def test_a_worker_with_a_step_that_takes_every_item_is_never_passed_by():
         assert list(pipe.run(range(6))) == [0, 1, 20, 3, 40, 5]
         assert [q.puts for q in pipe.stats().queues] == [7, 7, 7]
     assert seen == [0, 1, 20, 3, 40, 5]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_steps_on_the_feeder_run_as_it_reads_before_any_hand_off(batch):
+    threads = {}
+
+    def on(name, tag):
+        def fn(x):
+            threads.setdefault(name, set()).add(threading.current_thread().name)
+            return x + [tag]
+        return fn
+
+    steps = [_step("prep", FEEDER, on("prep", "p")), _step("cnn", "cpu", on("cnn", "c"))]
+    with Pipeline(steps, batch=batch) as pipe:
+        assert pipe.workers == ["cpu"]  # no thread of its own
+        assert list(pipe.run([i] for i in range(10))) == [[i, "p", "c"] for i in range(10)]
+        stats = pipe.stats()
+    assert threads == {"prep": {"edgecap-feeder"}, "cnn": {"edgecap-cpu"}}
+    assert {(s.name, s.worker): s.invokes for s in stats.stages} == {("prep", FEEDER): 10, ("cnn", "cpu"): 10}
+    assert [q.name for q in stats.queues] == ["source->cpu", "cpu->consumer"]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_sequential_run_reads_ahead_on_the_feeder_and_runs_the_rest_in_the_consumer(batch):
+    threads = {}
+
+    def on(name, tag):
+        def fn(x):
+            threads.setdefault(name, set()).add(threading.current_thread().name)
+            return x + [tag]
+        return fn
+
+    steps = [_step("prep", FEEDER, on("prep", "p")), _step("cnn", "cpu", on("cnn", "c")),
+             Step("decode", "decode", lambda: on("decode", "d"), accepts=lambda x: x[0] % 4 == 3)]
+    with Pipeline(steps, pipelined=False, batch=batch) as pipe:
+        out = list(pipe.run([i] for i in range(10)))
+        stats = pipe.stats()
+        assert _pipeline_threads() == []  # the feeder ended with its run; no worker threads
+    assert out == [[i, "p", "c"] + (["d"] if i % 4 == 3 else []) for i in range(10)]
+    me = threading.current_thread().name
+    assert threads == {"prep": {"edgecap-feeder"}, "cnn": {me}, "decode": {me}}
+    assert {s.name: s.invokes for s in stats.stages} == {"prep": 10, "cnn": 10, "decode": 2}
+    assert stats.frames_in == stats.frames_out == 10 and stats.fps_out > 0
+
+
+def test_a_step_error_of_a_run_read_ahead_stops_its_feeder_and_comes_after_the_items_before_it():
+    read = []
+
+    def source():
+        for i in range(1000):
+            read.append(i)
+            yield i
+
+    def boom(x):
+        if x == 7:
+            raise ValueError("bad frame 7")
+        return x
+
+    with Pipeline([_step("prep", FEEDER), _step("cnn", "cpu", boom)], pipelined=False, batch=2) as pipe:
+        got = []
+        with pytest.raises(ValueError, match="bad frame 7"):
+            for x in pipe.run(source()):
+                got.append(x)
+        assert got == list(range(7)) and len(read) < 100
+        assert list(pipe.run([1, 2])) == [1, 2]
+        for i, _ in enumerate(pipe.run(range(1000))):  # stopping early ends the feeder too
+            if i == 3:
+                break
+        assert list(pipe.run(range(3))) == [0, 1, 2]
+
+
+def test_a_feeder_step_error_comes_after_the_items_before_it():
+    def refuse(x):
+        if x == 5:
+            raise ValueError("frame 5 is not an image")
+        return x
+
+    with Pipeline([_step("prep", FEEDER, refuse), _step("cnn", "cpu")], batch=3) as pipe:
+        got = []
+        with pytest.raises(ValueError, match="frame 5"):
+            for x in pipe.run(range(20)):
+                got.append(x)
+        assert got == [0, 1, 2, 3, 4]
+        assert list(pipe.run([1, 2])) == [1, 2]
+
+
+def test_feeder_steps_come_first_and_have_no_deadline():
+    with pytest.raises(ConfigError, match="put the feeder's steps first"):
+        Pipeline([_step("cnn", "cpu"), _step("prep", FEEDER)])
+    with pytest.raises(ConfigError, match="no deadline"):
+        Pipeline([Step("prep", FEEDER, lambda: (lambda x: x), deadline_s=1.0), _step("cnn", "cpu")])
