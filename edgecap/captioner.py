@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, Iterator, List, Mapp
 
 import numpy as np
 
-from edgecap import devices, emulation, faults, planner, stages
+from edgecap import cpu_load, devices, emulation, faults, planner, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
 from edgecap.events import Event, EventRule, EventTracker
 from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
@@ -36,6 +37,8 @@ from edgecap.supervisor import Run, Supervisor
 from edgecap.trace import Tracer
 
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
+
+_log = logging.getLogger("edgecap")
 
 
 @dataclass
@@ -138,16 +141,42 @@ class _CnnStage:
                 run.stage, run.worker, num_threads=run.threads, timing_only=not run.compute,
                 pace_ms=run.pace_ms, deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
         else:
-            self._runner = stages.open_stage(run.stage, run.worker, num_threads=run.threads,
-                                             timing_only=not run.compute, pace_ms=run.pace_ms, bus=run.bus)
+            self._runner = self._open(run, run.threads)
+        self._run = run
         self._device = str(run.worker)
         self._tpu = run.worker.kind in TPU_KINDS
         self._isolated = run.isolate
         self._released = released
+        # A host CNN on several kernel threads re-checks them as other processes take cores:
+        # one runner per thread count, each opened on this worker the first time it is wanted.
+        self._threads = run.threads
+        self._runners = {run.threads: self._runner}
+        self._load = cpu_load.OtherLoad(planner.HOST_RECHECK_S) if run.recheck is not None else None
+
+    @staticmethod
+    def _open(run: StageRun, threads: int) -> Any:
+        return stages.open_stage(run.stage, run.worker, num_threads=threads, timing_only=not run.compute,
+                                 pace_ms=run.pace_ms, bus=run.bus)
+
+    def _recheck(self, taken: float) -> None:
+        """Moves the CNN onto the kernel threads the host rule takes for the cores others left it."""
+        threads = planner.host_threads(self._run.recheck, taken, self._threads)
+        if threads == self._threads:
+            return
+        runner = self._runners.get(threads)
+        if runner is None:
+            runner = self._runners[threads] = self._open(self._run, threads)
+        _log.info("edgecap: host: the CNN now on %d kernel thread(s), was %d: other processes took "
+                  "%.1f of %d cores", threads, self._threads, taken, self._run.recheck.cores)
+        self._runner, self._threads = runner, threads
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         if job.frame is None:  # a heartbeat passes through, proving the worker is alive
             return job
+        if self._load is not None:
+            taken = self._load.poll()
+            if taken is not None:
+                self._recheck(taken)
         t0 = time.perf_counter()
         job.tensors = self._invoke(job.tensors) if self._tpu else self._runner(job.tensors)
         ms = (time.perf_counter() - t0) * 1e3
@@ -174,7 +203,8 @@ class _CnnStage:
 
     def close(self) -> None:
         """Releases the stage (an isolated one's worker process); called by its worker thread as it exits."""
-        self._runner.close()
+        for runner in self._runners.values():
+            runner.close()
 
 
 class _Guarded:
@@ -221,10 +251,12 @@ class _StreamWindows:
 
 
 class _Preprocess:
-    """Resizes, converts and quantizes each frame to the CNN's input; owned by the preprocess worker.
+    """Resizes, converts and quantizes each frame to the CNN's input, on the worker the choice names.
 
-    A step of its own, off the feeder thread that reads the source, so that
-    decoding a frame and preprocessing the one before it overlap.
+    A board's on a worker of its own, off the feeder thread that reads the
+    source, so that decoding a frame and preprocessing the one before it
+    overlap on its cores; a host's on the feeder, as it reads, beside the
+    models' worker (``Choice.preprocess_worker``). It holds nothing bound to a thread.
     """
 
     def __init__(self, preprocess: Preprocessor, input_name: str) -> None:
@@ -284,12 +316,14 @@ class _RnnStep:
             feature = raw.astype(np.float32, copy=False)
         else:
             feature = (raw.astype(np.float32) - self._zero_point) * self._scale
+        ms = job.ms
+        opened = stream.open
         for n in _windows_of(k, spec):
             if n < stream.first:
                 continue
-            win = stream.open.get(n)
+            win = opened.get(n)
             if win is None:
-                win = stream.open[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
+                win = opened[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
             ts = time.perf_counter()
             if self._rnn is not None:
                 win.state = self._rnn.step(feature, win.state)
@@ -297,14 +331,17 @@ class _RnnStep:
                 speed = 1.0 if self._cpu_truth is None else emulation.speed_now(self._cpu_truth, "cpu", ts)
                 self._pacer.wait_until(ts + self._pace_s / speed)
                 board += self._pace_s / speed * 1e3
+                step_ms = (time.perf_counter() - ts) * 1e3
             else:
-                board += (time.perf_counter() - ts) * 1e3
-            win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
-            win.stage_ms["preprocess"] += job.ms["preprocess"]
-            win.stage_ms["cnn"] += job.ms["cnn"]
+                step_ms = (time.perf_counter() - ts) * 1e3
+                board += step_ms
+            spent = win.stage_ms
+            spent["rnn_step"] += step_ms
+            spent["preprocess"] += ms["preprocess"]
+            spent["cnn"] += ms["cnn"]
             if k == n * spec.stride + spec.frames - 1:
-                job.finished.append((stream.open.pop(n), job.frame))
-        job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
+                job.finished.append((opened.pop(n), job.frame))
+        ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
         job.board_ms["rnn_step"] = board
         return job
 
@@ -421,7 +458,7 @@ class EdgeCaptioner:
 
     def _open(self, choice: Choice, released: threading.Event) -> Pipeline:
         """Opens every step of a choice on its worker (opening failures are raised here)."""
-        worker = planner.PREPROCESS_WORKER
+        worker = choice.preprocess_worker
         preprocess = functools.partial(_Preprocess, self._preprocess, self._input_name)
         steps = [Step("preprocess", worker, _guarded("preprocess", worker, preprocess))]
         steps += [Step(run.name, str(run.worker), _guarded(run.name, str(run.worker),

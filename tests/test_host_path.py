@@ -1,0 +1,122 @@
+"""The host path (issue 27): decoding beside the models in two threads, and the CNN's kernel threads re-checked."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from edgecap import cpu_load, devices, planner, stages
+from edgecap.bundle import DEMO_DIR
+from edgecap.captioner import EdgeCaptioner
+from edgecap.preprocess import Preprocessor
+from edgecap.sources import VideoFileSource, sample
+
+pytestmark = pytest.mark.fast
+
+SAMPLE = DEMO_DIR / "sample.mp4"
+
+
+def _captions(cap, source):
+    return [(c.start_frame, c.end_frame, c.tokens, c.confidence) for c in cap.stream(source)]
+
+
+def test_other_load_is_the_systems_busy_time_less_this_process_over_the_wall_time():
+    readings = iter([(0.0, 10.0, 1.0), (2.0, 13.0, 2.0), (4.0, 14.5, 3.4), (4.0, 15.0, 3.5)])
+    load = cpu_load.OtherLoad(0.0, read=lambda: next(readings))
+    assert load.poll() == pytest.approx(1.0)  # 3 s busy, 1 s of it ours, over 2 s
+    assert load.poll() == pytest.approx(0.05)  # 1.5 s busy, 1.4 s ours
+    assert load.poll() is None  # no time passed
+    real = cpu_load.OtherLoad(3600.0)
+    assert real.poll() is None  # not a period yet
+
+
+def test_on_two_cores_a_small_cnn_reads_ahead_on_the_feeder_and_runs_the_models_in_the_caller(monkeypatch):
+    with EdgeCaptioner(DEMO_DIR / "bundle", pipelined=False, num_threads=1) as cap:
+        expected = _captions(cap, SAMPLE)
+    monkeypatch.setattr(devices, "cpu_cores", lambda: 2)
+    where = {}
+    preprocess, step = Preprocessor.__call__, stages.SegmentRunner.__call__
+
+    def spy(name, fn):
+        def wrapped(self, *args):
+            where.setdefault(name, set()).add(threading.current_thread().name)
+            return fn(self, *args)
+        return wrapped
+
+    monkeypatch.setattr(Preprocessor, "__call__", spy("preprocess", preprocess))
+    monkeypatch.setattr(stages.SegmentRunner, "__call__", spy("cnn", step))
+    with EdgeCaptioner(DEMO_DIR / "bundle") as cap:
+        assert (cap.choice.host.kind, cap.choice.pipelined, cap.choice.preprocess_worker) == (
+            "overlap", False, "feeder")
+        assert _captions(cap, SAMPLE) == expected
+        assert cap._supervisor.pipeline.running() == []  # the feeder ended with the run
+    assert where == {"preprocess": {"edgecap-feeder"}, "cnn": {threading.current_thread().name}}
+
+
+def test_a_file_sampled_below_its_rate_converts_only_the_frames_it_keeps():
+    converted = []
+
+    class Counting:  # the capture, counting what it converts to BGR
+        def __init__(self, cap):
+            self._cap = cap
+
+        def retrieve(self, *args):
+            converted.append(1)
+            return self._cap.retrieve(*args)
+
+        def __getattr__(self, name):
+            return getattr(self._cap, name)
+
+    with VideoFileSource(SAMPLE) as src:
+        every = [(f.index, f.timestamp, f.image.copy()) for f in src]
+    with VideoFileSource(SAMPLE) as src:
+        src._cap = Counting(src._cap)
+        kept = [(f.index, f.timestamp, f.image) for f in sample(src, 8.0)]
+    # What the generic clock keeps of every frame, image for image.
+    clock = [f for f in sample(iter([_frame(i, t, im) for i, t, im in every]), 8.0)]
+    assert [(i, t) for i, t, _ in kept] == [(f.index, f.timestamp) for f in clock] == [
+        (i, t) for i, t, _ in every[::2]]
+    assert all(np.array_equal(a, f.image) for (_, _, a), f in zip(kept, clock))
+    assert len(converted) == len(kept) - 1  # the first frame was converted as the file opened
+
+
+def _frame(index, timestamp, image):
+    from edgecap.sources import Frame
+
+    return Frame(index, timestamp, image)
+
+
+def test_a_cnn_on_every_core_drops_to_one_thread_while_another_process_takes_a_core(monkeypatch, caplog):
+    with EdgeCaptioner(DEMO_DIR / "bundle", pipelined=False, num_threads=1) as cap:
+        expected = _captions(cap, SAMPLE)
+    monkeypatch.setattr(devices, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window, float_rnn: (200.0, 2.0))
+    taken = iter([None, 0.9, None, None, 1.0, 0.1] + [None] * 100)
+
+    class Scripted:
+        def __init__(self, period_s):
+            assert period_s == planner.HOST_RECHECK_S
+
+        def poll(self):
+            return next(taken)
+
+    opened = []
+    open_stage = stages.open_stage
+
+    def counting(stage, device=None, **kw):
+        opened.append(kw["num_threads"])
+        return open_stage(stage, device, **kw)
+
+    monkeypatch.setattr(cpu_load, "OtherLoad", Scripted)
+    monkeypatch.setattr(stages, "open_stage", counting)
+    with caplog.at_level(logging.INFO, logger="edgecap"):
+        with EdgeCaptioner(DEMO_DIR / "bundle") as cap:
+            assert cap.choice.host.kind == "threads" and cap.choice.stages[0].recheck is cap.choice.host
+            assert _captions(cap, SAMPLE) == expected  # the same captions on either interpreter
+    # Two cores at start, one while another process took a core, both again once it left: each opened once.
+    assert opened == [2, 1]
+    moves = [r.getMessage() for r in caplog.records if "kernel thread" in r.getMessage()]
+    assert len(moves) == 2 and "now on 1 kernel thread(s), was 2" in moves[0] and "was 1" in moves[1]
