@@ -33,20 +33,20 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     out = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
     code = main(["bench", "--bundle", str(shipped_bundle), "--clips", str(clip), "--frames", "48",
-                 "--json", str(out), "--plot", str(png)])
+                 "--host-seconds", "1", "--json", str(out), "--plot", str(png)])
     assert code == 0
     table = capsys.readouterr().out
-    assert "== devboard-usb (emulated)" in table and "== host" in table
+    assert "== devboard-usb (emulated)" in table and "== host (measured)" in table
     assert "scheduler overhead" in table and "sequential vs pipelined" in table
     assert [x["invokes"] for x in json.loads(out.read_text())["host_scaling"]] == [1, 4, 16]
     result = json.loads(out.read_text())
     rows = {(r["profile"], r["schedule"]): r for r in result["rows"]}
     board = "devboard-usb (emulated)"
     assert {s for p, s in rows if p == board} == {"a", "b", "e", "c", "d", "d timing-only"}
-    # On the host plan (one CPU stage) b, c and e would be a again: sequential, nothing to place.
-    assert {s for p, s in rows if p == "host"} == {
-        "a 1 thread", "a all cores", "d threads", "d one CNN worker", "d threads, batched 8",
-        "d one CNN worker, batched 8", f"edgecap host plan ({result['host_choice']['kind']})"}
+    # The host: edgecap caption against plain loops written without its scheduler.
+    assert {s for p, s in rows if p == "host"} == {"plain 1 thread", "plain all cores", "plain 2 threads",
+                                                   "edgecap caption"}
+    assert result["host_bench"]["choice"]["kind"] == result["host_choice"]["kind"] == "overlap"
     assert rows[(board, "a")]["speedup"] == 1.0
     assert all(r["same_captions"] for r in result["rows"] if "timing-only" not in r["schedule"])
     # Every board row's segments were chained on the CPU and gave its features bit for bit.
@@ -58,11 +58,8 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     # The devboard-usb plan names its TPUs by bus (pci:0 on PCIe, usb:0 on USB), one emulated
     # TPU each; on the v2 profiles the demo encoder's plan leaves the USB TPU empty.
     assert placement["pci:0"] == "emu-tpu:0" and placement.get("usb:0", "emu-tpu:1") == "emu-tpu:1"
-    # Host rows run the compiler's plan for the host (no TPU: the CNN on the CPU),
-    # not the board's, cut for TPU invoke overhead (issue #7).
-    assert {r["plan_board"] for r in result["rows"] if r["profile"] == "host"} == {"host"}
-    assert rows[("host", "d threads")]["placement"] == {"cpu": "cpu"}
-    assert rows[("host", "d one CNN worker")]["placement"] == {"cpu": "cpu:1"}
+    # edgecap caption on a host runs the CPU plan (no TPU), not the board's.
+    assert rows[("host", "edgecap caption")]["plan_board"] == "host"
     assert [p["fps"] for p in result["published"]] == [59.0]
     # Emulation paces to the board's predictions: never faster than the bound.
     for r in result["rows"]:
