@@ -550,7 +550,7 @@ class EdgeCaptioner:
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         in_memory_rate = fps or self.window.sample_fps or 30.0
-        src = open_source(source, fps=in_memory_rate)
+        src = open_source(source, fps=in_memory_rate, decode_threads=self.choice.decode_threads)
         frames = sample(src, self.window.sample_fps)
         try:
             # Not ``yield from``: a caller that stops reading closes the source

@@ -72,7 +72,7 @@ HOST_BATCH_MAX = 16
 # other processes take (edgecap.cpu_load), and by how much the cores left must
 # differ from its threads before it changes them (so a load near half a core
 # does not flip it at each look).
-HOST_RECHECK_S = 2.0
+HOST_RECHECK_S = 1.0
 HOST_RECHECK_MARGIN = 0.6
 
 _log = logging.getLogger("edgecap")
@@ -168,6 +168,8 @@ class Choice:
       preprocess_worker: The worker that resizes and quantizes frames: one of
         its own (``PREPROCESS_WORKER``), or on a host the feeder, as it reads
         (``scheduler.FEEDER``).
+      decode_threads: Threads a video file is decoded on (``sources.VideoFileSource``):
+        None leaves it to FFmpeg; on a host one, the feeder's, beside the models.
       emulated: Whether the board is emulated (some TPU stage on ``emu-tpu``).
       how: How it was chosen: ``plan`` (given), ``board`` (compiled for a
         named board), ``auto`` (the bundle's plan for the attached hardware,
@@ -192,6 +194,7 @@ class Choice:
     pipelined: bool = True
     batch: int = 1
     preprocess_worker: str = PREPROCESS_WORKER
+    decode_threads: Optional[int] = None
     emulated: bool = False
     how: str = "plan"
     reason: str = ""
@@ -666,9 +669,11 @@ def _threading(options: CaptionerOptions, host: Optional[HostSchedule]) -> Dict[
         return dict(pipelined=options.pipelined if options.pipelined is not None else True,
                     batch=options.batch if options.batch is not None else 1,
                     preprocess_worker=PREPROCESS_WORKER)
-    # On more than one core a host reads and preprocesses frames on the feeder, beside the models.
+    # On more than one core a host reads and preprocesses frames on the feeder, beside the
+    # models: FFmpeg's own decoding threads would only add their hand-offs.
+    beside = host.cores > 1
     return dict(pipelined=host.pipelined, batch=host.batch,
-                preprocess_worker=FEEDER if host.cores > 1 else PREPROCESS_WORKER)
+                preprocess_worker=FEEDER if beside else PREPROCESS_WORKER, decode_threads=1 if beside else None)
 
 
 def _wanted(options: CaptionerOptions, plan: Plan,
