@@ -64,10 +64,12 @@ UNPREDICTED_DEADLINE_S = 2.0
 # than they save: the host rule keeps the CNN on one, and overlaps only decoding.
 SUB_MS_CNN = 1.0
 # A hand-off (a put and the wake-up of the thread blocked on it) costs tens of
-# microseconds: the host rule hands a file's frames over in batches carrying at
-# least this much CNN and RNN work, at most HOST_BATCH_MAX frames (docs/runtime.md).
-HOST_BATCH_MS = 1.0
-HOST_BATCH_MAX = 16
+# microseconds, and a thread another process preempts stalls the one it feeds
+# once the queue between them is full: the host rule hands a file's frames over
+# in batches carrying about this much CNN and RNN work, at most HOST_BATCH_MAX
+# frames (the demo on this shared host: docs/runtime.md).
+HOST_BATCH_MS = 4.0
+HOST_BATCH_MAX = 64
 # How often a running host CNN on several kernel threads re-checks the cores
 # other processes take (edgecap.cpu_load), and by how much the cores left must
 # differ from its threads before it changes them (so a load near half a core
@@ -130,13 +132,12 @@ class HostSchedule:
     Attributes:
       kind: ``sequential`` (one core: one thread does everything, the CNN's
         interpreter on one kernel thread), ``overlap`` (the CNN on one kernel
-        thread, the RNN and the decoder after it, in the thread that reads the
-        captions: two threads in all, as a plain producer/consumer loop),
-        ``threads`` (the same with every core to the CNN's interpreter,
-        re-checked while it runs: ``host_threads``) or ``pipeline`` (the CNN on
-        ``cpu:1`` with a core fewer, the RNN on ``cpu`` at the same time).
+        thread and the RNN after it on the ``cpu`` worker), ``threads`` (the
+        same with every core to the CNN's interpreter, re-checked while it
+        runs: ``host_threads``) or ``pipeline`` (the CNN on ``cpu:1`` with a
+        core fewer, the RNN on ``cpu`` at the same time).
       num_threads: Threads of the CNN's interpreter at start.
-      pipelined: Whether the models' steps run on worker threads of their own.
+      pipelined: Whether the steps run on worker threads (all but ``sequential``).
       cnn_worker: The CNN stage's worker.
       batch: Frames of a file handed from thread to thread at once.
       reason: One line: what was measured or predicted and compared.
@@ -510,11 +511,12 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     """The host rule: how a CPU-only run uses ``cores`` cores.
 
     * One core: ``sequential``, nothing to overlap.
-    * Otherwise decoding and preprocessing always run on the feeder thread,
-      beside the models' worker: a file's frames are handed over in batches
-      of about ``HOST_BATCH_MS`` of model work (``HOST_BATCH_MAX`` frames at
-      most), so a hand-off costs a few percent of a frame at most however
-      small the CNN (plain loops measured on this host: docs/runtime.md).
+    * Otherwise decoding (on one thread) and preprocessing always run on the
+      feeder thread, beside the models' worker: a file's frames are handed
+      over in batches of about ``HOST_BATCH_MS`` of model work
+      (``HOST_BATCH_MAX`` frames at most), so a hand-off costs little however
+      small the CNN and a preempted thread does not stall the other at once
+      (against plain loops on this host: docs/runtime.md).
     * A CNN under ``SUB_MS_CNN`` on one thread: ``overlap``, the CNN on one
       kernel thread: on so little work kernel threads cost more than they save.
     * Otherwise, with the CNN taking ``t`` ms a frame on all cores (taken as
@@ -542,7 +544,7 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     batch = max(1, min(HOST_BATCH_MAX, math.ceil(HOST_BATCH_MS / frame_ms))) if frame_ms > 0 else HOST_BATCH_MAX
     handed = f"decoding beside it, {batch} frame{'s' if batch > 1 else ''} a hand-off"
     if cnn_ms < SUB_MS_CNN:
-        return HostSchedule("overlap", 1, pipelined=False, batch=batch, **times,
+        return HostSchedule("overlap", 1, batch=batch, **times,
                             reason=f"{said}; under {SUB_MS_CNN:g} ms: one kernel thread, {handed}")
     t = cnn_ms / cores
     pipelined = max(t * cores / (cores - 1), rnn_ms)
@@ -551,7 +553,7 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     if rnn_ms > t / (cores - 1):
         return HostSchedule("pipeline", cores - 1, cnn_worker=DeviceSpec("cpu", 1), batch=batch,
                             reason=compared, **times)
-    return HostSchedule("threads", cores, pipelined=False, batch=batch, reason=compared, **times)
+    return HostSchedule("threads", cores, batch=batch, reason=compared, **times)
 
 
 def host_threads(schedule: HostSchedule, taken: float, threads: int) -> int:

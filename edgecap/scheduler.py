@@ -16,7 +16,8 @@ full; a live source (a camera) never blocks: the head keeps only the newest
 item and counts the ones it displaced as drops. Steps on the worker ``FEEDER``
 (they must come first) run on the feeder thread, on each item as it is read,
 before its hand-off: work that belongs with reading (a frame's resize and
-quantisation), so that it overlaps the workers' without a hand-off of its own.
+quantisation), so that it overlaps the workers' without a hand-off of its own
+(the sequential schedule runs them inline, as every other step).
 
 ``Pipeline(steps, pipelined=False)`` runs every step in the calling thread
 instead, one item at a time: the sequential schedule, with the same statistics.
@@ -742,7 +743,6 @@ class Pipeline:
         else:
             # Opened now, so a device that cannot open fails here, as with workers.
             self._inline = [step.open() for step in self._steps]
-            self._core.fed = [_OpenStep(i, step, fn) for i, (step, fn) in enumerate(zip(self._fed, self._inline))]
 
     @property
     def workers(self) -> List[str]:
@@ -819,7 +819,7 @@ class Pipeline:
         if previous is not None and previous.feeder is not None:
             # The previous run's source is closed before this one is read.
             _join(previous.feeder, JOIN_TIMEOUT_S, "its run was stopped")
-        if not self._pipelined and not self._fed:
+        if not self._pipelined:
             return _InlineRun(self, run, items)
         run.feeder = threading.Thread(
             target=_feed, args=(self._core, run, items, live), name=f"{_THREAD_PREFIX}feeder", daemon=True
@@ -827,7 +827,6 @@ class Pipeline:
         with self._core.lock:  # so close() joins it, or finds the queues closed when it starts
             self._core.feeders = [t for t in self._core.feeders if t.is_alive()] + [run.feeder]
             run.feeder.start()
-        _LIVE.add(self._core)
         return _ThreadedRun(self, run)
 
     def stats(self) -> Optional[PipelineStats]:
@@ -910,20 +909,12 @@ def _cancelled(run: _Run) -> BaseException:
 
 
 class _ThreadedRun(Iterator[Any]):
-    """The consumer's end of a pipelined run: payloads in input order.
-
-    Of a sequential run whose feeder's steps read ahead (``FEEDER``), it takes
-    the feeder's items and runs every other step on them itself, in order.
-    """
+    """The consumer's end of a pipelined run: payloads in input order."""
 
     def __init__(self, pipeline: Pipeline, run: _Run) -> None:
         self._pipeline = pipeline  # kept alive while the run is consumed
         self._run = run
-        core = pipeline._core
-        ahead = pipeline._inline is not None
-        self._out = core.channels[0 if ahead else -1]
-        self._steps = ([_OpenStep(i, step, fn) for i, (step, fn) in enumerate(zip(pipeline._steps, pipeline._inline))
-                        if step.worker != FEEDER] if ahead else [])
+        self._out = pipeline._core.channels[-1]
         self._pending: Deque[_Item] = collections.deque()
         self._end = False
         self._error: Optional[BaseException] = None
@@ -938,10 +929,6 @@ class _ThreadedRun(Iterator[Any]):
                 raise _cancelled(run)
             if self._pending:
                 item = self._pending.popleft()
-                if self._steps:
-                    self._run_steps(item)
-                    if run.cancelled:  # stopped while a step ran (its pacing cut short)
-                        continue
                 run.recorder.item_out(item.t_in, time.perf_counter())
                 return item.payload
             if self._end:
@@ -964,28 +951,6 @@ class _ThreadedRun(Iterator[Any]):
             if job.end:
                 self._end, self._error = True, job.error
                 run.ended = True
-
-    def _run_steps(self, item: _Item) -> None:
-        """Runs the steps this thread runs on an item; a failure stops the run and is raised."""
-        run = self._run
-        recorder, tracer = run.recorder, self._pipeline._tracer
-        _local.run = run
-        try:
-            for step in self._steps:
-                if step.accepts is not None and not step.accepts(item.payload):
-                    continue
-                start = time.perf_counter()
-                item.payload = step.fn(item.payload)
-                end = time.perf_counter()
-                recorder.busy[step.index] += end - start
-                recorder.invokes[step.index] += 1
-                if tracer is not None:
-                    tracer.slice(self._pipeline._steps[step.index].worker, step.name, item.seq, start, end)
-        except BaseException:
-            self.close()
-            raise
-        finally:
-            _local.run = None
 
     def _finish(self) -> None:
         run = self._run

@@ -33,7 +33,7 @@ def test_other_load_is_the_systems_busy_time_less_this_process_over_the_wall_tim
     assert real.poll() is None  # not a period yet
 
 
-def test_on_two_cores_a_small_cnn_reads_ahead_on_the_feeder_and_runs_the_models_in_the_caller(monkeypatch):
+def test_on_two_cores_a_small_cnn_runs_beside_the_feeder_that_decodes_and_preprocesses(monkeypatch):
     with EdgeCaptioner(DEMO_DIR / "bundle", pipelined=False, num_threads=1) as cap:
         expected = _captions(cap, SAMPLE)
     monkeypatch.setattr(devices, "cpu_cores", lambda: 2)
@@ -50,10 +50,10 @@ def test_on_two_cores_a_small_cnn_reads_ahead_on_the_feeder_and_runs_the_models_
     monkeypatch.setattr(stages.SegmentRunner, "__call__", spy("cnn", step))
     with EdgeCaptioner(DEMO_DIR / "bundle") as cap:
         assert (cap.choice.host.kind, cap.choice.pipelined, cap.choice.preprocess_worker) == (
-            "overlap", False, "feeder")
+            "overlap", True, "feeder")
         assert _captions(cap, SAMPLE) == expected
-        assert cap._supervisor.pipeline.running() == []  # the feeder ended with the run
-    assert where == {"preprocess": {"edgecap-feeder"}, "cnn": {threading.current_thread().name}}
+        assert cap._supervisor.pipeline.workers == ["cpu", "decode"]  # no preprocess worker
+    assert where == {"preprocess": {"edgecap-feeder"}, "cnn": {"edgecap-cpu"}}
 
 
 def test_a_file_sampled_below_its_rate_converts_only_the_frames_it_keeps():
