@@ -68,8 +68,8 @@ SUB_MS_CNN = 1.0
 # once the queue between them is full: the host rule hands a file's frames over
 # in batches carrying about this much CNN and RNN work, at most HOST_BATCH_MAX
 # frames (the demo on this shared host: docs/runtime.md).
-HOST_BATCH_MS = 4.0
-HOST_BATCH_MAX = 64
+HOST_BATCH_MS = 1.0
+HOST_BATCH_MAX = 16
 # How often a running host CNN on several kernel threads re-checks the cores
 # other processes take (edgecap.cpu_load), and by how much the cores left must
 # differ from its threads before it changes them (so a load near half a core

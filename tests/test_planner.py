@@ -226,13 +226,13 @@ def test_a_pending_crash_fault_isolates_that_device_only(shipped_bundle, two_tpu
 
 @pytest.mark.parametrize("cnn_ms, rnn_ms, cores, kind, threads, worker, pipelined, batch", [
     (200.0, 5.0, 2, "threads", 2, "cpu", True, 1),      # a big CNN: every core to it
-    (2.0, 1.5, 2, "pipeline", 1, "cpu:1", True, 2),     # RNN 1.5 > t / (C - 1) = 1: overlap them
-    (2.0, 0.9, 2, "threads", 2, "cpu", True, 2),        # r < t / (C - 1)
+    (2.0, 1.5, 2, "pipeline", 1, "cpu:1", True, 1),     # RNN 1.5 > t / (C - 1) = 1: overlap them
+    (2.0, 0.9, 2, "threads", 2, "cpu", True, 1),        # r < t / (C - 1)
     (12.0, 1.1, 4, "pipeline", 3, "cpu:1", True, 1),    # r > t / (C - 1) = 1.0
     (12.0, 0.9, 4, "threads", 4, "cpu", True, 1),
-    (0.6, 0.15, 2, "overlap", 1, "cpu", True, 6),       # sub-millisecond CNN: one kernel thread,
-    (0.09, 0.01, 2, "overlap", 1, "cpu", True, 40),     # decoding beside it, 4 ms of work a hand-off
-    (0.01, 0.0, 2, "overlap", 1, "cpu", True, 64),      # at most HOST_BATCH_MAX frames
+    (0.6, 0.15, 2, "overlap", 1, "cpu", True, 2),       # sub-millisecond CNN: one kernel thread,
+    (0.09, 0.01, 2, "overlap", 1, "cpu", True, 10),     # decoding beside it, 1 ms of work a hand-off
+    (0.01, 0.0, 2, "overlap", 1, "cpu", True, 16),      # at most HOST_BATCH_MAX frames
     (5.0, 5.0, 1, "sequential", 1, "cpu", False, 1),    # one core: nothing to overlap onto
     (0.2, 0.02, 1, "sequential", 1, "cpu", False, 1),
 ])
@@ -267,7 +267,7 @@ def test_a_cpu_only_captioner_runs_the_host_rule_unless_told_otherwise(shipped_b
     monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window, float_rnn: (0.2, 0.02))
     with EdgeCaptioner(shipped_bundle) as cap:
         assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("overlap", {"cpu": "cpu"}, True)
-        assert (cap.choice.preprocess_worker, cap.choice.batch, cap.choice.decode_threads) == ("feeder", 19, 1)
+        assert (cap.choice.preprocess_worker, cap.choice.batch, cap.choice.decode_threads) == ("feeder", 5, 1)
         assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     monkeypatch.setattr(devices, "cpu_cores", lambda: 1)
     with EdgeCaptioner(shipped_bundle) as cap:  # one core: everything in one thread, nothing read ahead
