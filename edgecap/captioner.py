@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, Iterator, List, Mapp
 
 import numpy as np
 
-from edgecap import cpu_load, devices, emulation, faults, planner, stages
+from edgecap import devices, emulation, faults, planner, stages
 from edgecap.bundle import Bundle, WindowSpec, load_bundle
 from edgecap.events import Event, EventRule, EventTracker
 from edgecap.errors import DeviceFailed, EdgecapError, RunCancelled, RunFailure, StageFailed
@@ -29,6 +28,7 @@ from edgecap.options import CaptionerOptions
 from edgecap.plans.plan import Plan
 from edgecap.planner import TPU_KINDS, Choice, StageRun
 from edgecap.preprocess import Preprocessor
+from edgecap.rethread import Rethreaded
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
 from edgecap.scheduler import Pipeline, Step
 from edgecap.sources import Frame, SourceLike, open_source, sample
@@ -37,8 +37,6 @@ from edgecap.supervisor import Run, Supervisor
 from edgecap.trace import Tracer
 
 STAGES = ("preprocess", "cnn", "rnn_step", "decode")
-
-_log = logging.getLogger("edgecap")
 
 
 @dataclass
@@ -140,43 +138,23 @@ class _CnnStage:
             self._runner: Any = IsolatedSegment(
                 run.stage, run.worker, num_threads=run.threads, timing_only=not run.compute,
                 pace_ms=run.pace_ms, deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
+        elif run.recheck is not None:  # a host CNN on every core: its threads re-checked as it runs
+            self._runner = Rethreaded(run.recheck, run.threads, functools.partial(self._open, run))
         else:
             self._runner = self._open(run, run.threads)
-        self._run = run
         self._device = str(run.worker)
         self._tpu = run.worker.kind in TPU_KINDS
         self._isolated = run.isolate
         self._released = released
-        # A host CNN on several kernel threads re-checks them as other processes take cores:
-        # one runner per thread count, each opened on this worker the first time it is wanted.
-        self._threads = run.threads
-        self._runners = {run.threads: self._runner}
-        self._load = cpu_load.OtherLoad(planner.HOST_RECHECK_S) if run.recheck is not None else None
 
     @staticmethod
     def _open(run: StageRun, threads: int) -> Any:
         return stages.open_stage(run.stage, run.worker, num_threads=threads, timing_only=not run.compute,
                                  pace_ms=run.pace_ms, bus=run.bus)
 
-    def _recheck(self, taken: float) -> None:
-        """Moves the CNN onto the kernel threads the host rule takes for the cores others left it."""
-        threads = planner.host_threads(self._run.recheck, taken, self._threads)
-        if threads == self._threads:
-            return
-        runner = self._runners.get(threads)
-        if runner is None:
-            runner = self._runners[threads] = self._open(self._run, threads)
-        _log.info("edgecap: host: the CNN now on %d kernel thread(s), was %d: other processes took "
-                  "%.1f of %d cores", threads, self._threads, taken, self._run.recheck.cores)
-        self._runner, self._threads = runner, threads
-
     def __call__(self, job: _FrameJob) -> _FrameJob:
         if job.frame is None:  # a heartbeat passes through, proving the worker is alive
             return job
-        if self._load is not None:
-            taken = self._load.poll()
-            if taken is not None:
-                self._recheck(taken)
         t0 = time.perf_counter()
         job.tensors = self._invoke(job.tensors) if self._tpu else self._runner(job.tensors)
         ms = (time.perf_counter() - t0) * 1e3
@@ -203,8 +181,7 @@ class _CnnStage:
 
     def close(self) -> None:
         """Releases the stage (an isolated one's worker process); called by its worker thread as it exits."""
-        for runner in self._runners.values():
-            runner.close()
+        self._runner.close()
 
 
 class _Guarded:

@@ -89,37 +89,60 @@ def _frame(index, timestamp, image):
     return Frame(index, timestamp, image)
 
 
-def test_a_cnn_on_every_core_drops_to_one_thread_while_another_process_takes_a_core(monkeypatch, caplog):
+class _Scripted:
+    """Other processes' load as a test scripts it: one reading a poll."""
+
+    def __init__(self, readings):
+        self._readings = iter(readings)
+
+    def poll(self):
+        return next(self._readings, None)
+
+
+class _Runner:
+    def __init__(self, threads, opened):
+        self.threads = threads
+        opened.append(threads)
+
+    def __call__(self, tensors):
+        return (self.threads, tensors)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("faster, expected", [(True, [(2, 1, True), (1, 2, True)]), (False, [(2, 1, False)])])
+def test_a_cnn_on_every_core_tries_one_thread_while_another_process_takes_a_core_and_keeps_the_faster(
+        monkeypatch, faster, expected):
+    from edgecap.rethread import Rethreaded
+
+    schedule = planner.host_schedule(200.0, 2.0, 2)
+    opened = []
+    # Readings: a core free, then taken (try 1), taken still, then free again (try 2 if 1 was kept).
+    load = _Scripted([0.0, None, 0.9] + [None] * 7 + [1.0, 0.9] + [None] * 8 + [0.1] + [None] * 20)
+    monkeypatch.setattr(planner, "keep_threads", lambda before_ms, after_ms: faster)
+    stage = Rethreaded(schedule, 2, lambda threads: _Runner(threads, opened), load)
+    ran = [stage(i)[0] for i in range(40)]
+    assert stage.changes == expected
+    assert opened == [2, 1]  # each thread count opened once, when first wanted
+    first = ran.index(1)
+    assert ran[first:first + planner.HOST_TRIAL_FRAMES] == [1] * planner.HOST_TRIAL_FRAMES  # the trial
+    assert ran[-1] == 2  # back on both cores: kept the second trial, or went back from the first
+    if not faster:  # dropped at 0.9, not tried again at 1.0 (within the margin)
+        assert ran.count(1) == planner.HOST_TRIAL_FRAMES
+
+
+def test_a_host_cnn_on_every_core_runs_its_re_checked_threads_with_the_same_captions(monkeypatch):
     with EdgeCaptioner(DEMO_DIR / "bundle", pipelined=False, num_threads=1) as cap:
         expected = _captions(cap, SAMPLE)
     monkeypatch.setattr(devices, "cpu_cores", lambda: 2)
     monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window, float_rnn: (200.0, 2.0))
-    taken = iter([None, 0.9, None, None, 1.0, 0.1] + [None] * 100)
-
-    class Scripted:
-        def __init__(self, period_s):
-            assert period_s == planner.HOST_RECHECK_S
-
-        def poll(self):
-            return next(taken)
-
-    opened = []
-    open_stage = stages.open_stage
-
-    def counting(stage, device=None, **kw):
-        opened.append(kw["num_threads"])
-        return open_stage(stage, device, **kw)
-
-    monkeypatch.setattr(cpu_load, "OtherLoad", Scripted)
-    monkeypatch.setattr(stages, "open_stage", counting)
-    with caplog.at_level(logging.INFO, logger="edgecap"):
-        with EdgeCaptioner(DEMO_DIR / "bundle") as cap:
-            assert cap.choice.host.kind == "threads" and cap.choice.stages[0].recheck is cap.choice.host
-            assert _captions(cap, SAMPLE) == expected  # the same captions on either interpreter
-    # Two cores at start, one while another process took a core, both again once it left: each opened once.
-    assert opened == [2, 1]
-    moves = [r.getMessage() for r in caplog.records if "kernel thread" in r.getMessage()]
-    assert len(moves) == 2 and "now on 1 kernel thread(s), was 2" in moves[0] and "was 1" in moves[1]
+    readings = [None] * 3 + [0.9] + [None] * 100
+    monkeypatch.setattr(cpu_load, "OtherLoad", lambda period_s: _Scripted(readings))
+    monkeypatch.setattr(planner, "keep_threads", lambda before_ms, after_ms: True)
+    with EdgeCaptioner(DEMO_DIR / "bundle") as cap:
+        assert cap.choice.host.kind == "threads" and cap.choice.stages[0].recheck is cap.choice.host
+        assert _captions(cap, SAMPLE) == expected  # the same captions on either interpreter
 
 
 def test_the_host_measurement_takes_the_fastest_of_many_so_a_busy_moment_does_not_make_a_small_cnn_big(
