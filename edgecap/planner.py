@@ -75,8 +75,10 @@ HOST_BATCH_MAX = 16
 # differ from its threads before it changes them (so a load near half a core
 # does not flip it at each look).
 HOST_RECHECK_S = 1.0
-# A change of kernel threads is tried on this many frames, and kept if they ran faster.
+# A change of kernel threads is tried on this many frames, and kept if they ran faster;
+# the other count (one thread, or every core) is tried at least this often whatever the load says.
 HOST_TRIAL_FRAMES = 8
+HOST_EXPLORE_S = 10.0
 # measure_host times each model for about this long (at most this many invokes).
 MEASURE_HOST_S = 0.02
 MEASURE_HOST_MAX = 50
@@ -584,6 +586,11 @@ def host_threads(schedule: HostSchedule, taken: float, threads: int) -> int:
     if abs(left - threads) <= HOST_RECHECK_MARGIN:
         return threads
     return max(1, min(schedule.cores, int(left + 0.5)))
+
+
+def other_threads(schedule: HostSchedule, threads: int) -> int:
+    """The kernel threads a CNN on ``threads`` tries now and then: one if it runs on more, else every core."""
+    return 1 if threads > 1 else schedule.cores
 
 
 def keep_threads(before_ms: float, after_ms: float) -> bool:

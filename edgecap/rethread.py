@@ -7,8 +7,11 @@ take (``edgecap.cpu_load``) and asks the host rule for the threads to run on
 faster than the frames before it (``planner.keep_threads``): how much a
 shared host's other processes slow kernel threads down depends on more than
 a count of busy cores. A change dropped is not tried again until the load
-moves by the rule's margin. Each thread count has an interpreter of its own,
-opened on the stage's worker the first time it is wanted.
+moves by the rule's margin; and when the load proposes nothing for
+``planner.HOST_EXPLORE_S``, the other count is tried anyway
+(``planner.other_threads``), so a trial that won by chance does not hold for
+good. Each thread count has an interpreter of its own, opened on the
+stage's worker the first time it is wanted.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Rethreaded:
         self._recent: Deque[float] = collections.deque(maxlen=planner.HOST_TRIAL_FRAMES)
         self._trial: Optional[Tuple[int, float, float]] = None  # threads before, their ms, load when tried
         self._dropped: Optional[float] = None  # the load at which the last change tried was dropped
+        self._tried = time.monotonic()  # when the last trial began (the start counts as one)
         self.changes: List[Tuple[int, int, bool]] = []
 
     @property
@@ -70,11 +74,15 @@ class Rethreaded:
         if taken is None or len(self._recent) < 2:
             return
         want = planner.host_threads(self._schedule, taken, self._threads)
+        if want != self._threads and self._dropped is not None and \
+                abs(taken - self._dropped) <= planner.HOST_RECHECK_MARGIN:
+            want = self._threads  # tried at this load already, and it was slower
+        if want == self._threads and time.monotonic() - self._tried >= planner.HOST_EXPLORE_S:
+            want = planner.other_threads(self._schedule, self._threads)
         if want == self._threads:
             return
-        if self._dropped is not None and abs(taken - self._dropped) <= planner.HOST_RECHECK_MARGIN:
-            return  # tried at this load already, and it was slower
         self._trial = (self._threads, statistics.median(self._recent), taken)
+        self._tried = time.monotonic()
         self._switch(want)
 
     def _decide(self) -> None:

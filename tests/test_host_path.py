@@ -132,6 +132,20 @@ def test_a_cnn_on_every_core_tries_one_thread_while_another_process_takes_a_core
         assert ran.count(1) == planner.HOST_TRIAL_FRAMES
 
 
+def test_a_cnn_whose_load_proposes_nothing_still_tries_the_other_thread_count_now_and_then(monkeypatch):
+    from edgecap.rethread import Rethreaded
+
+    monkeypatch.setattr(planner, "HOST_EXPLORE_S", 0.0)
+    monkeypatch.setattr(planner, "keep_threads", lambda before_ms, after_ms: False)
+    opened = []
+    stage = Rethreaded(planner.host_schedule(200.0, 2.0, 2), 2, lambda threads: _Runner(threads, opened),
+                       _Scripted([0.0] * 40))
+    for i in range(30):
+        stage(i)
+    # No core taken, yet one thread was tried (and dropped) at every look after a trial ended.
+    assert stage.changes[:2] == [(2, 1, False), (2, 1, False)] and stage.threads == 2
+
+
 def test_a_host_cnn_on_every_core_runs_its_re_checked_threads_with_the_same_captions(monkeypatch):
     with EdgeCaptioner(DEMO_DIR / "bundle", pipelined=False, num_threads=1) as cap:
         expected = _captions(cap, SAMPLE)
