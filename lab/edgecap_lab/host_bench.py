@@ -14,8 +14,9 @@ The file is long: the clips, decoded and written again one after the other
 (mp4v, the first clip's size and rate) until it holds about
 ``seconds`` of one-thread work (measured on the clips first), in a
 temporary folder removed afterwards. The loops run in rounds, interleaved, so
-that load from elsewhere falls on all of them alike; each round records the
-1/5/15-minute load averages at its start.
+that load from elsewhere falls on all of them alike, each round starting
+with the next loop; each round records the 1/5/15-minute load averages at
+its start.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ class HostRound:
       load: The 1, 5 and 15-minute load averages as it started.
       fps: Sampled frames a second, by loop.
       cpu_ms: CPU milliseconds a frame of the process (all threads), by loop.
-      same: Whether each loop's captions equal the one-thread loop's.
-      threads: The edgecap CNN's kernel threads at start (``edgecap caption``'s choice).
+      same: Whether each loop's captions equal those of the round's first loop.
+      order: The loops in the order they ran (each round starts with the next).
     """
 
     round: int
@@ -66,6 +67,7 @@ class HostRound:
     fps: Dict[str, float] = field(default_factory=dict)
     cpu_ms: Dict[str, float] = field(default_factory=dict)
     same: Dict[str, bool] = field(default_factory=dict)
+    order: List[str] = field(default_factory=list)
 
     def ratio(self, loop: str, over: str) -> float:
         """``loop``'s fps over ``over``'s in this round."""
@@ -209,7 +211,8 @@ def bench_host(bundle: Bundle, clips: Sequence[str], seconds: float = 20.0, roun
         for n in range(rounds):
             this = HostRound(n, tuple(round(x, 2) for x in os.getloadavg()))
             reference: Optional[List[List[int]]] = None
-            for loop in LOOPS:
+            # Each round starts with the next loop, so that none always runs first or last.
+            for loop in LOOPS[n % len(LOOPS):] + LOOPS[:n % len(LOOPS)]:
                 got = runs[loop]()
                 run, host = got if loop == EDGECAP else (got, None)
                 choice = choice or host
@@ -218,6 +221,7 @@ def bench_host(bundle: Bundle, clips: Sequence[str], seconds: float = 20.0, roun
                 this.fps[loop] = round(run.fps, 2)
                 this.cpu_ms[loop] = round(run.cpu_ms_per_frame, 4)
                 this.same[loop] = run.captions == reference
+                this.order.append(loop)
                 if progress is not None:
                     progress()
             done.append(this)
