@@ -26,7 +26,9 @@ Hand-offs. A hand-off (a put, and the wake-up of the thread waiting on it)
 costs microseconds of CPU. Where stages take well under a millisecond (a small
 CNN on a fast host CPU) that is a large share of the work, so ``batch=N``
 hands a file source's items over N at a time; each item still runs every step
-on its own and comes out in order. A step that has work for few items (a
+on its own and comes out in order. A read that keeps the feeder waiting (a
+paced source) hands over what is pending at once, so batching adds no latency
+where reading, not the hand-off, is what takes the time. A step that has work for few items (a
 decoder that runs once per window) says which with ``Step.accepts``: an item
 it does not accept skips the step, and skips its worker altogether (no
 hand-off) when no step there accepts it and that worker holds no earlier
@@ -110,6 +112,9 @@ _TIGHT_WAIT_S = 0.001
 # raises OverflowError, and a plan or option may ask for any time: longer
 # waits are made of waits of this length.
 _MAX_WAIT_S = 3600.0
+# A read of the source that takes longer than this hands over the batch pending at once
+# (a batch is for sources that are read faster than their items are worked on).
+_BATCH_WAIT_S = 0.002
 
 _local = threading.local()
 
@@ -644,7 +649,9 @@ def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
                         recorder.dropped += head.put_latest(_Job(run, item.seq, [item]))
                         continue
                     pending.append(item)
-                    if len(pending) == batch:
+                    # A source that kept this read waiting (a camera fed as a file, a
+                    # paced stream) is not waited on again for a batch: what is read goes now.
+                    if len(pending) == batch or t_in - start > _BATCH_WAIT_S:
                         head.put(_Job(run, pending[0].seq, pending))
                         pending = []
                 if pending:

@@ -200,7 +200,7 @@ class VideoFileSource(FrameSource):
       decode_threads: Threads FFmpeg decodes on (None: its own choice, a
         thread per core). One where the reader runs beside other work already:
         FFmpeg's frame threads then only add their hand-offs (the demo's clip
-        took 1.7-2.3x the CPU a frame on them, measured on a 2-core host).
+        took 1.8-3.0x the CPU a frame on them, measured on a 2-core host).
     """
 
     def __init__(self, path: Path, decode_threads: Optional[int] = None):

@@ -413,3 +413,20 @@ def test_feeder_steps_come_first_and_have_no_deadline():
         Pipeline([_step("cnn", "cpu"), _step("prep", FEEDER)])
     with pytest.raises(ConfigError, match="no deadline"):
         Pipeline([Step("prep", FEEDER, lambda: (lambda x: x), deadline_s=1.0), _step("cnn", "cpu")])
+
+
+def test_a_batch_does_not_wait_for_a_source_that_makes_each_read_wait():
+    # A camera fed as a file: a frame every 30 ms. Batches of 8 would hold the first frame 0.2 s.
+    read, got = {}, {}
+
+    def paced():
+        for i in range(6):
+            time.sleep(0.03)
+            read[i] = time.perf_counter()
+            yield i
+
+    with Pipeline([_step("a", "cpu")], batch=8) as pipe:
+        for x in pipe.run(paced()):
+            got[x] = time.perf_counter()
+    assert sorted(got) == list(range(6))
+    assert got[0] < read[3]  # out well before a batch of 8 (or 4) could have been read
