@@ -75,10 +75,12 @@ HOST_BATCH_MAX = 16
 # differ from its threads before it changes them (so a load near half a core
 # does not flip it at each look).
 HOST_RECHECK_S = 1.0
-# A change of kernel threads is tried on this many frames, and kept if they ran faster;
+# A change of kernel threads is tried on this many frames, and kept if they ran faster by
+# HOST_KEEP_MARGIN (an 8-frame median on a shared host moves by more than a few percent);
 # the other count (one thread, or every core) is tried at least this often whatever the load says.
 HOST_TRIAL_FRAMES = 8
-HOST_EXPLORE_S = 10.0
+HOST_KEEP_MARGIN = 0.1
+HOST_EXPLORE_S = 5.0
 # measure_host times each model for about this long (at most this many invokes).
 MEASURE_HOST_S = 0.02
 MEASURE_HOST_MAX = 50
@@ -594,7 +596,7 @@ def other_threads(schedule: HostSchedule, threads: int) -> int:
 
 
 def keep_threads(before_ms: float, after_ms: float) -> bool:
-    """Whether a CNN keeps the kernel threads it tried: only if a frame took less time on them.
+    """Whether a CNN keeps the kernel threads it tried: only if a frame took clearly less time on them.
 
     A count of the cores others take does not say how much they slow kernel
     threads down: on this host ResNet50 on both cores was 0.91x one thread
@@ -605,8 +607,11 @@ def keep_threads(before_ms: float, after_ms: float) -> bool:
     Args:
       before_ms: The median frame on the threads before the trial.
       after_ms: The median frame of the trial.
+
+    Returns:
+      True if the trial's frames took ``HOST_KEEP_MARGIN`` less time: a tie keeps what runs.
     """
-    return after_ms < before_ms
+    return after_ms < before_ms * (1.0 - HOST_KEEP_MARGIN)
 
 
 def measure_host(bundle: Bundle, plan: Plan, window: WindowSpec,

@@ -4,7 +4,7 @@ Every ``planner.HOST_RECHECK_S`` it reads how many cores other processes
 take (``edgecap.cpu_load``) and asks the host rule for the threads to run on
 (``planner.host_threads``). A change is tried on the next
 ``planner.HOST_TRIAL_FRAMES`` frames and kept only if the planner finds them
-faster than the frames before it (``planner.keep_threads``): how much a
+clearly faster than the frames before it (``planner.keep_threads``): how much a
 shared host's other processes slow kernel threads down depends on more than
 a count of busy cores. A change dropped is not tried again until the load
 moves by the rule's margin; and when the load proposes nothing for

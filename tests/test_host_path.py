@@ -188,3 +188,9 @@ def test_the_host_measurement_takes_the_fastest_of_many_so_a_busy_moment_does_no
     # The fastest of two after a warm-up was 5 ms, which made the demo's CNN "threads".
     assert cnn_ms == pytest.approx(0.1)
     assert clock.calls <= planner.MEASURE_HOST_MAX + 1
+
+
+def test_a_trial_is_kept_only_when_it_was_clearly_faster():
+    assert planner.keep_threads(20.0, 17.0)  # 15 % faster
+    assert not planner.keep_threads(20.0, 19.0)  # 5 %: within a shared host's noise, what runs stays
+    assert not planner.keep_threads(20.0, 25.0)
