@@ -75,6 +75,7 @@ HOST_BATCH_MAX = 16
 # differ from its threads before it changes them (so a load near half a core
 # does not flip it at each look).
 HOST_RECHECK_S = 1.0
+HOST_RECHECK_MARGIN = 0.6
 # A change of kernel threads is tried on this many frames, and kept if they ran faster by
 # HOST_KEEP_MARGIN (an 8-frame median on a shared host moves by more than a few percent);
 # the other count (one thread, or every core) is tried at least this often whatever the load says.
@@ -84,7 +85,6 @@ HOST_EXPLORE_S = 5.0
 # measure_host times each model for about this long (at most this many invokes).
 MEASURE_HOST_S = 0.02
 MEASURE_HOST_MAX = 50
-HOST_RECHECK_MARGIN = 0.6
 
 _log = logging.getLogger("edgecap")
 
