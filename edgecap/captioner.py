@@ -28,6 +28,7 @@ from edgecap.options import CaptionerOptions
 from edgecap.plans.plan import Plan
 from edgecap.planner import TPU_KINDS, Choice, StageRun
 from edgecap.preprocess import Preprocessor
+from edgecap.rethread import Rethreaded
 from edgecap.rnn import RnnDecoder, RnnEncoder, State
 from edgecap.scheduler import Pipeline, Replicas, Step
 from edgecap.sources import Frame, FrameSource, SourceLike, open_source, sample
@@ -143,13 +144,19 @@ class _CnnStage:
             self._runner: Any = IsolatedSegment(
                 run.stage, run.worker, num_threads=run.threads, timing_only=not run.compute,
                 pace_ms=run.pace_ms, deadline_s=run.deadline_s, first_deadline_s=run.first_deadline_s)
+        elif run.recheck is not None:  # a host CNN on every core: its threads re-checked as it runs
+            self._runner = Rethreaded(run.recheck, run.threads, functools.partial(self._open, run))
         else:
-            self._runner = stages.open_stage(run.stage, run.worker, num_threads=run.threads,
-                                             timing_only=not run.compute, pace_ms=run.pace_ms, bus=run.bus)
+            self._runner = self._open(run, run.threads)
         self._device = str(run.worker)
         self._tpu = run.worker.kind in TPU_KINDS
         self._isolated = run.isolate
         self._released = released
+
+    @staticmethod
+    def _open(run: StageRun, threads: int) -> Any:
+        return stages.open_stage(run.stage, run.worker, num_threads=threads, timing_only=not run.compute,
+                                 pace_ms=run.pace_ms, bus=run.bus)
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         if job.frame is None:  # a heartbeat passes through, proving the worker is alive
@@ -227,10 +234,12 @@ class _StreamWindows:
 
 
 class _Preprocess:
-    """Resizes, converts and quantizes each frame to the CNN's input; owned by the preprocess worker.
+    """Resizes, converts and quantizes each frame to the CNN's input, on the worker the choice names.
 
-    A step of its own, off the feeder thread that reads the source, so that
-    decoding a frame and preprocessing the one before it overlap.
+    A board's on a worker of its own, off the feeder thread that reads the
+    source, so that decoding a frame and preprocessing the one before it
+    overlap on its cores; a host's on the feeder, as it reads, beside the
+    models' worker (``Choice.preprocess_worker``). It holds nothing bound to a thread.
     """
 
     def __init__(self, preprocess: Preprocessor, input_name: str) -> None:
@@ -274,6 +283,15 @@ class _RnnStep:
         self._run: Optional[Run] = None
         self._streams: Dict[Optional[Hashable], _StreamWindows] = {}
         self._sum_features = bundle.calibration is not None and bundle.calibration.feature is not None
+        self._tables: Dict[np.dtype, np.ndarray] = {}
+
+    def _dequantize(self, dtype: np.dtype) -> np.ndarray:
+        """The float32 feature of each byte of an 8-bit output, indexed by the byte: the same sums, once."""
+        table = self._tables.get(dtype)
+        if table is None:
+            values = np.arange(256, dtype=np.uint8).view(dtype)
+            table = self._tables[dtype] = (values.astype(np.float32) - self._zero_point) * self._scale
+        return table
 
     def __call__(self, job: _FrameJob) -> _FrameJob:
         if job.frame is None:
@@ -295,14 +313,18 @@ class _RnnStep:
         raw = job.tensors.pop(self._feature)
         if raw.dtype.kind == "f":
             feature = raw.astype(np.float32, copy=False)
+        elif raw.itemsize == 1:  # one lookup a frame instead of three array operations
+            feature = self._dequantize(raw.dtype)[raw.view(np.uint8)]
         else:
             feature = (raw.astype(np.float32) - self._zero_point) * self._scale
+        ms = job.ms
+        opened = stream.open
         for n in _windows_of(k, spec):
             if n < stream.first:
                 continue
-            win = stream.open.get(n)
+            win = opened.get(n)
             if win is None:
-                win = stream.open[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
+                win = opened[n] = _Window(n, State.zeros(self._hidden), first=job.frame)
             ts = time.perf_counter()
             if self._rnn is not None:
                 win.state = self._rnn.step(feature, win.state)
@@ -310,18 +332,21 @@ class _RnnStep:
                 speed = 1.0 if self._cpu_truth is None else emulation.speed_now(self._cpu_truth, "cpu", ts)
                 self._pacer.wait_until(ts + self._pace_s / speed)
                 board += self._pace_s / speed * 1e3
+                step_ms = (time.perf_counter() - ts) * 1e3
             else:
-                board += (time.perf_counter() - ts) * 1e3
-            win.stage_ms["rnn_step"] += (time.perf_counter() - ts) * 1e3
-            win.stage_ms["preprocess"] += job.ms["preprocess"]
-            win.stage_ms["cnn"] += job.ms["cnn"]
+                step_ms = (time.perf_counter() - ts) * 1e3
+                board += step_ms
+            spent = win.stage_ms
+            spent["rnn_step"] += step_ms
+            spent["preprocess"] += ms["preprocess"]
+            spent["cnn"] += ms["cnn"]
             if self._sum_features:
                 flat = feature.reshape(-1)
                 win.feature_sum = flat.astype(np.float64) if win.feature_sum is None else win.feature_sum + flat
                 win.features += 1
             if k == n * spec.stride + spec.frames - 1:
-                job.finished.append((stream.open.pop(n), job.frame))
-        job.ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
+                job.finished.append((opened.pop(n), job.frame))
+        ms["rnn_step"] = (time.perf_counter() - t0) * 1e3
         job.board_ms["rnn_step"] = board
         return job
 
@@ -452,7 +477,7 @@ class EdgeCaptioner:
 
     def _open(self, choice: Choice, released: threading.Event) -> Pipeline:
         """Opens every step of a choice on its worker (opening failures are raised here)."""
-        worker = planner.PREPROCESS_WORKER
+        worker = choice.preprocess_worker
         preprocess = functools.partial(_Preprocess, self._preprocess, self._input_name)
         steps = [Step("preprocess", worker, _guarded("preprocess", worker, preprocess))]
         for run in choice.stages:
@@ -549,7 +574,7 @@ class EdgeCaptioner:
         if self._closed:
             raise EdgecapError("this EdgeCaptioner is closed; create a new one to caption more video")
         in_memory_rate = fps or self.window.sample_fps or 30.0
-        src = open_source(source, fps=in_memory_rate)
+        src = open_source(source, fps=in_memory_rate, decode_threads=self.choice.decode_threads)
         self._source = src  # closed by close() from another thread: a read that blocks ends at once
         frames = sample(src, self.window.sample_fps)
         try:

@@ -487,11 +487,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             write_text(args.json, json.dumps({"argv": sys.argv[1:], "complete": False, "rows": done},
                                              indent=2) + "\n")
 
+    def on_round(host_round: Any) -> None:
+        print(f"[host, measured] {bench.host_bench.format_round(host_round)}", flush=True)
+
     with _progress(runs * max(args.frames, 1), "bench", "frame") as bar:
         result = bench.run_bench(
             args.bundle, args.clips, args.frames, args.board, profiles, args.timing_only,
             args.threads, args.batch, strides, trace, progress=_updater(bar), beam=args.beam,
-            on_row=on_row, host_rounds=args.host_rounds)
+            on_row=on_row, host_rounds=args.host_rounds, on_round=on_round, host_seconds=args.host_seconds)
     print(bench.format_table(result.rows, result.overhead, result.scaling, result))
     doc = dict(result.to_json(), complete=True)
     if args.json is not None:
@@ -564,10 +567,14 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help="threads of each CPU encoder interpreter (default 1)")
     _add_beam(p)
     p.add_argument("--batch", type=BATCH, default=8,
-                   help="frames per hand-off in the host's batched pipeline rows (default 8)")
+                   help="unused: the host rows compare edgecap caption with plain loops (kept so "
+                        "older command lines still run)")
     p.add_argument("--host-rounds", type=int_in(1, MAX_HOST_ROUNDS), default=DEFAULT_HOST_ROUNDS,
-                   help=f"rounds of the host rows, interleaved; each row is its median round "
-                        f"(default {DEFAULT_HOST_ROUNDS})")
+                   help=f"rounds of the host loops (edgecap caption and plain loops over a long "
+                        f"file), interleaved; each row is its median round (default {DEFAULT_HOST_ROUNDS})")
+    p.add_argument("--host-seconds", type=float_in(1.0, MAX_ADAPT_SECONDS), default=20.0,
+                   help="about how long each host loop's rounds take together at the one-thread loop's "
+                        "rate: it sets the length of the long file they caption (default 20)")
     p.add_argument("--json", type=Path, help="write the results here, each row as it finishes")
     p.add_argument("--plot", type=Path, help="write a bar chart PNG here (needs matplotlib)")
     p.add_argument("--timeline", type=Path, help="with --plot: PNG of the pipelined board run's "

@@ -261,6 +261,11 @@ class TensorIO:
         """The names of the bound inputs."""
         return [name for name, _ in self._inputs]
 
+    @property
+    def output_names(self) -> List[str]:
+        """The names of the outputs it returns, in order."""
+        return [name for name, _ in self._outputs]
+
     def __call__(self, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         for name, index in self._inputs:
             self._set(index, tensors[name])

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from edgecap.plans import compiled_encoder
 from edgecap.plans.bundled import BundlePlans, bundle_plans
 from edgecap.plans.plan import Bus, Plan, Stage, check_segments, load_plan, single_cpu_plan
 from edgecap.plans.pricing import Corrections, price
+from edgecap.scheduler import FEEDER
 from edgecap.windows import windows_per_frame
 
 # Kinds of worker that are EdgeTPUs: a real one, or one emulated on the CPU.
@@ -58,9 +60,31 @@ PREPROCESS_WORKER = "preprocess"
 # The deadline of a TPU stage whose plan predicts no time for it (a segment
 # compiled elsewhere): long enough for any segment that streams its weights.
 UNPREDICTED_DEADLINE_S = 2.0
-# Below this CNN invoke time (one thread, measured) a hand-off between threads
-# costs more than overlapping saves: the host rule runs everything in one thread.
+# Below this CNN invoke time (one thread, measured) kernel threads cost more
+# than they save: the host rule keeps the CNN on one, and overlaps only decoding.
 SUB_MS_CNN = 1.0
+# A hand-off (a put and the wake-up of the thread blocked on it) costs tens of
+# microseconds, and a thread another process preempts stalls the one it feeds
+# once the queue between them is full: the host rule hands a file's frames over
+# in batches carrying about this much CNN and RNN work, at most HOST_BATCH_MAX
+# frames (the demo on this shared host: docs/runtime.md).
+HOST_BATCH_MS = 1.0
+HOST_BATCH_MAX = 16
+# How often a running host CNN on several kernel threads re-checks the cores
+# other processes take (edgecap.cpu_load), and by how much the cores left must
+# differ from its threads before it changes them (so a load near half a core
+# does not flip it at each look).
+HOST_RECHECK_S = 1.0
+HOST_RECHECK_MARGIN = 0.6
+# A change of kernel threads is tried on this many frames, and kept if they ran faster by
+# HOST_KEEP_MARGIN (an 8-frame median on a shared host moves by more than a few percent);
+# the other count (one thread, or every core) is tried at least this often whatever the load says.
+HOST_TRIAL_FRAMES = 8
+HOST_KEEP_MARGIN = 0.1
+HOST_EXPLORE_S = 5.0
+# measure_host times each model for about this long (at most this many invokes).
+MEASURE_HOST_S = 0.02
+MEASURE_HOST_MAX = 50
 
 _log = logging.getLogger("edgecap")
 
@@ -72,7 +96,9 @@ class StageRun:
     Attributes:
       stage: The plan stage.
       worker: The device whose worker thread runs it (``emu-tpu:0``, ``cpu:1``, ``tpu:0``, ``cpu``).
-      threads: Threads of its interpreter's kernels.
+      threads: Threads of its interpreter's kernels (at start).
+      recheck: The host schedule whose kernel threads the stage re-checks
+        while it runs (``host_threads``), or None: they stay ``threads``.
       pace_ms: Every invoke takes at least this long (an emulated EdgeTPU, or
         the CPU stage of an emulated board); None runs unpaced.
       compute: False: a timing-only paced stage computes nothing (zeros out).
@@ -91,6 +117,7 @@ class StageRun:
     stage: Stage
     worker: DeviceSpec
     threads: int = 1
+    recheck: Optional["HostSchedule"] = None
     pace_ms: Optional[float] = None
     compute: bool = True
     isolate: bool = False
@@ -110,22 +137,35 @@ class StageRun:
 class HostSchedule:
     """How a CPU-only run uses this machine's cores (``host_schedule``).
 
+    On more than one core, frames are decoded and preprocessed on the
+    pipeline's feeder thread, beside the models (``scheduler.FEEDER``).
+
     Attributes:
-      kind: ``sequential`` (one thread does everything, the CNN's
-        interpreter on one kernel thread), ``threads`` (every core to the CNN's
-        interpreter, the RNN after it on the same worker) or ``pipeline``
-        (the CNN on ``cpu:1`` with a core fewer, the RNN on ``cpu`` at the same time).
-      num_threads: Threads of the CNN's interpreter.
-      pipelined: Whether the steps run on worker threads.
+      kind: ``sequential`` (one core: one thread does everything, the CNN's
+        interpreter on one kernel thread), ``overlap`` (the CNN on one kernel
+        thread and the RNN after it on the ``cpu`` worker), ``threads`` (the
+        same with every core to the CNN's interpreter, re-checked while it
+        runs: ``host_threads``) or ``pipeline`` (the CNN on ``cpu:1`` with a
+        core fewer, the RNN on ``cpu`` at the same time).
+      num_threads: Threads of the CNN's interpreter at start.
+      pipelined: Whether the steps run on worker threads (all but ``sequential``).
       cnn_worker: The CNN stage's worker.
+      batch: Frames of a file handed from thread to thread at once.
       reason: One line: what was measured or predicted and compared.
+      cnn_ms: The CNN's one-thread invoke the rule was given, in ms.
+      rnn_ms: The RNN steps of a frame the rule was given, in ms.
+      cores: The cores it planned for.
     """
 
     kind: str
     num_threads: int
     pipelined: bool = True
     cnn_worker: DeviceSpec = CPU
+    batch: int = 1
     reason: str = ""
+    cnn_ms: float = 0.0
+    rnn_ms: float = 0.0
+    cores: int = 1
 
 
 @dataclass(frozen=True)
@@ -143,6 +183,11 @@ class Choice:
         an emulated board (0: unpaced).
       pipelined: Run each worker on its own thread (False: the sequential path).
       batch: Frames of a file source handed between workers at once.
+      preprocess_worker: The worker that resizes and quantizes frames: one of
+        its own (``PREPROCESS_WORKER``), or on a host the feeder, as it reads
+        (``scheduler.FEEDER``).
+      decode_threads: Threads a video file is decoded on (``sources.VideoFileSource``):
+        None leaves it to FFmpeg; on a host one, the feeder's, beside the models.
       emulated: Whether the board is emulated (some TPU stage on ``emu-tpu``).
       how: How it was chosen: ``plan`` (given), ``board`` (compiled for a
         named board), ``auto`` (the bundle's plan for the attached hardware,
@@ -167,6 +212,8 @@ class Choice:
     frame_pace_ms: float = 0.0
     pipelined: bool = True
     batch: int = 1
+    preprocess_worker: str = PREPROCESS_WORKER
+    decode_threads: Optional[int] = None
     emulated: bool = False
     how: str = "plan"
     reason: str = ""
@@ -500,16 +547,19 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     """The host rule: how a CPU-only run uses ``cores`` cores.
 
     * One core: ``sequential``, nothing to overlap.
-    * A CNN under ``SUB_MS_CNN`` on one thread: ``sequential`` too. Each
-      hand-off between threads (a put and a wake-up) costs tens of
-      microseconds of CPU on each side, and kernel threads cost more than
-      they save on so little work: measured on the demo on a quiet host,
-      every pipelined schedule, batched or not, ran at 0.56-0.83x the
-      one-thread sequential path (docs/runtime.md).
+    * Otherwise decoding (on one thread) and preprocessing always run on the
+      feeder thread, beside the models' worker: a file's frames are handed
+      over in batches of about ``HOST_BATCH_MS`` of model work
+      (``HOST_BATCH_MAX`` frames at most), so a hand-off costs little however
+      small the CNN and a preempted thread does not stall the other at once
+      (against plain loops on this host: docs/runtime.md).
+    * A CNN under ``SUB_MS_CNN`` on one thread: ``overlap``, the CNN on one
+      kernel thread: on so little work kernel threads cost more than they save.
     * Otherwise, with the CNN taking ``t`` ms a frame on all cores (taken as
       ``cnn_ms / cores``: linear scaling, the best case for threads) and the
       RNN ``r`` ms a frame: ``threads`` takes ``t + r`` a frame, ``pipeline``
       ``max(t * C / (C - 1), r)``, so pipelining pays only when ``r > t / (C - 1)``.
+      ``threads`` re-checks its kernel threads while it runs (``host_threads``).
 
     Args:
       cnn_ms: The CNN's invoke time on one thread, in ms.
@@ -522,26 +572,86 @@ def host_schedule(cnn_ms: float, rnn_ms: float, cores: int, source: str = "measu
     """
     cores = max(1, cores)
     said = f"CNN {cnn_ms:.2f} ms on one thread, RNN {rnn_ms:.2f} ms a frame ({source})"
+    times = dict(cnn_ms=cnn_ms, rnn_ms=rnn_ms, cores=cores)
     if cores == 1:
-        return HostSchedule("sequential", 1, pipelined=False, reason=f"{said}; one core: nothing to overlap")
+        return HostSchedule("sequential", 1, pipelined=False, reason=f"{said}; one core: nothing to overlap",
+                            **times)
+    frame_ms = cnn_ms + rnn_ms
+    batch = max(1, min(HOST_BATCH_MAX, math.ceil(HOST_BATCH_MS / frame_ms))) if frame_ms > 0 else HOST_BATCH_MAX
+    handed = f"decoding beside it, {batch} frame{'s' if batch > 1 else ''} a hand-off"
     if cnn_ms < SUB_MS_CNN:
-        return HostSchedule("sequential", 1, pipelined=False,
-                            reason=f"{said}; under {SUB_MS_CNN:g} ms: a hand-off between threads costs "
-                                   "more than overlapping saves")
+        return HostSchedule("overlap", 1, batch=batch, **times,
+                            reason=f"{said}; under {SUB_MS_CNN:g} ms: one kernel thread, {handed}")
     t = cnn_ms / cores
     pipelined = max(t * cores / (cores - 1), rnn_ms)
-    compared = f"{said}: threads {t + rnn_ms:.2f} ms, pipeline {pipelined:.2f} ms a frame on {cores} cores"
+    compared = (f"{said}: threads {t + rnn_ms:.2f} ms, pipeline {pipelined:.2f} ms a frame on {cores} cores; "
+                f"{handed}")
     if rnn_ms > t / (cores - 1):
-        return HostSchedule("pipeline", cores - 1, cnn_worker=DeviceSpec("cpu", 1), reason=compared)
-    return HostSchedule("threads", cores, reason=compared)
+        return HostSchedule("pipeline", cores - 1, cnn_worker=DeviceSpec("cpu", 1), batch=batch,
+                            reason=compared, **times)
+    return HostSchedule("threads", cores, batch=batch, reason=compared, **times)
+
+
+def host_threads(schedule: HostSchedule, taken: float, threads: int) -> int:
+    """The host rule's re-check: the CNN's kernel threads now that other processes take ``taken`` cores.
+
+    A CNN on every core (``threads``) runs as fast as its slowest kernel
+    thread: with a core taken by another process, one thread of it waits for
+    that core at every layer, and every core to it is slower than one thread
+    (ResNet50 on this host: 1.84x one thread with the second core free, 0.91x
+    with it busy). So it takes the cores left, rounded, at least one, and
+    changes only when they differ from its threads by more than
+    ``HOST_RECHECK_MARGIN``.
+
+    Args:
+      schedule: The host schedule it started on.
+      taken: Cores other processes kept busy lately (``edgecap.cpu_load``).
+      threads: The CNN's kernel threads now.
+
+    Returns:
+      The kernel threads to try from now (``edgecap.rethread`` keeps them
+      only if ``keep_threads`` finds them faster).
+    """
+    if schedule.kind != "threads":
+        return threads
+    left = schedule.cores - max(0.0, taken)
+    if abs(left - threads) <= HOST_RECHECK_MARGIN:
+        return threads
+    return max(1, min(schedule.cores, int(left + 0.5)))
+
+
+def other_threads(schedule: HostSchedule, threads: int) -> int:
+    """The kernel threads a CNN on ``threads`` tries now and then: one if it runs on more, else every core."""
+    return 1 if threads > 1 else schedule.cores
+
+
+def keep_threads(before_ms: float, after_ms: float) -> bool:
+    """Whether a CNN keeps the kernel threads it tried: only if a frame took clearly less time on them.
+
+    A count of the cores others take does not say how much they slow kernel
+    threads down: on this host ResNet50 on both cores was 0.91x one thread
+    beside one busy process, yet under a load of 6-9 spread over many it was
+    faster than one (1.40x at the median, plain loops measured by
+    ``edgecap bench --profiles host``). So the rule proposes and the frames decide.
+
+    Args:
+      before_ms: The median frame on the threads before the trial.
+      after_ms: The median frame of the trial.
+
+    Returns:
+      True if the trial's frames took ``HOST_KEEP_MARGIN`` less time: a tie keeps what runs.
+    """
+    return after_ms < before_ms * (1.0 - HOST_KEEP_MARGIN)
 
 
 def measure_host(bundle: Bundle, plan: Plan, window: WindowSpec,
                  float_rnn: bool = False) -> Tuple[float, float]:
     """Measures the CNN's one-thread invoke and the RNN steps of a frame on this CPU, in ms.
 
-    One warm-up invoke each, then the fastest of two: the rule compares
-    regimes a factor apart, and a start-up should stay short.
+    One warm-up invoke each, then the fastest of as many as fit in
+    ``MEASURE_HOST_S`` (at least two, at most ``MEASURE_HOST_MAX``): the
+    fastest is the one no other process interrupted, so a loaded host does
+    not make a 0.1 ms CNN look like a 1 ms one, and a start-up stays short.
 
     Args:
       bundle: The bundle, whose encoder step is timed.
@@ -562,8 +672,8 @@ def measure_host(bundle: Bundle, plan: Plan, window: WindowSpec,
 
     def fastest(call) -> float:
         call()
-        times = []
-        for _ in range(2):
+        times: List[float] = []
+        while len(times) < 2 or (len(times) < MEASURE_HOST_MAX and sum(times) < MEASURE_HOST_S):
             t0 = time.perf_counter()
             call()
             times.append(time.perf_counter() - t0)
@@ -615,18 +725,28 @@ def _settle(bundle: Bundle, options: CaptionerOptions, plan: Plan, *, how: str, 
         workers = {device: host.cnn_worker for device in workers}
     stages = tuple(_stage_run(c, workers[c.device], plan, options, pace_cpu, host, copy=i) for i, c in _copies(plan))
     rnn_pace, frame_pace = _cpu_paces(plan) if pace_cpu else (0.0, 0.0)
-    pipelined = options.pipelined if options.pipelined is not None else (host.pipelined if host else True)
-    batch = options.batch if options.batch is not None else 1
     return Choice(plan=plan, workers=workers, stages=stages, rnn_pace_ms=rnn_pace,
                   rnn_compute=not (options.timing_only and rnn_pace > 0), frame_pace_ms=frame_pace,
-                  pipelined=pipelined,
-                  batch=batch, emulated=emulated, how=how, reason=reason, board=board,
+                  **_threading(options, host), emulated=emulated, how=how, reason=reason, board=board,
                   fallback=fallback, skipped=skipped, host=host)
 
 
 def _cpu_paces(plan: Plan) -> Tuple[float, float]:
     """An emulated board CPU's paces: an RNN step, and its own work a frame (as the pricing charges it)."""
     return plan.rnn_ms or 0.0, price(plan).cpu_frame_ms if plan.cpu_frame is not None else 0.0
+
+
+def _threading(options: CaptionerOptions, host: Optional[HostSchedule]) -> Dict[str, Any]:
+    """A choice's ``pipelined``, ``batch`` and ``preprocess_worker``: as the caller set them, else the host rule's."""
+    if host is None:
+        return dict(pipelined=options.pipelined if options.pipelined is not None else True,
+                    batch=options.batch if options.batch is not None else 1,
+                    preprocess_worker=PREPROCESS_WORKER)
+    # On more than one core a host reads and preprocesses frames on the feeder, beside the
+    # models: FFmpeg's own decoding threads would only add their hand-offs.
+    beside = host.cores > 1
+    return dict(pipelined=host.pipelined, batch=host.batch,
+                preprocess_worker=FEEDER if beside else PREPROCESS_WORKER, decode_threads=1 if beside else None)
 
 
 def _wanted(options: CaptionerOptions, plan: Plan,
@@ -686,7 +806,7 @@ def _host(bundle: Bundle, plan: Plan, options: CaptionerOptions) -> HostSchedule
     """The host rule for a plan whose CNN is one CPU stage (a plan of several CPU stages keeps them)."""
     cores = devices.cpu_cores()
     if len(plan.active_stages) != 1:
-        return HostSchedule("threads", cores, reason="several CPU stages: every core to each")
+        return HostSchedule("threads", cores, cores=cores, reason="several CPU stages: every core to each")
     cnn_ms, rnn_ms = measure_host(bundle, plan, options.window(bundle.window), options.float_rnn)
     return host_schedule(cnn_ms, rnn_ms, cores)
 
@@ -705,8 +825,10 @@ def _stage_run(stage: Stage, worker: DeviceSpec, plan: Plan, options: CaptionerO
         # The board's CPU stage time includes the RNN steps (one per window the
         # frame feeds), which the RNN step paces on its own; a copy's does not.
         pace_ms = max(0.0, stage.predicted_ms - (0.0 if copy else plan.rnn_frame_ms))
+    recheck = None
     if host is not None:
         threads = host.num_threads
+        recheck = host if host.kind == "threads" else None
     else:
         threads = (options.num_threads or devices.cpu_cores()) if on_cpu else 1
     tpu = worker.kind in TPU_KINDS
@@ -718,7 +840,7 @@ def _stage_run(stage: Stage, worker: DeviceSpec, plan: Plan, options: CaptionerO
     deadline, first = deadlines(stage, worker, options)
     bus_name = stage.cost.bus if stage.cost is not None else None
     bus = next((b for b in plan.buses if b.name == bus_name), None)
-    return StageRun(stage=stage, worker=worker, threads=threads, pace_ms=pace_ms,
+    return StageRun(stage=stage, worker=worker, threads=threads, recheck=recheck, pace_ms=pace_ms,
                     compute=not (options.timing_only and pace_ms is not None),
                     isolate=bool(isolate) and tpu,  # a CPU stage has no delegate to abort
                     deadline_s=deadline, first_deadline_s=first, bus=bus, copy=copy, share=stage.share)

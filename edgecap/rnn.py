@@ -135,6 +135,9 @@ class RnnDecoder:
         Returns:
           The ``Decoded`` tokens (without bos and eos) and confidence.
         """
+        if beam == 1:
+            return self._greedy(state, bos, eos, max_length)
+
         def rank(hyp: _Hypothesis) -> float:
             return hyp.log_prob / hyp.terms ** length_penalty
 
@@ -169,3 +172,25 @@ class RnnDecoder:
             done += live  # cut at max_length, without an eos term
         best = max(done, key=rank)
         return Decoded(best.tokens, best.log_prob / best.terms, steps)
+
+    def _greedy(self, state: State, bos: int, eos: int, max_length: int) -> Decoded:
+        """A beam of one without the search's bookkeeping (a caption a window, on the frame path).
+
+        The same sums in the same order as ``decode`` takes them for ``beam=1``,
+        so the tokens and the confidence are the search's, bit for bit.
+        """
+        h, c, word, tokens, total = state.h, state.c, bos, [], 0.0
+        for step in range(1, max_length + 1):
+            out = self._run({"word": np.array([word], np.int32), "h": h, "c": c})
+            logits = out["logits"][0]
+            # float32 logits a float32 step apart stay apart in float64 after the
+            # shift by the log-sum and by the sum so far: the argmax is the search's.
+            word = int(logits.argmax())
+            x = logits.astype(np.float64)
+            top = x.max()
+            total = float(total + (x[word] - (top + np.log(np.exp(x - top).sum()))))
+            if word == eos:
+                return Decoded(tokens, total / (len(tokens) + 1), step)
+            tokens.append(word)
+            h, c = out["h_out"], out["c_out"]
+        return Decoded(tokens, total / len(tokens), max_length)

@@ -13,7 +13,11 @@ the source, and memory stays bounded whatever the consumer does.
 
 The feeder thread reads the source. A file source blocks when the head queue is
 full; a live source (a camera) never blocks: the head keeps only the newest
-item and counts the ones it displaced as drops.
+item and counts the ones it displaced as drops. Steps on the worker ``FEEDER``
+(they must come first) run on the feeder thread, on each item as it is read,
+before its hand-off: work that belongs with reading (a frame's resize and
+quantisation), so that it overlaps the workers' without a hand-off of its own
+(the sequential schedule runs them inline, as every other step).
 
 ``Pipeline(steps, pipelined=False)`` runs every step in the calling thread
 instead, one item at a time: the sequential schedule, with the same statistics.
@@ -22,7 +26,9 @@ Hand-offs. A hand-off (a put, and the wake-up of the thread waiting on it)
 costs microseconds of CPU. Where stages take well under a millisecond (a small
 CNN on a fast host CPU) that is a large share of the work, so ``batch=N``
 hands a file source's items over N at a time; each item still runs every step
-on its own and comes out in order. A step that has work for few items (a
+on its own and comes out in order. A read that keeps the feeder waiting (a
+paced source) hands over what is pending at once, so batching adds no latency
+where reading, not the hand-off, is what takes the time. A step that has work for few items (a
 decoder that runs once per window) says which with ``Step.accepts``: an item
 it does not accept skips the step, and skips its worker altogether (no
 hand-off) when no step there accepts it and that worker holds no earlier
@@ -90,6 +96,8 @@ from edgecap.stats import PipelineStats, RunRecorder
 from edgecap.trace import Tracer
 
 SOURCE_TRACK = "source"
+# The worker of steps the feeder thread runs as it reads (see the module docstring).
+FEEDER = "feeder"
 _THREAD_PREFIX = "edgecap-"
 
 JOIN_TIMEOUT_S = 1.0
@@ -105,6 +113,9 @@ _TIGHT_WAIT_S = 0.001
 # raises OverflowError, and a plan or option may ask for any time: longer
 # waits are made of waits of this length.
 _MAX_WAIT_S = 3600.0
+# A read of the source that takes longer than this hands over the batch pending at once
+# (a batch is for sources that are read faster than their items are worked on).
+_BATCH_WAIT_S = 0.002
 
 _local = threading.local()
 
@@ -115,7 +126,10 @@ class Step:
 
     Attributes:
       name: The step's name in statistics and traces.
-      worker: The worker (device) whose thread runs it.
+      worker: The worker (device) whose thread runs it. ``FEEDER``: the
+        feeder thread of each run, as it reads; such steps come first, are
+        opened once in the pipeline's constructor, must own nothing bound to
+        a thread, and have no deadline.
       open: Called once in that thread; returns the function ``payload -> payload``
         the thread then calls for every item. It owns whatever it opens.
       accepts: Optional ``payload -> bool``: False skips the step for that
@@ -498,6 +512,8 @@ class _Core:
     def __init__(self, groups: List[Tuple[str, List[Step]]], positions: List[List[int]], queue_size: int,
                  batch: int, tracer: Optional[Tracer]) -> None:
         self.groups = groups
+        # The feeder's opened steps (``FEEDER``), set by the pipeline once they are open.
+        self.fed: List[_OpenStep] = []
         self.batch = batch
         self.tracer = tracer
         # channels[w]: worker w's inbox; channels[-1]: the consumer's.
@@ -733,7 +749,8 @@ def _run_items(job: _Job, plan: List[_OpenStep], track: str, tracer: Optional[Tr
 def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
     """The feeder thread: reads the source into the head queue, then sends the run's end."""
     head = core.channels[0]
-    recorder, tracer, batch = run.recorder, core.tracer, core.batch
+    recorder, tracer, batch, fed = run.recorder, core.tracer, core.batch, core.fed
+    _local.run = run
     seq = 0
     pending: List[_Item] = []
     try:
@@ -752,12 +769,16 @@ def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
                         tracer.slice(SOURCE_TRACK, "source", seq, start, t_in)
                     recorder.item_in(t_in)
                     item = _Item(seq, payload, t_in)
+                    if fed:
+                        _run_fed(item, fed, tracer, recorder.busy, recorder.invokes)
                     seq += 1
                     if live:
                         recorder.dropped += head.put_latest(_Job(run, item.seq, [item]))
                         continue
                     pending.append(item)
-                    if len(pending) == batch:
+                    # A source that kept this read waiting (a camera fed as a file, a
+                    # paced stream) is not waited on again for a batch: what is read goes now.
+                    if len(pending) == batch or t_in - start > _BATCH_WAIT_S:
                         head.put(_Job(run, pending[0].seq, pending))
                         pending = []
                 if pending:
@@ -777,6 +798,21 @@ def _feed(core: _Core, run: _Run, items: Iterable[Any], live: bool) -> None:
                 head.put(_Job(run, seq, [], end=True))
     except (_Closed, _Dropped):
         pass
+
+
+def _run_fed(item: _Item, fed: List[_OpenStep], tracer: Optional[Tracer], busy: List[float],
+             invokes: List[int]) -> None:
+    """Runs the feeder's steps on an item as it is read; an error is the source's (see ``_feed``)."""
+    for step in fed:
+        if step.accepts is not None and not step.accepts(item.payload):
+            continue
+        start = time.perf_counter()
+        item.payload = step.fn(item.payload)
+        end = time.perf_counter()
+        busy[step.index] += end - start
+        invokes[step.index] += 1
+        if tracer is not None:
+            tracer.slice(SOURCE_TRACK, step.name, item.seq, start, end)
 
 
 class Pipeline:
@@ -812,8 +848,16 @@ class Pipeline:
             raise ConfigError(f"queue_size {queue_size}: each queue must hold at least 1 hand-off; use 1 or more")
         if batch < 1:
             raise ConfigError(f"batch {batch}: hand over at least 1 frame at a time; use 1 or more")
-        self._groups, positions = _group_by_worker(steps)
-        self._steps = [step for _, group in self._groups for step in group]
+        steps = list(steps)
+        fed = 0
+        while fed < len(steps) and not isinstance(steps[fed], Replicas) and steps[fed].worker == FEEDER:
+            fed += 1
+        self._fed: List[Step] = steps[:fed]
+        for step in self._fed:
+            if step.deadline_s is not None:
+                raise ConfigError(f"{step.name}: a step on the feeder has no deadline; give it a worker")
+        self._groups, positions = _group_by_worker(steps[fed:])
+        self._steps = self._fed + [step for _, group in self._groups for step in group]
         self._positions = positions
         self._pipelined = pipelined
         self._queue_names = _queue_names([[self._groups[w][0] for w in ws] for ws in positions])
@@ -829,6 +873,7 @@ class Pipeline:
         self._finalizer = weakref.finalize(self, self._core.shutdown, "garbage collection")
         self._finalizer.atexit = False  # _close_all_at_exit joins, with a timeout
         if pipelined:
+            self._core.fed = [_OpenStep(i, step, step.open()) for i, step in enumerate(self._fed)]
             self._start_workers()
         else:
             # Opened now, so a device that cannot open fails here, as with workers.
@@ -842,7 +887,7 @@ class Pipeline:
     def _start_workers(self) -> None:
         core = self._core
         ready: List[Future] = []
-        first = 0
+        first = len(self._fed)
         for w, (name, steps) in enumerate(self._groups):
             future: Future = Future()
             thread = threading.Thread(
@@ -889,7 +934,7 @@ class Pipeline:
           PipelineBusy: If another thread's run is open.
         """
         recorder = RunRecorder(
-            steps=[(s.name, w) for w, group in self._groups for s in group],
+            steps=[(s.name, FEEDER) for s in self._fed] + [(s.name, w) for w, group in self._groups for s in group],
             queues=[(n, 1 if (i == 0 and live) else self._queue_size) for i, n in enumerate(self._queue_names)],
         )
         run = _Run(recorder)
@@ -1161,7 +1206,7 @@ class _InlineRun(Iterator[Any]):
 
 def _steps_of(pipeline: "Pipeline", worker: int) -> List[Tuple[int, Step]]:
     """Worker ``worker``'s steps with their indices in the pipeline's flat list."""
-    first = sum(len(group) for _, group in pipeline._groups[:worker])
+    first = len(pipeline._fed) + sum(len(group) for _, group in pipeline._groups[:worker])
     return list(enumerate(pipeline._groups[worker][1], start=first))
 
 
@@ -1181,12 +1226,16 @@ def _group_by_worker(steps: Sequence["Step | Replicas"]) -> Tuple[List[Tuple[str
     a worker of its own, and the copies together one position.
 
     Raises:
-      ConfigError: If a worker's steps are not consecutive, the first step is
+      ConfigError: If a worker's steps are not consecutive, a step runs on the
+        ``FEEDER`` (the feeder's steps come before these), the first step is
         replicated, or a ``Replicas`` has fewer than two copies or a copy with ``accepts``.
     """
     groups: List[Tuple[str, List[Step]]] = []
     positions: List[List[int]] = []
     for step in steps:
+        if not isinstance(step, Replicas) and step.worker == FEEDER:
+            raise ConfigError(f"{step.name} runs on the feeder after steps that do not; "
+                              "put the feeder's steps first")
         if isinstance(step, Replicas):
             _check_replicas(step, first=not groups)
             for copy in step.copies:

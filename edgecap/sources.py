@@ -221,21 +221,44 @@ def _fit(image: np.ndarray) -> np.ndarray:
                       interpolation=cv2.INTER_AREA)
 
 
-def _open_capture(source: str) -> Any:
-    """Opens a video file; frames past 4K UHD are decoded on one thread.
+def _open_capture(source: str, threads: Optional[int] = None) -> Any:
+    """Opens a video file, decoded on ``threads`` threads (None: FFmpeg's own threads); past 4K UHD on one.
 
     A frame-threaded decoder holds a frame per thread (an 8K frame is 50 MB
     before conversion), so the file is opened on one thread first, which
     learns the size at little cost, and reopened on all of them when its
     frames are smaller.
     """
-    cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
+    cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, threads or 1])
     if cap.isOpened():
         w, h = cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT)
-        if w * h > _HUGE_PIXELS:
+        if threads is not None or w * h > _HUGE_PIXELS:
             return cap
         cap.release()
     return cv2.VideoCapture(source)
+
+
+class _FrameTimes:
+    """A file's frame timestamps from the container's, made to start at 0, and whether the rate varies."""
+
+    def __init__(self, origin_ms: float, fps: float) -> None:
+        self._origin, self._fps = origin_ms, fps
+        self._previous = 0.0
+        self.shortest: Optional[float] = None
+        self.longest: Optional[float] = None
+        self.variable = False
+
+    def next(self, ms: Optional[float]) -> float:
+        """The next frame's timestamp (s), from its container position ``ms`` (None: missing)."""
+        # A missing or backwards timestamp (a broken stream) steps on at the nominal rate.
+        stamped = None if ms is None else (ms - self._origin) / 1000.0
+        previous = self._previous
+        t = stamped if stamped is not None and stamped > previous else previous + 1.0 / self._fps
+        step, self._previous = t - previous, t
+        self.shortest = step if self.shortest is None else min(self.shortest, step)
+        self.longest = step if self.longest is None else max(self.longest, step)
+        self.variable = self.variable or self.longest > _VFR_RATIO * self.shortest
+        return t
 
 
 class VideoFileSource(FrameSource):
@@ -246,9 +269,16 @@ class VideoFileSource(FrameSource):
     rate, or one estimated from the timestamps when the header's is missing or
     absurd. Frames larger than ``MAX_FRAME_SIDE`` are scaled down as read, and
     rotation metadata is applied (OpenCV turns the frames upright).
+
+    Args:
+      path: The file.
+      decode_threads: Threads FFmpeg decodes on (None: its own choice, a
+        thread per core). One where the reader runs beside other work already:
+        FFmpeg's frame threads then only add their hand-offs (the demo's clip
+        took 1.8-3.0x the CPU a frame on them, measured on a 2-core host).
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, decode_threads: Optional[int] = None):
         super().__init__()
         self.name = str(path)
         if not path.exists():
@@ -259,7 +289,7 @@ class VideoFileSource(FrameSource):
             raise SourceError(f"{path}: permission denied: make it readable (chmod a+r) or "
                               "run as a user who may read it")
         self._path = path
-        self._cap = _open_capture(str(path))
+        self._cap = _open_capture(str(path), decode_threads)
         ok, first = self._cap.read() if self._cap.isOpened() else (False, None)
         if not ok:
             self._cap.release()
@@ -299,7 +329,19 @@ class VideoFileSource(FrameSource):
         return 1000.0 / float(np.median(steps)) if steps else _DEFAULT_FPS
 
     def __iter__(self) -> Iterator[Frame]:
-        """Yields every frame, then raises ``SourceError`` if decoding stopped before the end.
+        """Yields every frame, then raises ``SourceError`` if decoding stopped before the end (see ``frames``)."""
+        return self.frames()
+
+    def frames(self, keep: Optional[Callable[[float], bool]] = None) -> Iterator[Frame]:
+        """Yields the frames ``keep`` wants, then raises ``SourceError`` if decoding stopped before the end.
+
+        Every frame is decoded (a video's frames depend on each other), but
+        only those kept are converted to BGR: ``sample`` skips most frames of a
+        30 fps file at 8 fps, and a 1080p frame's conversion costs milliseconds.
+
+        Args:
+          keep: Called with each frame's timestamp, in order; False skips the
+            frame. None keeps every frame.
 
         Raises:
           SourceError: If a read failed before the last frame the container
@@ -309,31 +351,40 @@ class VideoFileSource(FrameSource):
         """
         index, image = 0, self._first
         self._first = None
-        origin = self._first_ms or 0.0
-        t = previous = 0.0
-        shortest = longest = None
-        while image is not None:
-            fitted = _fit(image)
-            yield Frame(index, t, fitted)
-            # A frame scaled down was copied: its full-size buffer takes the next read
-            # (an 8K frame is 100 MB); one passed on as read must not be overwritten.
-            ok, image = self._cap.read(image if fitted is not image else None)
+        times = _FrameTimes(self._first_ms or 0.0, self.fps)
+        t = 0.0
+        spare = None  # a buffer the next conversion may write into
+        ok = image is not None
+        if ok and keep is not None and not keep(t):
+            image = None
+        while ok:
+            if image is not None:
+                fitted = _fit(image)
+                yield Frame(index, t, fitted)
+                # A frame scaled down was copied: its full-size buffer takes the next
+                # conversion (an 8K frame is 100 MB); one passed on as read must not be overwritten.
+                spare = image if fitted is not image else None
+            ok = self._cap.grab()
             index += 1
             if not ok:
                 break
-            ms = self._position_ms()
-            # A missing or backwards timestamp (a broken stream) steps on at the nominal rate.
-            stamped = None if ms is None else (ms - origin) / 1000.0
-            t = stamped if stamped is not None and stamped > previous else previous + 1.0 / self.fps
-            step, previous = t - previous, t
-            shortest = step if shortest is None else min(shortest, step)
-            longest = step if longest is None else max(longest, step)
-            if not self.variable_rate and longest > _VFR_RATIO * shortest:
+            t = times.next(self._position_ms())
+            if times.variable and not self.variable_rate:
                 self.variable_rate = True
                 _log.warning("edgecap: %s: variable frame rate (%.3g to %.3g fps so far): windows "
-                             "are timed by each frame's own timestamp", self.name, 1 / longest,
-                             1 / shortest)
-        # Frames past the damage are not decoded: windows would silently span the gap.
+                             "are timed by each frame's own timestamp", self.name, 1 / times.longest,
+                             1 / times.shortest)
+            image = None
+            if keep is None or keep(t):
+                ok, image = self._cap.retrieve(spare)
+                spare = None
+        self._check_end(index, t)
+
+    def _check_end(self, index: int, t: float) -> None:
+        """After the last frame read (``index`` frames, the last at ``t``): raises if decoding stopped early.
+
+        Frames past the damage are not decoded: windows would silently span the gap.
+        """
         at = f"frame {index} ({t + 1.0 / self.fps:.2f} s)"
         fix = ("windows before it are captioned, none after: re-encode or replace the file "
                "(ffmpeg -i IN -c:v libx264 OUT.mp4)")
@@ -616,7 +667,8 @@ def is_camera_path(text: str) -> bool:
         return False
 
 
-def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
+def open_source(source: SourceLike, fps: Optional[float] = None,
+                decode_threads: Optional[int] = None) -> FrameSource:
     """Opens what a user passes as a video source.
 
     Args:
@@ -627,6 +679,7 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
         a ``[T,H,W,C]`` array or an iterable of uint8 images (BGR, gray or
         BGRA, any size; see ``preprocess.as_bgr``).
       fps: Rate of in-memory frames (ignored for files and cameras).
+      decode_threads: A video file's decoding threads (``VideoFileSource``).
 
     Returns:
       A ``FrameSource``; close it when done.
@@ -650,7 +703,7 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
             return CameraSource(int(text))
         if is_camera_path(text):
             return CameraSource(text)
-        return VideoFileSource(Path(text))
+        return VideoFileSource(Path(text), decode_threads)
     if isinstance(source, np.ndarray):
         # Checked here, before the run: an array's frames all share its shape and dtype.
         if source.ndim != 4:
@@ -664,22 +717,40 @@ def open_source(source: SourceLike, fps: Optional[float] = None) -> FrameSource:
     return ArraySource(source, fps or 30.0)
 
 
-def sample(frames: Iterable[Frame], sample_fps: float) -> Iterator[Frame]:
-    """Yields the frames that fall on a ``sample_fps`` clock (all of them when it is 0).
+class SampleClock:
+    """The ``sample_fps`` clock, kept on source timestamps: which frames a sampled stream keeps.
 
-    The clock is kept on source timestamps, so a 30 fps file sampled at 8 fps
-    keeps 8 frames a second however the rates divide.
+    A 30 fps file sampled at 8 fps keeps 8 frames a second however the rates
+    divide, and a source that stalled owes no burst of samples afterwards.
+    """
+
+    def __init__(self, sample_fps: float) -> None:
+        self._period = 1.0 / sample_fps
+        self._next: Optional[float] = None
+
+    def due(self, t: float) -> bool:
+        """Whether the frame at timestamp ``t`` is kept; ask for every frame, in order."""
+        # The tolerance absorbs float error when the rates divide exactly.
+        if self._next is not None and t + 1e-6 < self._next:
+            return False
+        self._next = (t if self._next is None else self._next) + self._period
+        if t >= self._next:
+            self._next = t + self._period
+        return True
+
+
+def sample(frames: Iterable[Frame], sample_fps: float) -> Iterator[Frame]:
+    """Yields the frames that fall on a ``sample_fps`` clock (all of them when it is 0); see ``SampleClock``.
+
+    A video file converts only the frames kept (``VideoFileSource.frames``).
     """
     if sample_fps <= 0:
         yield from frames
         return
-    period = 1.0 / sample_fps
-    next_t: Optional[float] = None
+    clock = SampleClock(sample_fps)
+    if isinstance(frames, VideoFileSource):
+        yield from frames.frames(clock.due)
+        return
     for frame in frames:
-        # The tolerance absorbs float error when the rates divide exactly.
-        if next_t is None or frame.timestamp + 1e-6 >= next_t:
-            next_t = (frame.timestamp if next_t is None else next_t) + period
-            # A source that stalled should not owe a burst of samples afterwards.
-            if frame.timestamp >= next_t:
-                next_t = frame.timestamp + period
+        if clock.due(frame.timestamp):
             yield frame

@@ -33,10 +33,10 @@ def test_bench_prints_the_table_and_writes_json_and_plots(clip, shipped_bundle, 
     out = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
     code = main(["bench", "--bundle", str(shipped_bundle), "--clips", str(clip), "--frames", "48",
-                 "--json", str(out), "--plot", str(png)])
+                 "--host-seconds", "1", "--json", str(out), "--plot", str(png)])
     assert code == 0
     table = capsys.readouterr().out
-    assert "== devboard-usb (emulated)" in table and "== host" in table
+    assert "== devboard-usb (emulated)" in table and "== host (measured)" in table
     assert "scheduler overhead" in table and "sequential vs pipelined" in table
     assert "paper" in table and "54.9x" in table and "goals, devboard-usb" in table
     result = json.loads(out.read_text())
@@ -73,16 +73,12 @@ def _check_board_rows(rows, board):
 
 
 def _check_host_rows(rows, result):
-    """The host rows: the host plan's schedules, each on the compiler's plan for the host."""
-    # On the host plan (one CPU stage) b, c and e would be a again: sequential, nothing to place.
-    assert {s for p, s in rows if p == "host"} == {
-        "a 1 thread", "a all cores", "d threads", "d one CNN worker", "d threads, batched 8",
-        "d one CNN worker, batched 8", f"edgecap host plan ({result['host_choice']['kind']})"}
-    # Host rows run the compiler's plan for the host (no TPU: the CNN on the CPU),
-    # not the board's, cut for TPU invoke overhead (issue #7).
-    assert {r["plan_board"] for r in result["rows"] if r["profile"] == "host"} == {"host"}
-    assert rows[("host", "d threads")]["placement"] == {"cpu": "cpu"}
-    assert rows[("host", "d one CNN worker")]["placement"] == {"cpu": "cpu:1"}
+    """The host: edgecap caption against plain loops written without its scheduler, on the host's plan."""
+    assert {s for p, s in rows if p == "host"} == {"plain 1 thread", "plain all cores", "plain 2 threads",
+                                                   "edgecap caption"}
+    assert result["host_bench"]["choice"]["kind"] == result["host_choice"]["kind"] == "overlap"
+    # edgecap caption on a host runs the CPU plan (no TPU), not the board's.
+    assert rows[("host", "edgecap caption")]["plan_board"] == "host"
 
 
 @pytest.mark.parametrize("stride, sequential_ms, pipelined_ms", [

@@ -83,26 +83,18 @@ def test_a_row_a_failover_ran_through_says_so_instead_of_passing_for_the_plan(cl
     assert result.to_json()["rows"][result.rows.index(off)]["plan_held"] is False
 
 
-def test_a_row_that_started_on_a_fallback_says_so(clip, shipped_bundle, monkeypatch):
-    from edgecap.planner import Choice
-
-    start = Choice.__init__
-
-    def fallen_back(self, *args, **kwargs):
-        start(self, *args, **dict(kwargs, fallback="no-tpu", reason="no EdgeTPU attached"))
-
-    monkeypatch.setattr(Choice, "__init__", fallen_back)
-    rows, _ = bench.bench_host(bench.load_bundle(shipped_bundle), bench._load_frames([str(clip)], 16),
-                               rounds=1, row_seconds=0.5)
-    assert rows and all(r.incidents == ["fallback no-tpu: no EdgeTPU attached"] for r in rows)
-
-
-def test_host_rows_run_the_rounds_asked_for_interleaved_and_keep_their_median(clip, shipped_bundle):
-    result = run_bench(shipped_bundle, [str(clip)], 16, profiles=["host"], row_seconds=1.0, host_rounds=2)
+def test_host_loops_run_the_rounds_asked_for_interleaved_and_keep_their_median(clip, shipped_bundle):
+    seen = []
+    result = run_bench(shipped_bundle, [str(clip)], 16, profiles=["host"], host_seconds=1.0, host_rounds=2,
+                       on_round=seen.append)
     host = [r for r in result.rows if r.profile == "host"]
-    assert len(host) == 7 and all(len(r.fps_rounds) == 2 for r in host)
-    # The median of two rounds is the faster (upper median), one of them.
-    assert all(round(r.fps, 2) == max(r.fps_rounds) for r in host)
+    assert [r.schedule for r in host] == list(bench.host_bench.LOOPS)
+    assert all(len(r.fps_rounds) == 2 and r.same_captions for r in host)
+    # The median of two rounds is their mean.
+    assert all(r.fps == pytest.approx(sum(r.fps_rounds) / 2) for r in host)
+    assert [r.round for r in seen] == [0, 1] and all(len(r.load) == 3 for r in seen)
+    doc = result.to_json()["host_bench"]
+    assert doc["goals"]["same_captions"] and len(doc["rounds"]) == 2 and doc["frames"] >= 32
 
 
 @pytest.mark.parametrize("rounds", ["0", "101", "two"])

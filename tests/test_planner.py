@@ -224,20 +224,37 @@ def test_a_pending_crash_fault_isolates_that_device_only(shipped_bundle, two_tpu
                                                                  "cpu": False}
 
 
-@pytest.mark.parametrize("cnn_ms, rnn_ms, cores, kind, threads, worker, pipelined", [
-    (200.0, 5.0, 2, "threads", 2, "cpu", True),         # a big CNN: every core to it
-    (2.0, 1.5, 2, "pipeline", 1, "cpu:1", True),        # RNN 1.5 > t / (C - 1) = 1: overlap them
-    (2.0, 0.9, 2, "threads", 2, "cpu", True),           # r < t / (C - 1)
-    (12.0, 1.1, 4, "pipeline", 3, "cpu:1", True),       # r > t / (C - 1) = 1.0
-    (12.0, 0.9, 4, "threads", 4, "cpu", True),
-    (0.2, 0.02, 2, "sequential", 1, "cpu", False),      # sub-millisecond CNN: hand-offs cost more
-    (5.0, 5.0, 1, "sequential", 1, "cpu", False),       # one core: nothing to overlap onto
-    (0.2, 0.02, 1, "sequential", 1, "cpu", False),
+@pytest.mark.parametrize("cnn_ms, rnn_ms, cores, kind, threads, worker, pipelined, batch", [
+    (200.0, 5.0, 2, "threads", 2, "cpu", True, 1),      # a big CNN: every core to it
+    (2.0, 1.5, 2, "pipeline", 1, "cpu:1", True, 1),     # RNN 1.5 > t / (C - 1) = 1: overlap them
+    (2.0, 0.9, 2, "threads", 2, "cpu", True, 1),        # r < t / (C - 1)
+    (12.0, 1.1, 4, "pipeline", 3, "cpu:1", True, 1),    # r > t / (C - 1) = 1.0
+    (12.0, 0.9, 4, "threads", 4, "cpu", True, 1),
+    (0.6, 0.15, 2, "overlap", 1, "cpu", True, 2),       # sub-millisecond CNN: one kernel thread,
+    (0.09, 0.01, 2, "overlap", 1, "cpu", True, 10),     # decoding beside it, 1 ms of work a hand-off
+    (0.01, 0.0, 2, "overlap", 1, "cpu", True, 16),      # at most HOST_BATCH_MAX frames
+    (5.0, 5.0, 1, "sequential", 1, "cpu", False, 1),    # one core: nothing to overlap onto
+    (0.2, 0.02, 1, "sequential", 1, "cpu", False, 1),
 ])
-def test_the_host_rule(cnn_ms, rnn_ms, cores, kind, threads, worker, pipelined):
+def test_the_host_rule(cnn_ms, rnn_ms, cores, kind, threads, worker, pipelined, batch):
     got = planner.host_schedule(cnn_ms, rnn_ms, cores)
-    assert (got.kind, got.num_threads, str(got.cnn_worker), got.pipelined) == (kind, threads, worker, pipelined)
-    assert got.reason
+    assert ((got.kind, got.num_threads, str(got.cnn_worker), got.pipelined, got.batch)
+            == (kind, threads, worker, pipelined, batch))
+    assert got.reason and got.cores == cores
+
+
+@pytest.mark.parametrize("taken, threads, expected", [
+    (0.0, 2, 2), (0.5, 2, 2),      # a core half taken: within the margin, it keeps its threads
+    (0.67, 2, 1),                  # another process's thread beside two kernel threads: down to one
+    (1.0, 1, 1), (1.8, 1, 1),      # never below one
+    (0.5, 1, 1), (0.3, 1, 2),      # the second core free again: back to both
+])
+def test_the_host_rule_re_checks_a_cnn_on_every_core_against_the_cores_others_take(taken, threads, expected):
+    schedule = planner.host_schedule(100.0, 2.0, 2)
+    assert planner.host_threads(schedule, taken, threads) == expected
+    # The other kinds keep their threads whatever the load.
+    for kind in (planner.host_schedule(0.1, 0.01, 2), planner.host_schedule(2.0, 1.5, 2)):
+        assert planner.host_threads(kind, taken, kind.num_threads) == kind.num_threads
 
 
 def test_a_cpu_only_captioner_runs_the_host_rule_unless_told_otherwise(shipped_bundle, monkeypatch):
@@ -245,14 +262,21 @@ def test_a_cpu_only_captioner_runs_the_host_rule_unless_told_otherwise(shipped_b
     monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window, float_rnn: (2.0, 1.5))
     with EdgeCaptioner(shipped_bundle) as cap:  # auto on this host: the CPU plan
         assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("pipeline", {"cpu": "cpu:1"}, True)
-        assert cap.choice.stages[0].threads == 1
+        assert cap.choice.stages[0].threads == 1 and cap.choice.preprocess_worker == "feeder"
         assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     monkeypatch.setattr(planner, "measure_host", lambda bundle, plan, window, float_rnn: (0.2, 0.02))
     with EdgeCaptioner(shipped_bundle) as cap:
-        assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("sequential", {"cpu": "cpu"}, False)
+        assert (cap.choice.host.kind, cap.devices, cap.choice.pipelined) == ("overlap", {"cpu": "cpu"}, True)
+        assert (cap.choice.preprocess_worker, cap.choice.batch, cap.choice.decode_threads) == ("feeder", 5, 1)
+        assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
+    monkeypatch.setattr(devices, "cpu_cores", lambda: 1)
+    with EdgeCaptioner(shipped_bundle) as cap:  # one core: everything in one thread, nothing read ahead
+        assert (cap.choice.host.kind, cap.choice.pipelined, cap.choice.preprocess_worker) == (
+            "sequential", False, planner.PREPROCESS_WORKER)
         assert len(cap.caption_frames(np.zeros((8, 64, 64, 3), np.uint8))) == 1
     with EdgeCaptioner(shipped_bundle, num_threads=2) as cap:  # the caller decided
         assert cap.choice.host is None and cap.devices == {"cpu": "cpu"} and cap.choice.pipelined
+        assert cap.choice.preprocess_worker == planner.PREPROCESS_WORKER and cap.choice.batch == 1
 
 
 def test_the_board_filter_keeps_each_boards_plans_whatever_their_order(bundle_with_plans):

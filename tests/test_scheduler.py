@@ -8,7 +8,7 @@ import time
 import pytest
 
 from edgecap.errors import ConfigError
-from edgecap.scheduler import Pipeline, Step
+from edgecap.scheduler import FEEDER, Pipeline, Step
 from edgecap.trace import Tracer, load_slices
 
 
@@ -368,3 +368,65 @@ def test_a_worker_with_a_step_that_takes_every_item_is_never_passed_by():
         assert list(pipe.run(range(6))) == [0, 1, 20, 3, 40, 5]
         assert [q.puts for q in pipe.stats().queues] == [7, 7, 7]
     assert seen == [0, 1, 20, 3, 40, 5]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_steps_on_the_feeder_run_as_it_reads_before_any_hand_off(batch):
+    threads = {}
+
+    def on(name, tag):
+        def fn(x):
+            threads.setdefault(name, set()).add(threading.current_thread().name)
+            return x + [tag]
+        return fn
+
+    steps = [_step("prep", FEEDER, on("prep", "p")), _step("cnn", "cpu", on("cnn", "c"))]
+    with Pipeline(steps, batch=batch) as pipe:
+        assert pipe.workers == ["cpu"]  # no thread of its own
+        assert list(pipe.run([i] for i in range(10))) == [[i, "p", "c"] for i in range(10)]
+        stats = pipe.stats()
+    assert threads == {"prep": {"edgecap-feeder"}, "cnn": {"edgecap-cpu"}}
+    assert {(s.name, s.worker): s.invokes for s in stats.stages} == {("prep", FEEDER): 10, ("cnn", "cpu"): 10}
+    assert [q.name for q in stats.queues] == ["source->cpu", "cpu->consumer"]
+    with Pipeline(steps, pipelined=False) as pipe:  # the sequential schedule runs it inline
+        assert list(pipe.run([[0]])) == [[0, "p", "c"]]
+    assert threads["prep"] == {"edgecap-feeder", threading.current_thread().name}
+
+
+def test_a_feeder_step_error_comes_after_the_items_before_it():
+    def refuse(x):
+        if x == 5:
+            raise ValueError("frame 5 is not an image")
+        return x
+
+    with Pipeline([_step("prep", FEEDER, refuse), _step("cnn", "cpu")], batch=3) as pipe:
+        got = []
+        with pytest.raises(ValueError, match="frame 5"):
+            for x in pipe.run(range(20)):
+                got.append(x)
+        assert got == [0, 1, 2, 3, 4]
+        assert list(pipe.run([1, 2])) == [1, 2]
+
+
+def test_feeder_steps_come_first_and_have_no_deadline():
+    with pytest.raises(ConfigError, match="put the feeder's steps first"):
+        Pipeline([_step("cnn", "cpu"), _step("prep", FEEDER)])
+    with pytest.raises(ConfigError, match="no deadline"):
+        Pipeline([Step("prep", FEEDER, lambda: (lambda x: x), deadline_s=1.0), _step("cnn", "cpu")])
+
+
+def test_a_batch_does_not_wait_for_a_source_that_makes_each_read_wait():
+    # A camera fed as a file: a frame every 30 ms. Batches of 8 would hold the first frame 0.2 s.
+    read, got = {}, {}
+
+    def paced():
+        for i in range(6):
+            time.sleep(0.03)
+            read[i] = time.perf_counter()
+            yield i
+
+    with Pipeline([_step("a", "cpu")], batch=8) as pipe:
+        for x in pipe.run(paced()):
+            got[x] = time.perf_counter()
+    assert sorted(got) == list(range(6))
+    assert got[0] < read[3]  # out well before a batch of 8 (or 4) could have been read

@@ -170,13 +170,14 @@ def test_a_cpu_step_that_raises_ends_the_service_with_one_line_and_exit_1(tmp_pa
             raise RuntimeError("tensor arena exhausted")
         return real(self, feature, state)
 
-    monkeypatch.setattr(RnnEncoder, "step", step)
     config = tmp_path / "edgecap.toml"
     config.write_text("\n".join([
         f'bundle = "{shipped_bundle}"', "", "[http]", 'address = "127.0.0.1"', "port = 0", "",
         "[[cameras]]", 'name = "front"', f'source = "{SAMPLE}"', "loop = true", "stall_seconds = 5.0", ""]))
     notifier = RecordingNotifier()
     svc = Service(load_config(config), notifier=notifier, stdout=io.StringIO())
+    # After the start: the host rule times the RNN step as the captioner starts.
+    monkeypatch.setattr(RnnEncoder, "step", step)
     try:
         with caplog.at_level(logging.INFO, logger="edgecap"):
             assert svc.run() == 1
