@@ -99,16 +99,24 @@ def read_segments(paths: Sequence[Path]) -> Tuple[str, List[Segment]]:
     """
     if not paths:
         raise PlanError(f"no segment files given; {_FIX}")
-    named = []
-    for p in paths:
-        m = _NAME.match(Path(p).name)
-        if m is None:
-            if len(paths) == 1:
-                named.append((Path(p), Path(p).name.rsplit(".", 1)[0], 0, 1))
-                continue
-            raise PlanError(f"{p}: not named as Coral's segments (<stem>_segment_K_of_N_edgetpu.tflite); {_FIX}")
-        named.append((Path(p), m["stem"], int(m["k"]), int(m["n"])))
+    named = [_named(Path(p), alone=len(paths) == 1) for p in paths]
     stem, count = named[0][1], named[0][3]
+    _check_one_whole_pipeline(named, stem, count)
+    return stem, [_segment(p, k, n) for p, _, k, n in named]
+
+
+def _named(path: Path, alone: bool) -> Tuple[Path, str, int, int]:
+    """``(path, stem, k, n)`` from Coral's naming; a file given alone may have any name (segment 0 of 1)."""
+    m = _NAME.match(path.name)
+    if m is not None:
+        return path, m["stem"], int(m["k"]), int(m["n"])
+    if alone:
+        return path, path.name.rsplit(".", 1)[0], 0, 1
+    raise PlanError(f"{path}: not named as Coral's segments (<stem>_segment_K_of_N_edgetpu.tflite); {_FIX}")
+
+
+def _check_one_whole_pipeline(named: List[Tuple[Path, str, int, int]], stem: str, count: int) -> None:
+    """Refuses segments of two pipelines, one given twice, one missing, or the segments out of order."""
     for p, s, k, n in named:
         if (s, n) != (stem, count):
             raise PlanError(f"{p}: segment {k} of {n} of {s!r}, but {named[0][0].name} is of {count} of {stem!r}; "
@@ -125,19 +133,20 @@ def read_segments(paths: Sequence[Path]) -> Tuple[str, List[Segment]]:
     if ks != sorted(ks):
         raise PlanError(f"{stem}: segments given in order {', '.join(map(str, ks))}; pass them in order "
                         f"0..{count - 1} (SEG_0 ... SEG_{count - 1})")
-    segments = []
-    for p, _, k, n in named:
-        try:
-            model, interp = open_model(p, error=PlanError)
-        except (ValueError, RuntimeError) as exc:  # the interpreter refused what the verifier let through
-            raise PlanError(f"{p}: the TFLite interpreter refuses it ({' '.join(str(exc).split())[:200]}); "
-                            "pass the _edgetpu.tflite files edgetpu_compiler wrote") from None
-        if not model.edgetpu:
-            raise PlanError(f"{p}: has no {EDGETPU_CUSTOM_OP}, so edgetpu_compiler did not compile it; "
-                            "pass the _edgetpu.tflite files it wrote")
-        ops = [op["op_name"] for op in interp._get_ops_details() if op["op_name"] != EDGETPU_CUSTOM_OP]
-        segments.append(Segment(p, k, n, model, tuple(ops), p.stat().st_size))
-    return stem, segments
+
+
+def _segment(path: Path, k: int, n: int) -> Segment:
+    """Opens one compiled segment as edgecap opens models (verified, first invoked in a child) and describes it."""
+    try:
+        model, interp = open_model(path, error=PlanError)
+    except (ValueError, RuntimeError) as exc:  # the interpreter refused what the verifier let through
+        raise PlanError(f"{path}: the TFLite interpreter refuses it ({' '.join(str(exc).split())[:200]}); "
+                        "pass the _edgetpu.tflite files edgetpu_compiler wrote") from None
+    if not model.edgetpu:
+        raise PlanError(f"{path}: has no {EDGETPU_CUSTOM_OP}, so edgetpu_compiler did not compile it; "
+                        "pass the _edgetpu.tflite files it wrote")
+    ops = [op["op_name"] for op in interp._get_ops_details() if op["op_name"] != EDGETPU_CUSTOM_OP]
+    return Segment(path, k, n, model, tuple(ops), path.stat().st_size)
 
 
 def _says(t: TensorSpec) -> str:
