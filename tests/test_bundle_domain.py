@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from edgecap.bundle import load_bundle
 from edgecap.domain import KNOWN, UNKNOWN, Calibration, Domain, FeatureThreshold, Threshold
-from edgecap.errors import BundleError
+from test_bad_bundle import _edit, _refused
 
 pytestmark = pytest.mark.fast
 
@@ -20,19 +19,6 @@ REPO = Path(__file__).resolve().parent.parent
 DOMAIN = {"kind": "synthetic", "about": "coloured shapes"}
 CONFIDENCE = {"statistic": "mean token log-probability", "percentile": 2.0, "unknown_below": -0.0003,
               "heldout_windows": 200}
-
-
-def _edit(bundle: Path, edit) -> None:
-    doc = json.loads((bundle / "bundle.json").read_text())
-    edit(doc)
-    (bundle / "bundle.json").write_text(json.dumps(doc))  # NaN and Infinity as Python writes them
-
-
-def _refused(bundle: Path, match: str) -> str:
-    with pytest.raises(BundleError, match=match) as err:
-        load_bundle(bundle)
-    assert "\n" not in str(err.value)
-    return str(err.value)
 
 
 def _with_feature(bundle: Path, centroid: str = "centroid.npy", values=np.ones(128, np.float32), **feature) -> None:

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgecap.bundle import load_bundle

@@ -230,7 +230,7 @@ def test_a_crash_with_corals_build_names_the_fix(fakes, monkeypatch) -> None:
         assert "pip install 'tflite-runtime==2.11.0' 'numpy<2'" in message
     else:  # the fix that has no wheel here is not offered as a pip install
         assert "pip install 'tflite-runtime" not in message
-        assert f"a Python 3.9 venv with 'tflite-runtime==2.11.0'" in message
+        assert "a Python 3.9 venv with 'tflite-runtime==2.11.0'" in message
         assert f"has no wheel for Python {this_python()}" in message
 
 

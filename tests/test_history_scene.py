@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
@@ -12,28 +11,16 @@ from edgecap.captioner import Caption
 from edgecap.errors import ConfigError
 from edgecap.events import Event
 from edgecap.service.history import History, HistorySink
+from test_history_files import RECENT, legacy_history
 
 pytestmark = pytest.mark.fast
 
-NOW = time.time() - 3600.0
-OLD_SCHEMA = """
-CREATE TABLE events (rowid INTEGER PRIMARY KEY, id TEXT NOT NULL, camera TEXT NOT NULL, text TEXT NOT NULL,
-    start_time REAL NOT NULL, end_time REAL NOT NULL, confidence REAL NOT NULL, windows INTEGER NOT NULL,
-    closed INTEGER NOT NULL);
-CREATE VIRTUAL TABLE events_fts USING fts5(text, camera, content='events', content_rowid='rowid');
-CREATE TABLE thumbnails (rowid INTEGER PRIMARY KEY, jpeg BLOB NOT NULL);
-CREATE TABLE captions (rowid INTEGER PRIMARY KEY, camera TEXT NOT NULL, time REAL NOT NULL,
-    start_time REAL NOT NULL, end_time REAL NOT NULL, text TEXT NOT NULL, confidence REAL NOT NULL);
-INSERT INTO events VALUES ({ms} * 1024, 'front@{ms}', 'front', 'an old event', {s}, {s} + 1, -0.1, 1, 1);
-INSERT INTO events_fts(rowid, text, camera) VALUES ({ms} * 1024, 'an old event', 'front');
-INSERT INTO captions(camera, time, start_time, end_time, text, confidence) VALUES ('front', {s}, 0, 1, 'old', -0.1);
-""".format(ms=int(NOW * 1000), s=NOW)
-
-
 def _older_history(path: Path, application_id: int) -> None:
     """A history as edgecap wrote it before captions had a scene (``application_id`` 0: before the id, too)."""
+    legacy_history(path)  # its one event stamped RECENT - 60
     db = sqlite3.connect(path)
-    db.executescript(OLD_SCHEMA)
+    db.execute("INSERT INTO captions(camera, time, start_time, end_time, text, confidence) "
+               "VALUES ('front', ?, 0, 1, 'old', -0.1)", (RECENT - 60,))
     db.execute(f"PRAGMA application_id = {application_id}")
     db.commit()
     db.close()
@@ -63,8 +50,8 @@ def test_an_older_history_gains_the_column_and_keeps_every_row(tmp_path: Path, a
     _older_history(path, application_id)
     sink = HistorySink(path, captions=True)
     sink.caption("front", _caption("new", "unknown"))
-    sink.event("front", Event(id=f"front@{int(NOW * 1000) + 5000}", camera="front", text="a new event",
-                              start_time=NOW + 5, end_time=NOW + 6, confidence=-0.1, windows=1, closed=True), "closed")
+    sink.event("front", Event(id=f"front@{int(RECENT * 1000)}", camera="front", text="a new event",
+                              start_time=RECENT, end_time=RECENT + 1, confidence=-0.1, windows=1, closed=True), "closed")
     sink.close(timeout=10)
     assert _rows(path) == [("old", None), ("new", "unknown")]  # NULL: not recorded then
     assert [e.text for e in History(path).search(limit=10)] == ["a new event", "an old event"]

@@ -31,15 +31,20 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "models" / "demo" / "sample.mp4"
 
 
-@pytest.fixture
-def service(tmp_path, shipped_bundle):
+def front_camera_service(tmp_path: Path, bundle: Path) -> Service:
+    """A service of one looping file camera on ``bundle``, with a JSON-lines sink and the page on port 0."""
     config = tmp_path / "edgecap.toml"
     config.write_text("\n".join([
-        f'bundle = "{shipped_bundle}"', "",
+        f'bundle = "{bundle}"', "",
         "[http]", 'address = "127.0.0.1"', "port = 0", "",
         "[sinks.jsonl]", f'path = "{tmp_path / "captions.jsonl"}"', "",
         "[[cameras]]", 'name = "front"', f'source = "{SAMPLE}"', "loop = true", "stall_seconds = 5.0", ""]))
-    svc = Service(load_config(config), notifier=Notifier({}), stdout=io.StringIO())
+    return Service(load_config(config), notifier=Notifier({}), stdout=io.StringIO())
+
+
+@pytest.fixture
+def service(tmp_path, shipped_bundle):
+    svc = front_camera_service(tmp_path, shipped_bundle)
     yield svc
     svc.close()
 

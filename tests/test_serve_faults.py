@@ -7,26 +7,20 @@ counters reach /api/stats, /metrics and the page's data.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
 import signal
 import threading
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgecap.captioner import Caption, FrameResult
-from edgecap.service.config import load_config
-from edgecap.service.notify import Notifier
-from edgecap.service.service import Service
 from edgecap.sources import Frame
+from test_serve_exit import front_camera_service
 
-REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "models" / "demo" / "sample.mp4"
 
 
 def caption(window: int, text: str = "a red star moves right") -> Caption:
@@ -37,13 +31,7 @@ def caption(window: int, text: str = "a red star moves right") -> Caption:
 @pytest.fixture
 def service(tmp_path, shipped_bundle, monkeypatch):
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
-    config = tmp_path / "edgecap.toml"
-    config.write_text("\n".join([
-        f'bundle = "{shipped_bundle}"', "",
-        "[http]", 'address = "127.0.0.1"', "port = 0", "",
-        "[sinks.jsonl]", f'path = "{tmp_path / "captions.jsonl"}"', "",
-        "[[cameras]]", 'name = "front"', f'source = "{SAMPLE}"', "loop = true", "stall_seconds = 5.0", ""]))
-    svc = Service(load_config(config), notifier=Notifier({}), stdout=io.StringIO())
+    svc = front_camera_service(tmp_path, shipped_bundle)
     yield svc
     svc.close()
 

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import List, Tuple
 
-import pytest
 
 from edgecap.events import Event
 from edgecap.service.config import load_config

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import sqlite3
-import time
 import urllib.request
 from pathlib import Path
 

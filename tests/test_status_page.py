@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import shutil
 import subprocess

@@ -290,7 +290,6 @@ def evaluate(captions: List[Dict[str, Any]], events: List[Dict[str, Any]], truth
     Returns:
       Counts, precision, recall and the breakdown (JSON-ready).
     """
-    length = truth[-1].end
     windows = sum(e["windows"] for e in events)
     if not captions or not events:
         return {"windows": len(captions), "events": len(events), "precision": None, "recall": None}

@@ -54,7 +54,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import msgspec
 import numpy as np
 
-from edgecap import devices, emulation, schema, stages
+from edgecap import emulation, schema, stages
 from edgecap.bundle import DEMO_DIR, Bundle, WindowSpec, default_bundle, load_bundle
 from edgecap.captioner import EdgeCaptioner
 from edgecap.errors import ConfigError, EdgecapError
